@@ -1,0 +1,93 @@
+"""Speculation settings as dataclasses, one per method, registered by name (the way peft registers tuners)."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import torch
+from transformers import LogitsProcessorList, PreTrainedModel
+
+from .drafting.base import Drafter
+
+SPECULATION_METHODS: dict[str, type[SpeculationConfig]] = {}
+
+
+def register_speculation(cls: type[SpeculationConfig]) -> type[SpeculationConfig]:
+    """Class decorator: `speculation=cls.method` now selects this config and its drafter."""
+    SPECULATION_METHODS[cls.method] = cls
+    return cls
+
+
+@dataclass
+class SpeculationConfig:
+    """Settings shared by every method. Subclasses add their own and build their drafter."""
+
+    method: ClassVar[str] = ""
+    needs_assistant: ClassVar[bool] = True
+
+    verifier: str | None = field(
+        default=None,
+        metadata={
+            "help": "Verifier name (see hf_specdec.VERIFIERS). Default: greedy when not sampling, else the "
+            "best exact verifier for this drafter."
+        },
+    )
+
+    def make_drafter(
+        self,
+        target: PreTrainedModel,
+        assistant_model: PreTrainedModel | None,
+        logits_processor: LogitsProcessorList,
+        child_selection: str,
+        generator: torch.Generator | None,
+    ) -> Drafter:
+        raise NotImplementedError
+
+    def validate(self) -> None:
+        """Raise ValueError naming a bad setting and its fix."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"method": self.method, **dataclasses.asdict(self)}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> SpeculationConfig:
+        data = dict(data)
+        method = data.pop("method", cls.method or None)
+        return resolve_config(method, data)
+
+
+def known_methods() -> str:
+    return ", ".join(repr(name) for name in sorted(SPECULATION_METHODS))
+
+
+def resolve_config(
+    speculation: str | SpeculationConfig | dict, overrides: dict[str, Any] | None = None
+) -> SpeculationConfig:
+    """Turn what the user passed as `speculation=` (a name, a config or a dict) into a validated config."""
+    overrides = dict(overrides or {})
+    if isinstance(speculation, SpeculationConfig):
+        config = dataclasses.replace(speculation, **overrides) if overrides else speculation
+    elif isinstance(speculation, dict):
+        return resolve_config(
+            speculation.get("method"), {**{k: v for k, v in speculation.items() if k != "method"}, **overrides}
+        )
+    elif isinstance(speculation, str):
+        if speculation not in SPECULATION_METHODS:
+            raise ValueError(f"Unknown speculation {speculation!r}. Known methods: {known_methods()}.")
+        config_cls = SPECULATION_METHODS[speculation]
+        names = {f.name for f in dataclasses.fields(config_cls)}
+        unknown = sorted(set(overrides) - names)
+        if unknown:
+            raise ValueError(
+                f"speculation={speculation!r} has no setting(s) {unknown}. Its settings are: {sorted(names)}."
+            )
+        config = config_cls(**overrides)
+    else:
+        raise TypeError(
+            f"`speculation` must be a method name ({known_methods()}), a SpeculationConfig or a dict, "
+            f"not {type(speculation).__name__}."
+        )
+    config.validate()
+    return config

@@ -1,0 +1,111 @@
+"""The speculative loop: draft a tree, verify it in one target pass, keep the accepted path, repeat."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+from transformers import Cache, LogitsProcessorList, PreTrainedModel, StoppingCriteriaList
+from transformers.generation.streamers import BaseStreamer
+
+from ..drafting.base import Drafter
+from ..verification.base import Verifier
+from ..verification.processing import process_tree_scores
+from .cache import cache_length, keep_positions
+from .stats import SpeculationStats
+
+
+@dataclass
+class LoopResult:
+    sequences: torch.LongTensor
+    scores: list[torch.Tensor]  # processed scores of each new token's position, (1, vocab)
+    logits: list[torch.Tensor]  # raw logits of each new token's position, (1, vocab)
+    stats: SpeculationStats
+
+
+def speculative_loop(
+    target: PreTrainedModel,
+    input_ids: torch.LongTensor,
+    drafter: Drafter,
+    verifier: Verifier,
+    cache: Cache,
+    logits_processor: LogitsProcessorList,
+    stopping_criteria: StoppingCriteriaList,
+    streamer: BaseStreamer | None = None,
+    generator: torch.Generator | None = None,
+    keep_scores: bool = False,
+    keep_logits: bool = False,
+    stats: SpeculationStats | None = None,
+) -> LoopResult:
+    """Decode until a stopping criterion fires on some token; batch size 1.
+
+    The target cache always holds every committed token but the last one, which is the next tree's root.
+    """
+    stats = stats or SpeculationStats()
+    start = time.perf_counter()
+    if input_ids.shape[1] > 1 + cache_length(cache):  # prefill all but the root
+        target(
+            input_ids=input_ids[:, cache_length(cache) : -1], past_key_values=cache, use_cache=True, logits_to_keep=1
+        )
+    stats.time_prefill = time.perf_counter() - start
+    scores_out, logits_out = [], []
+    finished = False
+    while not finished:
+        t0 = time.perf_counter()
+        tree = drafter.propose(input_ids)
+        t1 = time.perf_counter()
+
+        past = input_ids.shape[1] - 1
+        dtype, device = target.dtype, target.device
+        logits = target(
+            input_ids=tree.tokens[None].to(device),
+            attention_mask=tree.attention_mask(past, dtype).to(device),
+            position_ids=tree.position_ids(past).to(device),
+            past_key_values=cache,
+            use_cache=True,
+        ).logits[0]
+        scores = process_tree_scores(logits_processor, input_ids[:, :-1], tree, logits.to(input_ids.device))
+        verdict = verifier.verify(tree, scores, generator)
+        keep_positions(cache, past, [past + node for node in verdict.path])
+        t2 = time.perf_counter()
+
+        path = verdict.path
+        new_tokens = tree.tokens[path[1:]].tolist() + [verdict.bonus_token]
+        emitted = 0
+        for node, token in zip(path, new_tokens):
+            input_ids = torch.cat([input_ids, input_ids.new_tensor([[token]])], dim=1)
+            emitted += 1
+            if keep_scores:
+                scores_out.append(scores[node][None])
+            if keep_logits:
+                logits_out.append(logits[node][None].float())
+            if bool(stopping_criteria(input_ids, scores[node][None]).any()):
+                finished = True
+                break
+        if streamer is not None:
+            streamer.put(input_ids[0, -emitted:].cpu())
+        if not finished:
+            drafter.accept(input_ids, tree, verdict)
+        _record(stats, tree, verdict, emitted)
+        stats.time_drafting += t1 - t0
+        stats.time_verifying += t2 - t1
+    stats.draft_forwards = drafter.forward_count
+    stats.time_total = time.perf_counter() - start
+    if streamer is not None:
+        streamer.end()
+    return LoopResult(sequences=input_ids, scores=scores_out, logits=logits_out, stats=stats)
+
+
+def _record(stats: SpeculationStats, tree, verdict, emitted: int) -> None:
+    stats.target_forwards += 1
+    stats.drafted_tokens += len(tree) - 1
+    stats.new_tokens += emitted
+    stats.tokens_per_step.append(emitted)
+    has_children = torch.zeros(len(tree), dtype=torch.bool)
+    has_children[tree.parents[1:]] = True
+    for depth, node in enumerate(verdict.path):
+        if has_children[node]:
+            stats.reached_depths[depth] += 1
+            if depth < len(verdict.accepted_ranks):
+                stats.accepted_ranks[(depth, verdict.accepted_ranks[depth])] += 1

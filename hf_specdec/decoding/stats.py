@@ -1,0 +1,65 @@
+"""What one speculative `generate` call did: the figures benchmarks and the Sequoia planner read."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+
+@dataclass
+class SpeculationStats:
+    """Counters and timers of one call. Times are wall-clock seconds."""
+
+    method: str = ""
+    verifier: str = ""
+    target_forwards: int = 0
+    draft_forwards: int = 0
+    drafted_tokens: int = 0
+    new_tokens: int = 0
+    tokens_per_step: list[int] = field(default_factory=list)
+    accepted_ranks: Counter = field(default_factory=Counter)  # (depth, rank) -> count
+    reached_depths: Counter = field(default_factory=Counter)  # depth -> steps that verified a node there
+    time_prefill: float = 0.0
+    time_drafting: float = 0.0
+    time_verifying: float = 0.0
+    time_total: float = 0.0
+
+    @property
+    def mean_tokens_per_step(self) -> float:
+        return sum(self.tokens_per_step) / max(len(self.tokens_per_step), 1)
+
+    @property
+    def tokens_per_step_histogram(self) -> dict[int, int]:
+        return dict(sorted(Counter(self.tokens_per_step).items()))
+
+    @property
+    def time_overhead(self) -> float:
+        return max(self.time_total - self.time_prefill - self.time_drafting - self.time_verifying, 0.0)
+
+    def acceptance_by_rank(self) -> list[float]:
+        """Fraction of steps in which the k-th drafted child was the accepted one, over all depths."""
+        visits = sum(self.reached_depths.values())
+        if not visits:
+            return []
+        ranks = Counter()
+        for (_, rank), count in self.accepted_ranks.items():
+            ranks[rank] += count
+        return [ranks[r] / visits for r in range(max(ranks, default=-1) + 1)]
+
+    def as_dict(self) -> dict:
+        return {
+            "method": self.method,
+            "verifier": self.verifier,
+            "target_forwards": self.target_forwards,
+            "draft_forwards": self.draft_forwards,
+            "drafted_tokens": self.drafted_tokens,
+            "new_tokens": self.new_tokens,
+            "mean_tokens_per_step": self.mean_tokens_per_step,
+            "tokens_per_step_histogram": self.tokens_per_step_histogram,
+            "acceptance_by_rank": self.acceptance_by_rank(),
+            "time_prefill": self.time_prefill,
+            "time_drafting": self.time_drafting,
+            "time_verifying": self.time_verifying,
+            "time_overhead": self.time_overhead,
+            "time_total": self.time_total,
+        }

@@ -1,0 +1,152 @@
+"""How `speculation=` reaches the loop: a thin wrapper around `GenerationMixin.generate`.
+
+The wrapper leaves every call without `speculation` untouched. With it, the call goes through
+Transformers' own `generate` (input preparation, processors, stopping criteria, cache) with a
+`custom_generate` callable: the speculative loop. Transformers hands a callable neither the assistant
+nor the streamer, so both travel inside one `SpeculationCall` argument.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from transformers import DynamicCache, GenerationConfig, LogitsProcessorList, PreTrainedModel, StoppingCriteriaList
+from transformers.generation.utils import GenerationMixin
+
+from ..config import SpeculationConfig, resolve_config
+from ..decoding.loop import speculative_loop
+from ..decoding.outputs import SpeculativeDecoderOnlyOutput
+from ..decoding.stats import SpeculationStats
+from ..verification import VERIFIERS
+from .validation import check_call, check_generation_config
+
+_ORIGINAL_GENERATE = GenerationMixin.generate
+_SIGNATURE = inspect.signature(_ORIGINAL_GENERATE)
+SPECULATION_KWARGS = ("speculation", "speculation_config", "speculation_generator")
+
+
+@dataclass
+class SpeculationCall:
+    """Everything the speculative loop needs that Transformers would not pass to a `custom_generate` callable."""
+
+    config: SpeculationConfig
+    assistant_model: PreTrainedModel | None
+    streamer: Any
+    generator: torch.Generator | None
+
+
+def speculation_requested(model: PreTrainedModel, kwargs: dict[str, Any]) -> Any:
+    """The `speculation` setting of this call: the kwarg, else the generation config's attribute."""
+    if kwargs.get("speculation") is not None:
+        return kwargs["speculation"]
+    config = kwargs.get("generation_config") or getattr(model, "generation_config", None)
+    return getattr(config, "speculation", None)
+
+
+@functools.wraps(_ORIGINAL_GENERATE)
+def generate(self, *args, **kwargs):
+    """`GenerationMixin.generate`, plus `speculation=` (see hf_specdec's README)."""
+    if args:
+        kwargs = {**_SIGNATURE.bind_partial(self, *args).arguments, **kwargs}
+        kwargs.pop("self")
+    speculation = speculation_requested(self, kwargs)
+    options = {name: kwargs.pop(name, None) for name in SPECULATION_KWARGS}
+    if speculation is None:
+        return _ORIGINAL_GENERATE(self, **kwargs)
+    config = _resolve(speculation, options["speculation_config"])
+    call = SpeculationCall(
+        config=config,
+        assistant_model=kwargs.pop("assistant_model", None),
+        streamer=kwargs.pop("streamer", None),
+        generator=options["speculation_generator"],
+    )
+    check_call(self, call, kwargs)
+    if kwargs.get("custom_generate") is not None:
+        raise ValueError("`speculation` and `custom_generate` cannot be combined: pass one of them.")
+    return _ORIGINAL_GENERATE(self, custom_generate=speculative_generate, speculation_call=call, **kwargs)
+
+
+def _resolve(speculation: Any, speculation_config: SpeculationConfig | dict | None) -> SpeculationConfig:
+    """`speculation` names the method; `speculation_config` is either its settings (dict) or a whole config."""
+    if isinstance(speculation_config, SpeculationConfig):
+        if isinstance(speculation, str) and speculation != speculation_config.method:
+            raise ValueError(
+                f"speculation={speculation!r} but speculation_config is a {speculation_config.method!r} config: "
+                "make them agree, or pass only the config as `speculation=`."
+            )
+        return resolve_config(speculation_config)
+    if speculation_config is not None and not isinstance(speculation_config, dict):
+        raise TypeError("`speculation_config` must be a dict of settings or a SpeculationConfig.")
+    return resolve_config(speculation, speculation_config)
+
+
+def speculative_generate(
+    model: PreTrainedModel,
+    input_ids: torch.LongTensor,
+    logits_processor: LogitsProcessorList,
+    stopping_criteria: StoppingCriteriaList,
+    generation_config: GenerationConfig,
+    synced_gpus: bool = False,
+    speculation_call: SpeculationCall | None = None,
+    **model_kwargs,
+):
+    """The `custom_generate` callable: Transformers has prepared everything; run the speculative loop."""
+    call = speculation_call
+    check_generation_config(model, generation_config, input_ids, model_kwargs)
+    do_sample = bool(generation_config.do_sample)
+    verifier = _pick_verifier(call.config, do_sample)
+    cache = model_kwargs.get("past_key_values")
+    if cache is None:
+        cache = DynamicCache(config=model.config)
+    drafter = call.config.make_drafter(
+        model, call.assistant_model, logits_processor, verifier.child_selection, call.generator
+    )
+    if call.streamer is not None:
+        call.streamer.put(input_ids.cpu())
+    stats = SpeculationStats(method=call.config.method, verifier=verifier.name)
+    result = speculative_loop(
+        model,
+        input_ids,
+        drafter,
+        verifier,
+        cache,
+        logits_processor,
+        stopping_criteria,
+        streamer=call.streamer,
+        generator=call.generator,
+        keep_scores=bool(generation_config.return_dict_in_generate and generation_config.output_scores),
+        keep_logits=bool(generation_config.return_dict_in_generate and generation_config.output_logits),
+        stats=stats,
+    )
+    if not generation_config.return_dict_in_generate:
+        return result.sequences
+    return SpeculativeDecoderOnlyOutput(
+        sequences=result.sequences,
+        scores=tuple(result.scores) if generation_config.output_scores else None,
+        logits=tuple(result.logits) if generation_config.output_logits else None,
+        past_key_values=cache if generation_config.use_cache else None,
+        speculation_stats=result.stats,
+    )
+
+
+def _pick_verifier(config: SpeculationConfig, do_sample: bool):
+    name = config.verifier or ("greedy" if not do_sample else getattr(config, "default_sampling_verifier", "sequoia"))
+    if name not in VERIFIERS:
+        raise ValueError(f"Unknown verifier {name!r}. Known verifiers: {', '.join(sorted(VERIFIERS))}.")
+    if name == "greedy" and do_sample:
+        raise ValueError("verifier='greedy' cannot sample: drop `verifier` or pass do_sample=False.")
+    return VERIFIERS[name]()
+
+
+def install() -> None:
+    """Route `generate(..., speculation=...)` through hf_specdec. Idempotent."""
+    GenerationMixin.generate = generate
+
+
+def uninstall() -> None:
+    """Restore Transformers' own `generate`."""
+    GenerationMixin.generate = _ORIGINAL_GENERATE

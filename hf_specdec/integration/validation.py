@@ -1,0 +1,75 @@
+"""Refuse what the speculative loop cannot do, before anything runs, with the fix in the message."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+from transformers import DynamicCache, GenerationConfig, PreTrainedModel
+
+if TYPE_CHECKING:
+    from .generate import SpeculationCall
+
+
+def _vocab_size(model: PreTrainedModel) -> int:
+    embeddings = model.get_output_embeddings()
+    if embeddings is not None and getattr(embeddings, "weight", None) is not None:
+        return int(embeddings.weight.shape[0])
+    return int(model.config.get_text_config().vocab_size)
+
+
+def check_call(model: PreTrainedModel, call: SpeculationCall, kwargs: dict[str, Any]) -> None:
+    """Checks that need only the models and the call's arguments."""
+    method = call.config.method
+    if model.config.is_encoder_decoder:
+        raise ValueError(
+            f"speculation={method!r} supports decoder-only models; {type(model).__name__} is an encoder-decoder. "
+            "Drop `speculation` to use Transformers' own assisted generation for it."
+        )
+    draft = call.assistant_model
+    if call.config.needs_assistant and draft is None:
+        raise ValueError(
+            f"speculation={method!r} drafts with a smaller model: pass `assistant_model=` (a causal LM sharing the "
+            "target's tokenizer), or choose a method that needs none."
+        )
+    if draft is not None:
+        if draft.config.is_encoder_decoder:
+            raise ValueError("The assistant_model must be a decoder-only causal LM.")
+        if _vocab_size(draft) != _vocab_size(model):
+            raise ValueError(
+                f"The assistant_model's vocabulary ({_vocab_size(draft)} tokens) differs from the target's "
+                f"({_vocab_size(model)}): speculation needs both models to share one tokenizer. Pick a draft from "
+                "the target's family."
+            )
+    if kwargs.get("assistant_tokenizer") is not None or kwargs.get("prompt_lookup_num_tokens") is not None:
+        raise ValueError(
+            "`speculation` replaces assistant_tokenizer / prompt_lookup_num_tokens: pass only one of them."
+        )
+
+
+def check_generation_config(
+    model: PreTrainedModel, config: GenerationConfig, input_ids: torch.Tensor, model_kwargs: dict[str, Any]
+) -> None:
+    """Checks that need the merged generation config and the prepared inputs."""
+    if input_ids.shape[1] == 0:
+        raise ValueError("Speculation needs a non-empty `input_ids` prompt (inputs_embeds alone are not supported).")
+    if (config.num_beams or 1) > 1:
+        raise ValueError("Speculation cannot be combined with beam search: set num_beams=1 or drop `speculation`.")
+    if (config.num_return_sequences or 1) > 1:
+        raise ValueError(
+            "Speculation returns one sequence per call: set num_return_sequences=1 and call generate repeatedly."
+        )
+    if input_ids.shape[0] != 1:
+        raise ValueError(
+            f"Speculation decodes one sequence at a time; got a batch of {input_ids.shape[0]}. "
+            "Call generate once per prompt."
+        )
+    cache = model_kwargs.get("past_key_values")
+    if config.cache_implementation not in (None, "dynamic") or (cache is not None and type(cache) is not DynamicCache):
+        raise ValueError(
+            "Speculation compacts the KV cache to the accepted path, which needs a DynamicCache: drop "
+            "cache_implementation / the static cache you passed."
+        )
+    mask = model_kwargs.get("attention_mask")
+    if mask is not None and not bool((mask == 1).all()):
+        raise ValueError("Speculation does not support padded inputs: pass the prompt without padding tokens.")

@@ -1,0 +1,68 @@
+"""Shared fixtures: tiny random Llama/Qwen2 models (fast, fp32) and the embedded real pair (slow, on demand)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
+
+import hf_specdec  # noqa: F401  (installs `speculation=`)
+
+VOCAB = 64
+TINY_CONFIGS = {
+    "llama": lambda: LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+    ),
+    "qwen2": lambda: Qwen2Config(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+    ),
+}
+
+
+def tiny_model(arch: str, seed: int) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(TINY_CONFIGS[arch](), attn_implementation="sdpa").eval()
+    # Sharpen the output distribution so greedy paths are varied but drafts still agree sometimes.
+    with torch.no_grad():
+        model.lm_head.weight.mul_(8.0)
+    model.generation_config.eos_token_id = None
+    model.generation_config.pad_token_id = 0
+    return model
+
+
+@pytest.fixture(scope="session", params=sorted(TINY_CONFIGS))
+def tiny_pair(request):
+    """(target, draft) of one architecture: the draft is a differently seeded model of the same vocabulary."""
+    return tiny_model(request.param, 0), tiny_model(request.param, 1)
+
+
+def random_prompt(generator: torch.Generator, length: int) -> torch.LongTensor:
+    # Tokens >= 3 so no prompt contains pad/bos/eos.
+    return torch.randint(3, VOCAB, (1, length), generator=generator)
+
+
+@pytest.fixture(scope="session")
+def real_pair_fp32():
+    """The embedded Qwen2.5-Coder 1.5B/0.5B pair in float32 (fetched and converted on first use)."""
+    from hf_specdec import models
+
+    target, draft, tokenizer = models.load_default_pair(dtype=torch.float32)
+    return target, draft, tokenizer

@@ -1,0 +1,94 @@
+"""Bad input: a clear error naming the problem and the fix, and nothing changed behind."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, GenerationMixin, T5Config, T5ForConditionalGeneration
+
+import hf_specdec
+from tests.conftest import TINY_CONFIGS, random_prompt
+
+
+@pytest.fixture
+def pair(tiny_pair):
+    return tiny_pair
+
+
+def _ids(length: int = 5, batch: int = 1) -> torch.LongTensor:
+    return torch.cat([random_prompt(torch.Generator().manual_seed(i), length) for i in range(batch)])
+
+
+def _state(model) -> tuple:
+    return (copy.deepcopy(model.generation_config.to_dict()), GenerationMixin.generate)
+
+
+CASES = [
+    ("unknown name", dict(speculation="sequoya"), "Unknown speculation 'sequoya'. Known methods: 'chain'"),
+    ("missing draft", dict(speculation="tree", assistant_model=None), "pass `assistant_model=`"),
+    ("beam search", dict(speculation="tree", num_beams=2), "beam search"),
+    ("several sequences", dict(speculation="chain", num_return_sequences=2, do_sample=True), "num_return_sequences=1"),
+    ("static cache", dict(speculation="tree", cache_implementation="static"), "DynamicCache"),
+    ("unknown setting", dict(speculation="tree", speculation_config={"width": [2]}), "has no setting"),
+    ("bad widths", dict(speculation="tree", speculation_config={"widths": [2, 0]}), "positive integers"),
+    ("unknown verifier", dict(speculation="tree", speculation_config={"verifier": "nope"}), "Known verifiers"),
+    ("mismatched config", dict(speculation="chain", speculation_config=hf_specdec.TreeConfig()), "make them agree"),
+]
+
+
+@pytest.mark.parametrize("kwargs,message", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_clear_error_and_no_state_left(pair, kwargs, message):
+    target, draft = pair
+    kwargs = {"assistant_model": draft, "max_new_tokens": 5, **kwargs}
+    before = _state(target)
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace("`", ".").replace("[", r"\[")):
+        target.generate(_ids(), **kwargs)
+    assert _state(target) == before
+    # The model still generates normally afterwards.
+    assert target.generate(_ids(), max_new_tokens=3, do_sample=False).shape[1] == 8
+
+
+def test_batch_larger_than_one(pair):
+    target, draft = pair
+    with pytest.raises(ValueError, match="one sequence at a time"):
+        target.generate(_ids(batch=2), assistant_model=draft, speculation="tree", max_new_tokens=4)
+
+
+def test_padded_prompt(pair):
+    target, draft = pair
+    ids = _ids()
+    mask = torch.ones_like(ids)
+    mask[0, 0] = 0
+    with pytest.raises(ValueError, match="padded"):
+        target.generate(ids, attention_mask=mask, assistant_model=draft, speculation="tree", max_new_tokens=4)
+
+
+def test_different_vocabularies(pair):
+    target, _ = pair
+    config = TINY_CONFIGS["llama"]()
+    config.vocab_size = 80
+    other = AutoModelForCausalLM.from_config(config).eval()
+    with pytest.raises(ValueError, match="share one tokenizer"):
+        target.generate(_ids(), assistant_model=other, speculation="chain", max_new_tokens=4)
+
+
+def test_encoder_decoder_model():
+    config = T5Config(vocab_size=64, d_model=16, d_kv=8, d_ff=32, num_layers=1, num_heads=2, decoder_start_token_id=0)
+    model = T5ForConditionalGeneration(config).eval()
+    with pytest.raises(ValueError, match="decoder-only"):
+        model.generate(_ids(), assistant_model=model, speculation="chain", max_new_tokens=4)
+
+
+def test_without_speculation_nothing_changes(pair):
+    target, _ = pair
+    ids = _ids()
+    hf_specdec.uninstall()
+    try:
+        expected = target.generate(ids, max_new_tokens=6, do_sample=False)
+    finally:
+        hf_specdec.install()
+    assert torch.equal(target.generate(ids, max_new_tokens=6, do_sample=False), expected)
+    with pytest.raises(ValueError, match="are not used by the model"):
+        target.generate(ids, max_new_tokens=2, not_a_kwarg=1)
