@@ -9,6 +9,7 @@ from .config import SPECULATION_METHODS, SpeculationConfig, register_speculation
 from .decoding import SpeculationStats, SpeculativeDecoderOnlyOutput
 from .drafting import Drafter, ModelTreeDrafter
 from .drafting.methods import ChainConfig, TreeConfig
+from .drafting.ngram import NGramConfig, NGramDrafter
 from .integration import install, uninstall
 from .tree import TokenTree
 from .verification import VERIFIERS, Verdict, register_verifier
@@ -23,6 +24,8 @@ __all__ = [
     "ChainConfig",
     "Drafter",
     "ModelTreeDrafter",
+    "NGramConfig",
+    "NGramDrafter",
     "SpeculationConfig",
     "SpeculationStats",
     "SpeculativeDecoderOnlyOutput",

@@ -7,7 +7,7 @@ import torch
 from transformers import StoppingCriteria, StoppingCriteriaList
 from transformers.generation.streamers import BaseStreamer
 
-from hf_specdec import ChainConfig, ModelTreeDrafter, TreeConfig
+from hf_specdec import ChainConfig, ModelTreeDrafter, NGramConfig, TreeConfig
 from tests.conftest import random_prompt
 
 CONFIGS = [
@@ -16,6 +16,8 @@ CONFIGS = [
     TreeConfig(),
     TreeConfig(widths=[3, 3]),
     TreeConfig(parents=[-1, 0, 0, 0, 1, 1, 2, 4, 7]),
+    NGramConfig(),
+    NGramConfig(max_ngram=2, depth=3, max_nodes=6),
 ]
 
 
@@ -27,7 +29,9 @@ def _spec(target, draft, ids, config, **kwargs):
     return target.generate(ids, assistant_model=draft, speculation=config, do_sample=False, **kwargs)
 
 
-@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: f"{c.method}-{c.shape()}")
+@pytest.mark.parametrize(
+    "config", CONFIGS, ids=lambda c: f"{c.method}-{c.shape() if hasattr(c, 'shape') else c.max_nodes}"
+)
 def test_identical_to_plain_on_random_prompts(tiny_pair, config):
     target, draft = tiny_pair
     generator = torch.Generator().manual_seed(0)
@@ -35,6 +39,16 @@ def test_identical_to_plain_on_random_prompts(tiny_pair, config):
         ids = random_prompt(generator, 3 + 4 * trial)
         expected = _plain(target, ids, max_new_tokens=40)
         assert torch.equal(_spec(target, draft, ids, config, max_new_tokens=40), expected)
+
+
+def test_ngram_drafts_repetitive_text_without_a_draft_model(tiny_pair):
+    """Tiny random models fall into loops: prompt lookup must catch them, with no assistant at all."""
+    target, _ = tiny_pair
+    ids = random_prompt(torch.Generator().manual_seed(9), 8)
+    expected = _plain(target, ids, max_new_tokens=60)
+    out = target.generate(ids, speculation="ngram", do_sample=False, max_new_tokens=60, return_dict_in_generate=True)
+    assert torch.equal(out.sequences, expected)
+    assert out.speculation_stats.target_forwards < 60 and out.speculation_stats.draft_forwards == 0
 
 
 def test_draft_equal_to_target_accepts_whole_blocks(tiny_pair):
