@@ -8,6 +8,7 @@
 from .config import SPECULATION_METHODS, SpeculationConfig, register_speculation
 from .decoding import SpeculationStats, SpeculativeDecoderOnlyOutput
 from .drafting import Drafter, ModelTreeDrafter
+from .drafting.best_first import BestFirstDrafter, SpecExecConfig
 from .drafting.methods import ChainConfig, TreeConfig
 from .drafting.ngram import NGramConfig, NGramDrafter
 from .integration import install, uninstall
@@ -21,12 +22,14 @@ install()
 __all__ = [
     "SPECULATION_METHODS",
     "VERIFIERS",
+    "BestFirstDrafter",
     "ChainConfig",
     "Drafter",
     "ModelTreeDrafter",
     "NGramConfig",
     "NGramDrafter",
     "SpeculationConfig",
+    "SpecExecConfig",
     "SpeculationStats",
     "SpeculativeDecoderOnlyOutput",
     "TokenTree",

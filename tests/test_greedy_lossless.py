@@ -7,7 +7,7 @@ import torch
 from transformers import StoppingCriteria, StoppingCriteriaList
 from transformers.generation.streamers import BaseStreamer
 
-from hf_specdec import ChainConfig, ModelTreeDrafter, NGramConfig, TreeConfig
+from hf_specdec import ChainConfig, ModelTreeDrafter, NGramConfig, SpecExecConfig, TreeConfig
 from tests.conftest import random_prompt
 
 CONFIGS = [
@@ -17,6 +17,8 @@ CONFIGS = [
     TreeConfig(widths=[3, 3]),
     TreeConfig(parents=[-1, 0, 0, 0, 1, 1, 2, 4, 7]),
     NGramConfig(),
+    SpecExecConfig(budget=16, max_depth=4, width=3),
+    SpecExecConfig(budget=40, beams=2, width=4),
     NGramConfig(max_ngram=2, depth=3, max_nodes=6),
 ]
 
@@ -30,7 +32,7 @@ def _spec(target, draft, ids, config, **kwargs):
 
 
 @pytest.mark.parametrize(
-    "config", CONFIGS, ids=lambda c: f"{c.method}-{c.shape() if hasattr(c, 'shape') else c.max_nodes}"
+    "config", CONFIGS, ids=lambda c: "-".join([c.method] + [str(v) for v in c.to_dict().values() if v])
 )
 def test_identical_to_plain_on_random_prompts(tiny_pair, config):
     target, draft = tiny_pair

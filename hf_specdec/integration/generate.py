@@ -22,6 +22,7 @@ from ..decoding.loop import speculative_loop
 from ..decoding.outputs import SpeculativeDecoderOnlyOutput
 from ..decoding.stats import SpeculationStats
 from ..verification import VERIFIERS
+from .generation_config import get_speculation
 from .validation import check_call, check_generation_config
 
 _ORIGINAL_GENERATE = GenerationMixin.generate
@@ -40,22 +41,35 @@ class SpeculationCall:
 
 
 def speculation_requested(model: PreTrainedModel, kwargs: dict[str, Any]) -> Any:
-    """The `speculation` setting of this call: the kwarg, else the generation config's attribute."""
+    """The `speculation` setting of this call: the kwarg, else the generation config's `speculation` field.
+
+    A stored setting applies only when it can run: a method that drafts with a model needs `assistant_model`,
+    so a saved model without one keeps generating plainly (pipelines included).
+    """
     if kwargs.get("speculation") is not None:
         return kwargs["speculation"]
-    config = kwargs.get("generation_config") or getattr(model, "generation_config", None)
-    return getattr(config, "speculation", None)
+    stored = get_speculation(kwargs.get("generation_config") or getattr(model, "generation_config", None))
+    if stored is None or (stored.needs_assistant and kwargs.get("assistant_model") is None):
+        return None
+    return stored
 
 
 @functools.wraps(_ORIGINAL_GENERATE)
 def generate(self, *args, **kwargs):
     """`GenerationMixin.generate`, plus `speculation=` (see hf_specdec's README)."""
+    if kwargs.get("custom_generate") is not None:
+        # Someone else's decoding loop (or hf_specdec's own Hub folder, which calls back into this function):
+        # hand it every argument, `speculation` included.
+        return _ORIGINAL_GENERATE(self, *args, **kwargs)
     if args:
         kwargs = {**_SIGNATURE.bind_partial(self, *args).arguments, **kwargs}
         kwargs.pop("self")
     speculation = speculation_requested(self, kwargs)
     options = {name: kwargs.pop(name, None) for name in SPECULATION_KWARGS}
     if speculation is None:
+        given = [name for name, value in options.items() if value is not None]
+        if given:
+            raise ValueError(f"{', '.join(given)} given without `speculation`: pass speculation=<method name> too.")
         return _ORIGINAL_GENERATE(self, **kwargs)
     config = _resolve(speculation, options["speculation_config"])
     call = SpeculationCall(
@@ -65,8 +79,6 @@ def generate(self, *args, **kwargs):
         generator=options["speculation_generator"],
     )
     check_call(self, call, kwargs)
-    if kwargs.get("custom_generate") is not None:
-        raise ValueError("`speculation` and `custom_generate` cannot be combined: pass one of them.")
     return _ORIGINAL_GENERATE(self, custom_generate=speculative_generate, speculation_call=call, **kwargs)
 
 

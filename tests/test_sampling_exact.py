@@ -1,0 +1,410 @@
+"""Exactness of the sampling verifiers and of the child selection they rely on.
+
+The exact tests enumerate every outcome of one speculative step with its probability:
+- the draft's children, independently of the library: every ordered child sequence with its probability
+  under the sampling mode, for every node of a small tree shape;
+- the verifier's own random decisions, by running the real `verify` with a `RandomSource` that replays a
+  script of choices and explores every branch (depth first), weighting each by the probability the
+  verifier asked for (the Monte-Carlo tests then check that `TorchRandom` draws with those probabilities).
+What one step emits (accepted path + bonus token) is extended with target samples up to a fixed length,
+as the next steps would, and the resulting joint distribution is compared with sampling from the target alone.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import zlib
+from collections import defaultdict
+
+import pytest
+import torch
+
+from hf_specdec.drafting.child_selection import select_children
+from hf_specdec.tree import TokenTree
+from hf_specdec.verification import VERIFIERS, SequoiaVerifier, SpecInferVerifier, TargetSampleVerifier, TorchRandom
+
+# --------------------------------------------------------------------------- toy models: prefix -> distribution
+
+
+def toy_logits(seed: int, prefix: tuple[int, ...], vocab: int, banned: float, temperature: float) -> torch.Tensor:
+    """Deterministic pseudo-random logits for a prefix; about `banned` of the tokens set to -inf (never all)."""
+    g = torch.Generator().manual_seed(zlib.crc32(repr((seed, prefix)).encode()))
+    logits = torch.randn(vocab, generator=g, dtype=torch.float64) * 1.5 / temperature
+    ban = torch.rand(vocab, generator=g) < banned
+    ban[int(torch.randint(vocab, (1,), generator=g))] = False
+    return logits.masked_fill(ban, float("-inf")).float()
+
+
+class Case:
+    """A target and a draft model over a tiny vocabulary, plus the prompt's last token."""
+
+    def __init__(self, seed: int, vocab: int, banned: float = 0.3, draft_vocab: int | None = None, same=False):
+        self.seed, self.vocab, self.banned = seed, vocab, banned
+        self.draft_vocab = draft_vocab or vocab
+        self.same = same  # draft == target exactly
+        self.prompt = (1,)
+
+    def target_scores(self, prefix) -> torch.Tensor:
+        return toy_logits(self.seed, prefix, self.vocab, self.banned, temperature=0.7)
+
+    def target_p(self, prefix) -> list[float]:
+        return self.target_scores(prefix).double().softmax(-1).tolist()
+
+    def draft_q(self, prefix) -> torch.Tensor:
+        if self.same:
+            return self.target_scores(prefix).softmax(-1)
+        return toy_logits(self.seed + 1000, prefix, self.draft_vocab, self.banned, temperature=1.3).softmax(-1)
+
+
+# --------------------------------------------------------------------------- independent draft enumeration
+
+
+def ordered_children(q: list[float], k: int, mode: str):
+    """Every (probability, child token sequence) the drafter can produce at a node with draft distribution q."""
+    support = [t for t, w in enumerate(q) if w > 0]
+    if mode == "top_k":
+        yield 1.0, sorted(range(len(q)), key=lambda t: -q[t])[:k]
+    elif mode == "with_replacement":
+        for seq in itertools.product(support, repeat=k):
+            yield math.prod(q[t] for t in seq), list(seq)
+    else:  # without replacement: fewer children when the support is smaller than k
+        for seq in itertools.permutations(support, min(k, len(support))):
+            prob, left = 1.0, 1.0
+            for t in seq:
+                prob, left = prob * q[t] / left, left - q[t]
+            yield prob, list(seq)
+
+
+def draft_trees(case: Case, prefix: tuple[int, ...], spec: list, mode: str):
+    """Every (probability, subtree) for a shape `spec` (a list of child specs); subtree = [(token, subtree)]."""
+    if not spec:
+        yield 1.0, []
+        return
+    q = case.draft_q(prefix).double().tolist()
+    q = [w / sum(q) for w in q]
+    for prob, seq in ordered_children(q, len(spec), mode):
+        subs = [list(draft_trees(case, prefix + (t,), spec[i], mode)) for i, t in enumerate(seq)]
+        for combo in itertools.product(*subs):
+            yield prob * math.prod(c[0] for c in combo), [(t, c[1]) for t, c in zip(seq, combo)]
+
+
+def to_token_tree(case: Case, nested) -> tuple[TokenTree, torch.Tensor]:
+    """BFS-order TokenTree with draft_probs and the target scores of every node."""
+    tokens, parents, prefixes, queue = [case.prompt[-1]], [-1], [case.prompt], [(0, nested)]
+    while queue:
+        node, kids = queue.pop(0)
+        for token, sub in kids:
+            tokens.append(token)
+            parents.append(node)
+            prefixes.append(prefixes[node] + (token,))
+            queue.append((len(tokens) - 1, sub))
+    draft = torch.stack([case.draft_q(p) for p in prefixes])
+    tree = TokenTree.from_parents(tokens, parents, draft_probs=draft)
+    return tree, torch.stack([case.target_scores(p) for p in prefixes])
+
+
+# --------------------------------------------------------------------------- enumerating the verifier's own draws
+
+
+class Script:
+    """A RandomSource that takes the branches listed in `prefix`, then branch 0, recording every decision."""
+
+    def __init__(self, prefix: list[int]):
+        self.prefix, self.taken, self.widths, self.weight = prefix, [], [], 1.0
+
+    def _choose(self, options: list[tuple[object, float]]):
+        options = [o for o in options if o[1] > 0]
+        i = self.prefix[len(self.taken)] if len(self.taken) < len(self.prefix) else 0
+        self.taken.append(i)
+        self.widths.append(len(options))
+        self.weight *= options[i][1]
+        return options[i][0]
+
+    def accept(self, prob: float) -> bool:
+        assert 0.0 <= prob <= 1.0
+        return self._choose([(True, prob), (False, 1.0 - prob)])
+
+    def sample(self, probs: torch.Tensor) -> int:
+        assert abs(float(probs.sum()) - 1) < 1e-9 and bool((probs >= 0).all())
+        return self._choose(list(enumerate(probs.tolist())))
+
+
+def all_runs(run):
+    """Yield (probability, result) for every branch of `run(source)`."""
+    stack = [[]]
+    while stack:
+        script = Script(stack.pop())
+        result = run(script)
+        yield script.weight, result
+        for d in range(len(script.prefix), len(script.taken)):
+            stack.extend(script.taken[:d] + [alt] for alt in range(1, script.widths[d]))
+
+
+# --------------------------------------------------------------------------- the exact comparison
+
+
+def target_joint(case: Case, prefix: tuple[int, ...], length: int, head=(), prob=1.0, out=None) -> dict:
+    """Distribution of the next `length` tokens sampled from the target alone, given already-emitted `head`."""
+    out = defaultdict(float) if out is None else out
+    if len(head) >= length:
+        out[tuple(head[:length])] += prob
+        return out
+    for t, w in enumerate(case.target_p(prefix + tuple(head))):
+        if w > 0:
+            target_joint(case, prefix, length, head + (t,), prob * w, out)
+    return out
+
+
+def speculative_joint(case: Case, spec: list, verifier, length: int, trees=None) -> tuple[dict, float]:
+    """Exact distribution of the next `length` tokens when this step is speculative; and P(any draft accepted)."""
+    out, accepted = defaultdict(float), 0.0
+    for tree_prob, nested in (
+        trees if trees is not None else draft_trees(case, case.prompt, spec, verifier.child_selection)
+    ):
+        tree, scores = to_token_tree(case, nested)
+        tokens = tree.tokens.tolist()
+        for run_prob, verdict in all_runs(
+            lambda src, tree=tree, scores=scores: verifier.verify(tree, scores, source=src)
+        ):
+            emitted = tuple(tokens[i] for i in verdict.path[1:]) + (verdict.bonus_token,)
+            assert len(verdict.accepted_ranks) == len(verdict.path) - 1
+            accepted += tree_prob * run_prob * (len(verdict.path) > 1)
+            target_joint(case, case.prompt, length, emitted, tree_prob * run_prob, out)
+    return out, accepted
+
+
+def total_variation(a: dict, b: dict) -> float:
+    return 0.5 * sum(abs(a.get(k, 0.0) - b.get(k, 0.0)) for k in set(a) | set(b))
+
+
+def depth(spec: list) -> int:
+    return 1 + max((depth(s) for s in spec), default=0) if spec else 0
+
+
+SHAPES = {
+    "chain2": [[[]]],
+    "star3": [[], [], []],
+    "widths22": [[[], []], [[], []]],
+    "irregular": [[[], []], [[]], []],
+}
+CASES = {
+    "sparse": lambda v: Case(seed=3, vocab=v, banned=0.3),
+    "very_sparse": lambda v: Case(seed=11, vocab=v, banned=0.6),
+    "dense": lambda v: Case(seed=5, vocab=v, banned=0.0),
+    "draft_equals_target": lambda v: Case(seed=7, vocab=v, same=True),
+    "draft_vocab_larger": lambda v: Case(seed=9, vocab=v, banned=0.3, draft_vocab=v + 1),
+}
+
+
+# The 2x2 tree enumerates thousands of drafts: two cases are enough there.
+GRID = [(c, s) for c in CASES for s in SHAPES if s != "widths22" or c in ("sparse", "dense")]
+
+
+@pytest.mark.parametrize("verifier_cls", [SequoiaVerifier, SpecInferVerifier, TargetSampleVerifier])
+@pytest.mark.parametrize("case_name,shape", GRID)
+def test_exact_distribution(verifier_cls, shape, case_name):
+    spec = SHAPES[shape]
+    vocab = 4 if shape in ("widths22", "irregular") else 5
+    case = CASES[case_name](vocab)
+    length = depth(spec) + 1  # everything one step can emit; shorter emissions are extended by the target
+    got, _ = speculative_joint(case, spec, verifier_cls(), length)
+    want = target_joint(case, case.prompt, length)
+    assert abs(sum(got.values()) - 1) < 1e-9
+    assert total_variation(got, want) < 1e-6
+    first = lambda d: {k: sum(w for s, w in d.items() if s[0] == k) for k in range(vocab)}  # noqa: E731
+    assert total_variation(first(got), first(want)) < 1e-6
+
+
+def test_exact_with_mismatched_supports():
+    """q puts mass only where p has none, and vice versa: nothing is accepted, yet the output is exact."""
+    vocab = 5
+    case = Case(seed=0, vocab=vocab)
+    case.target_scores = lambda prefix: torch.tensor([0.0, 1.0, -math.inf, -math.inf, 0.5])
+    case.draft_q = lambda prefix: torch.tensor([0.0, 0.0, 0.7, 0.3, 0.0])
+    for cls in (SequoiaVerifier, SpecInferVerifier):
+        got, accepted = speculative_joint(case, [[], []], cls(), 2)
+        assert total_variation(got, target_joint(case, case.prompt, 2)) < 1e-9
+        assert accepted == 0.0
+
+
+def test_target_sample_exact_on_arbitrary_fixed_trees():
+    """Any tree fixed in advance works: banned tokens, duplicated siblings, every token drafted."""
+    case = Case(seed=21, vocab=5, banned=0.4)
+    for nested in ([(3, [(0, [])]), (2, []), (3, [(1, [])])], [(t, [(t, [])]) for t in range(5)]):
+        got, _ = speculative_joint(case, None, TargetSampleVerifier(), 3, trees=[(1.0, nested)])
+        assert total_variation(got, target_joint(case, case.prompt, 3)) < 1e-9
+
+
+@pytest.mark.parametrize("verifier_cls", [SequoiaVerifier, SpecInferVerifier])
+def test_child_the_draft_cannot_propose_is_ignored(verifier_cls):
+    """A child with q = 0 (e.g. added by hand) is skipped, so the rest of the tree stays exact."""
+    case = Case(seed=0, vocab=5)
+    case.target_scores = lambda prefix: torch.tensor([0.0, 1.0, -math.inf, 0.2, 0.5])
+    case.draft_q = lambda prefix: torch.tensor([0.5, 0.0, 0.3, 0.2, 0.0])
+    trees = [(w, [(1, []), *t]) for w, t in draft_trees(case, case.prompt, [[], []], verifier_cls.child_selection)]
+    got, _ = speculative_joint(case, None, verifier_cls(), 2, trees=trees)
+    assert total_variation(got, target_joint(case, case.prompt, 2)) < 1e-9
+
+
+def test_draft_equals_target_accepts_first_child():
+    case = CASES["draft_equals_target"](5)
+    for cls in (SequoiaVerifier, SpecInferVerifier):
+        _, accepted = speculative_joint(case, SHAPES["star3"], cls(), 2)
+        assert accepted == pytest.approx(1.0, abs=1e-6)
+
+
+# --------------------------------------------------------------------------- the real randomness
+
+
+def chi_square_pvalue(counts: dict, probs: dict, n: int) -> float:
+    """Pearson chi-square goodness of fit, cells with expected count < 5 pooled; survival via gammaincc."""
+    cells, pooled_obs, pooled_exp = [], 0.0, 0.0
+    for k, p in probs.items():
+        if p * n >= 5:
+            cells.append((counts.get(k, 0), p * n))
+        else:
+            pooled_obs, pooled_exp = pooled_obs + counts.get(k, 0), pooled_exp + p * n
+    assert sum(c for k, c in counts.items() if probs.get(k, 0) == 0) == 0, "sampled an impossible sequence"
+    if pooled_exp > 0:
+        cells.append((pooled_obs, pooled_exp))
+    stat = sum((o - e) ** 2 / e for o, e in cells)
+    dof = len(cells) - 1
+    return float(torch.special.gammaincc(torch.tensor(dof / 2.0), torch.tensor(stat / 2.0)))
+
+
+def sample_step(case: Case, shape: list[int], verifier, generator: torch.Generator) -> tuple[int, int]:
+    """One real step: draft with `select_children`, verify, then extend to two tokens with the target."""
+    tokens, parents, prefixes, frontier = [case.prompt[-1]], [-1], [case.prompt], [0]
+    for width in shape:
+        q = torch.stack([case.draft_q(prefixes[i]) for i in frontier])
+        kids = select_children(q, width, verifier.child_selection, generator)
+        new = []
+        for row, parent in enumerate(frontier):
+            for t in kids[row].tolist():
+                if t >= 0:
+                    tokens.append(t)
+                    parents.append(parent)
+                    prefixes.append(prefixes[parent] + (t,))
+                    new.append(len(tokens) - 1)
+        frontier = new
+    tree = TokenTree.from_parents(tokens, parents, draft_probs=torch.stack([case.draft_q(p) for p in prefixes]))
+    verdict = verifier.verify(tree, torch.stack([case.target_scores(p) for p in prefixes]), generator)
+    emitted = [tokens[i] for i in verdict.path[1:]] + [verdict.bonus_token]
+    if len(emitted) < 2:
+        emitted.append(
+            int(torch.multinomial(case.target_scores(case.prompt + (emitted[0],)).softmax(-1), 1, generator=generator))
+        )
+    return emitted[0], emitted[1]
+
+
+@pytest.mark.parametrize("verifier_cls", [SequoiaVerifier, SpecInferVerifier, TargetSampleVerifier])
+def test_monte_carlo_matches_target(verifier_cls):
+    case = Case(seed=3, vocab=5, banned=0.2)
+    cache_t, cache_q = {}, {}
+    target_scores, draft_q = case.target_scores, case.draft_q
+    case.target_scores = lambda p: cache_t.setdefault(p, target_scores(p))
+    case.draft_q = lambda p: cache_q.setdefault(p, draft_q(p))
+    generator, n = torch.Generator().manual_seed(1234), 6000
+    counts = defaultdict(int)
+    for _ in range(n):
+        counts[sample_step(case, [2, 2], verifier_cls(), generator)] += 1
+    want = target_joint(case, case.prompt, 2)
+    assert chi_square_pvalue(counts, want, n) > 1e-3
+    assert total_variation({k: c / n for k, c in counts.items()}, want) < 0.03
+
+
+# --------------------------------------------------------------------------- protocol details
+
+
+def test_registered_and_protocol():
+    for name, cls in [
+        ("sequoia", SequoiaVerifier),
+        ("specinfer", SpecInferVerifier),
+        ("target_sample", TargetSampleVerifier),
+    ]:
+        assert VERIFIERS[name] is cls
+        assert cls.child_selection in ("top_k", "without_replacement", "with_replacement")
+
+
+@pytest.mark.parametrize("verifier_cls", [SequoiaVerifier, SpecInferVerifier, TargetSampleVerifier])
+def test_seeded_generator_reproduces(verifier_cls):
+    case = Case(seed=4, vocab=6, banned=0.0)
+    runs = []
+    for seed in (7, 7, 8):
+        g = torch.Generator().manual_seed(seed)
+        runs.append([sample_step(case, [3, 2], verifier_cls(), g) for _ in range(30)])
+    assert runs[0] == runs[1]
+    assert runs[0] != runs[2]
+
+
+def test_acceptance_ranks_reported():
+    """Root: p is a point mass on token 2, children 0, 1, 2 drafted in that order from q uniform over them;
+    node 3 (token 2) has one child, token 3, which both target and draft are sure of."""
+    q = torch.tensor([[1 / 3] * 3 + [0.0] * 7] * 5)
+    q[3] = torch.nn.functional.one_hot(torch.tensor(3), 10).float()
+    tree = TokenTree.from_parents([9, 0, 1, 2, 3], [-1, 0, 0, 0, 3], draft_probs=q)
+    scores = torch.full((5, 10), -math.inf)
+    scores[0, 2] = 0.0
+    scores[1:, 3] = 0.0
+    for cls in (SequoiaVerifier, SpecInferVerifier, TargetSampleVerifier):
+        verdict = cls().verify(tree, scores, torch.Generator().manual_seed(0))
+        assert verdict.path == [0, 3, 4] and verdict.accepted_ranks == [2, 0] and verdict.bonus_token == 3
+
+
+def test_missing_draft_probs_is_an_error():
+    tree = TokenTree.from_parents([0, 1], [-1, 0])
+    with pytest.raises(ValueError, match="draft_probs"):
+        SequoiaVerifier().verify(tree, torch.zeros(2, 4))
+    assert TargetSampleVerifier().verify(tree, torch.zeros(2, 4), torch.Generator().manual_seed(0)).bonus_token >= 0
+
+
+def test_torch_random_accept_rate():
+    src = TorchRandom(torch.Generator().manual_seed(0))
+    assert src.accept(1.0) and not src.accept(0.0)
+    rate = sum(src.accept(0.3) for _ in range(20000)) / 20000
+    assert abs(rate - 0.3) < 0.015
+
+
+# --------------------------------------------------------------------------- select_children
+
+
+def test_select_children_shapes_and_padding():
+    probs = torch.tensor([[0.5, 0.2, 0.3, 0.0, 0.0], [0.0, 0.0, 1.0, 0.0, 0.0], [0.1, 0.2, 0.4, 0.25, 0.05]])
+    g = torch.Generator().manual_seed(0)
+    out = select_children(probs, [3, 2, 1], "without_replacement", g)
+    assert out.shape == (3, 3) and out.dtype == torch.long
+    assert sorted(out[0].tolist()) == [0, 1, 2]
+    assert out[1].tolist() == [2, -1, -1]
+    assert out[2, 0] >= 0 and out[2, 1:].tolist() == [-1, -1]
+    top = select_children(torch.log(probs), 3, "top_k", g)
+    assert top.tolist() == [[0, 2, 1], [2, -1, -1], [2, 3, 1]]
+    rep = select_children(probs, 4, "with_replacement", g)
+    assert rep.shape == (3, 4) and bool((rep >= 0).all()) and rep[1].tolist() == [2, 2, 2, 2]
+    assert select_children(torch.zeros(2, 5), 2, "with_replacement", g).tolist() == [[-1, -1], [-1, -1]]
+    assert select_children(probs, 0, "top_k", g).shape == (3, 0)
+    with pytest.raises(ValueError):
+        select_children(probs, 2, "nucleus", g)
+
+
+def test_select_children_without_replacement_order_distribution():
+    q = torch.tensor([0.4, 0.3, 0.2, 0.1, 0.0])
+    n = 40000
+    draws = select_children(q.expand(n, -1), 2, "without_replacement", torch.Generator().manual_seed(5))
+    assert bool((draws[:, 0] != draws[:, 1]).all()) and bool((draws >= 0).all()) and bool((draws != 4).all())
+    counts = defaultdict(int)
+    for a, b in draws.tolist():
+        counts[(a, b)] += 1
+    want = {(a, b): float(q[a] * q[b] / (1 - q[a])) for a in range(4) for b in range(4) if a != b}
+    assert chi_square_pvalue(counts, want, n) > 1e-3
+
+
+def test_select_children_with_replacement_is_iid():
+    q = torch.tensor([0.5, 0.3, 0.2])
+    n = 30000
+    draws = select_children(q.expand(n, -1), 2, "with_replacement", torch.Generator().manual_seed(6))
+    counts = defaultdict(int)
+    for a, b in draws.tolist():
+        counts[(a, b)] += 1
+    want = {(a, b): float(q[a] * q[b]) for a in range(3) for b in range(3)}
+    assert chi_square_pvalue(counts, want, n) > 1e-3
