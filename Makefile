@@ -24,6 +24,9 @@ demo: models
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -p no:cacheprovider tests
 
+bench: $(STAMP)
+	$(BIN)/hf-specdec bench --quick
+
 lint: $(STAMP)
 	$(BIN)/ruff check .
 

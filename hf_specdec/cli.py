@@ -8,6 +8,9 @@ import sys
 
 def build_parser() -> argparse.ArgumentParser:
     from . import demo
+    from .bench import cli as bench_cli
+    from .calibration import cli as calibration_cli
+    from .drafting import ngram_cli
     from .models import cli as models_cli
     from .planning import cli as planning_cli
 
@@ -17,7 +20,10 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     models_cli.register_cli(subparsers)
     planning_cli.register_cli(subparsers)
+    calibration_cli.register_cli(subparsers)
     demo.register_cli(subparsers)
+    bench_cli.register_cli(subparsers)
+    ngram_cli.register_cli(subparsers)
     return parser
 
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import torch
-from transformers import LogitsProcessorList, PreTrainedModel
+from transformers import GenerationConfig, LogitsProcessorList, PreTrainedModel
 
 from .drafting.base import Drafter
 
@@ -26,6 +26,13 @@ class SpeculationConfig:
 
     method: ClassVar[str] = ""
     needs_assistant: ClassVar[bool] = True
+    #: how this method's drafter can pick children (see drafting/child_selection.py); sampling verifiers need
+    #: children drawn from the draft distribution, so deterministic drafters accept only greedy and target_sample
+    child_selections: ClassVar[tuple[str, ...]] = ("top_k",)
+    #: the verifier used when sampling and none is named: the best-accepting exact one for this drafter
+    default_sampling_verifier: ClassVar[str] = "target_sample"
+    #: set by `prepare`: where a plan or size came from (stats and logs say it; never guessed silently)
+    plan_source: ClassVar[str] = ""
 
     verifier: str | None = field(
         default=None,
@@ -47,6 +54,19 @@ class SpeculationConfig:
 
     def validate(self) -> None:
         """Raise ValueError naming a bad setting and its fix."""
+
+    def prepare(
+        self,
+        target: PreTrainedModel,
+        assistant_model: PreTrainedModel | None,
+        generation_config: GenerationConfig,
+        input_ids: torch.LongTensor,
+    ) -> SpeculationConfig:
+        """Settle what depends on the call (a plan for this pair and temperature, a budget for this hardware).
+
+        Returns the config to build the drafter from; `plan_source` says where anything found came from.
+        """
+        return self
 
     def to_dict(self) -> dict[str, Any]:
         return {"method": self.method, **dataclasses.asdict(self)}

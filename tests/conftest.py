@@ -37,6 +37,27 @@ TINY_CONFIGS = {
 }
 
 
+@pytest.fixture(autouse=True)
+def one_thread_for_tiny_models(request):
+    """Tiny models run fastest on one thread, and two-thread OpenMP stalls badly on a busy 2-core machine;
+    tests of the real pair (marked `real`) keep every thread."""
+    threads = torch.get_num_threads()
+    if request.node.get_closest_marker("real") is None:
+        torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(autouse=True)
+def isolated_plan_store(tmp_path_factory, monkeypatch):
+    """Plans that tests make (online calibration, re-sizing) go to a temporary folder, never the user's cache."""
+    from hf_specdec.calibration import store
+
+    folder = tmp_path_factory.getbasetemp() / "plans"
+    monkeypatch.setattr(store, "user_plan_dir", lambda: folder)
+    return folder
+
+
 def tiny_model(arch: str, seed: int) -> torch.nn.Module:
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(TINY_CONFIGS[arch](), attn_implementation="sdpa").eval()

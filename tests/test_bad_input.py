@@ -35,6 +35,11 @@ CASES = [
     ("bad widths", dict(speculation="tree", speculation_config={"widths": [2, 0]}), "positive integers"),
     ("unknown verifier", dict(speculation="tree", speculation_config={"verifier": "nope"}), "Known verifiers"),
     ("mismatched config", dict(speculation="chain", speculation_config=hf_specdec.TreeConfig()), "make them agree"),
+    ("verifier unfit for the drafter", dict(speculation="specexec", do_sample=True,
+                                            speculation_config={"verifier": "sequoia", "budget": 8}), "deterministic"),
+    ("stateful processor", dict(speculation="tree", guidance_scale=1.5), "UnbatchedClassifierFreeGuidance"),
+    ("config without method", dict(speculation_config={"widths": [2]}), "given without `speculation`"),
+    ("missing plan file", dict(speculation="sequoia", speculation_config={"plan": "nope.json"}), "not found"),
 ]
 
 

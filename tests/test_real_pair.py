@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from hf_specdec.planning import plan_tree
 from hf_specdec.prompts import humaneval_prompts
 
 pytestmark = pytest.mark.real
@@ -23,20 +24,37 @@ def plain_outputs(real_pair_fp32):
     return outputs
 
 
-@pytest.mark.parametrize("speculation", ["chain", "tree"])
-def test_greedy_identical_to_plain_on_humaneval(real_pair_fp32, plain_outputs, speculation):
+def _speculate(real_pair_fp32, ids, speculation, config=None):
     target, draft, _ = real_pair_fp32
+    return target.generate(ids, assistant_model=draft, speculation=speculation, speculation_config=config,
+                           max_new_tokens=NEW_TOKENS, do_sample=False, return_dict_in_generate=True)
+
+
+@pytest.mark.parametrize(
+    "speculation, config",
+    [
+        ("chain", None),
+        ("tree", None),
+        # A fixed Sequoia tree, so speculation happens whatever this machine's latency curves say.
+        ("sequoia", {"plan": plan_tree([0.75, 0.1, 0.05, 0.02], budget=24, max_depth=7)}),
+        ("specexec", {"budget": 32, "max_depth": 8}),
+    ],
+    ids=["chain", "tree", "sequoia-fixed-plan", "specexec-32"],
+)
+def test_greedy_identical_to_plain_on_humaneval(real_pair_fp32, plain_outputs, speculation, config):
     steps = 0
     for ids, expected in plain_outputs:
-        out = target.generate(
-            ids,
-            assistant_model=draft,
-            speculation=speculation,
-            max_new_tokens=NEW_TOKENS,
-            do_sample=False,
-            return_dict_in_generate=True,
-        )
+        out = _speculate(real_pair_fp32, ids, speculation, config)
         assert torch.equal(out.sequences, expected)
         steps += out.speculation_stats.target_forwards
     # The real draft agrees often enough that speculation pays in target passes.
     assert steps < len(PROMPTS) * NEW_TOKENS / 2
+
+
+@pytest.mark.parametrize("speculation", ["sequoia", "specexec"])
+def test_automatic_plans_are_lossless(real_pair_fp32, plain_outputs, speculation):
+    """No settings at all: the plan or budget is found, re-sized for this machine, or calibrated, and says so."""
+    ids, expected = plain_outputs[0]
+    out = _speculate(real_pair_fp32, ids, speculation)
+    assert torch.equal(out.sequences, expected)
+    assert out.speculation_stats.plan_source

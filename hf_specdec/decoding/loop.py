@@ -58,6 +58,7 @@ def speculative_loop(
 
         past = input_ids.shape[1] - 1
         dtype, device = target.dtype, target.device
+        t_forward = time.perf_counter()
         logits = target(
             input_ids=tree.tokens[None].to(device),
             attention_mask=tree.attention_mask(past, dtype).to(device),
@@ -65,6 +66,7 @@ def speculative_loop(
             past_key_values=cache,
             use_cache=True,
         ).logits[0]
+        stats.time_target_forward += time.perf_counter() - t_forward
         scores = process_tree_scores(logits_processor, input_ids[:, :-1], tree, logits.to(input_ids.device))
         verdict = verifier.verify(tree, scores, generator)
         keep_positions(cache, past, [past + node for node in verdict.path])
@@ -91,6 +93,7 @@ def speculative_loop(
         stats.time_drafting += t1 - t0
         stats.time_verifying += t2 - t1
     stats.draft_forwards = drafter.forward_count
+    stats.time_draft_forward = drafter.forward_time
     stats.time_total = time.perf_counter() - start
     if streamer is not None:
         streamer.end()

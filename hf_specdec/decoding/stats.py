@@ -12,6 +12,7 @@ class SpeculationStats:
 
     method: str = ""
     verifier: str = ""
+    plan_source: str = ""  # where the tree shape or budget came from, when the method looks one up
     target_forwards: int = 0
     draft_forwards: int = 0
     drafted_tokens: int = 0
@@ -23,6 +24,8 @@ class SpeculationStats:
     time_drafting: float = 0.0
     time_verifying: float = 0.0
     time_total: float = 0.0
+    time_target_forward: float = 0.0  # inside the target's tree passes (part of time_verifying)
+    time_draft_forward: float = 0.0  # inside the draft model's passes (part of time_drafting)
 
     @property
     def mean_tokens_per_step(self) -> float:
@@ -34,7 +37,13 @@ class SpeculationStats:
 
     @property
     def time_overhead(self) -> float:
+        """Seconds of the loop outside drafting and verifying (streaming, stopping criteria, bookkeeping)."""
         return max(self.time_total - self.time_prefill - self.time_drafting - self.time_verifying, 0.0)
+
+    @property
+    def time_engine(self) -> float:
+        """Seconds of Python/tensor bookkeeping outside any model pass: what the engine itself costs."""
+        return max(self.time_total - self.time_prefill - self.time_target_forward - self.time_draft_forward, 0.0)
 
     def acceptance_by_rank(self) -> list[float]:
         """Fraction of steps in which the k-th drafted child was the accepted one, over all depths."""
@@ -50,6 +59,7 @@ class SpeculationStats:
         return {
             "method": self.method,
             "verifier": self.verifier,
+            "plan_source": self.plan_source,
             "target_forwards": self.target_forwards,
             "draft_forwards": self.draft_forwards,
             "drafted_tokens": self.drafted_tokens,
@@ -62,4 +72,7 @@ class SpeculationStats:
             "time_verifying": self.time_verifying,
             "time_overhead": self.time_overhead,
             "time_total": self.time_total,
+            "time_target_forward": self.time_target_forward,
+            "time_draft_forward": self.time_draft_forward,
+            "time_engine": self.time_engine,
         }

@@ -16,8 +16,9 @@ from ..verification.base import Verdict
 class Drafter(CandidateGenerator):
     """Proposes a tree of continuations of `input_ids` rooted at its last token."""
 
-    #: draft-model forward passes so far (stats)
+    #: draft-model forward passes so far, and the seconds they took (stats)
     forward_count: int = 0
+    forward_time: float = 0.0
 
     def propose(self, input_ids: torch.LongTensor) -> TokenTree:
         raise NotImplementedError
@@ -31,9 +32,12 @@ class Drafter(CandidateGenerator):
         tree = self.propose(input_ids)
         chain = first_child_chain(tree)
         candidates = torch.cat([input_ids, tree.tokens[chain[1:]].to(input_ids.device)[None]], dim=1)
-        scores = getattr(self, "last_scores", None)
-        chain_scores = scores[chain[:-1]][None] if scores is not None and len(chain) > 1 else None
-        return candidates, chain_scores
+        chain_scores = self.node_scores(chain[:-1]) if len(chain) > 1 else None
+        return candidates, None if chain_scores is None else chain_scores[None]
+
+    def node_scores(self, nodes: list[int]) -> torch.Tensor | None:
+        """Processed draft scores `(len(nodes), vocab)` at nodes of the last proposed tree, if the drafter has them."""
+        return None
 
     def update_candidate_strategy(self, input_ids: torch.LongTensor, scores: torch.Tensor, num_matches: int) -> None:
         pass

@@ -9,17 +9,19 @@ thousands stay cheap; the largest buffer is the `(budget + beams * width)²` boo
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import torch
-from transformers import DynamicCache, LogitsProcessorList, PreTrainedModel
+from transformers import LogitsProcessorList, PreTrainedModel
 
 from ..config import SpeculationConfig, register_speculation
-from ..decoding.cache import keep_positions
+from ..planning.sizing import choose_budget
 from ..tree import TokenTree
 from ..verification.base import Verdict
 from ..verification.processing import process_tree_scores
 from .base import Drafter
+from .draft_model import DraftModelRunner, forwarded_prefix
 
 
 @dataclass
@@ -31,7 +33,7 @@ class _Nodes:
     depths: torch.Tensor
     logp: torch.Tensor  # cumulative draft log-probability of the path to the node
     expanded: torch.Tensor
-    slots: torch.Tensor  # draft-cache position of forwarded nodes, -1 otherwise
+    slots: torch.Tensor  # draft-cache slot of forwarded nodes (see DraftModelRunner), -1 otherwise
     ancestors: torch.Tensor
 
     def __len__(self) -> int:
@@ -77,37 +79,25 @@ class BestFirstDrafter(Drafter):
         beams: int | None = None,
         logits_processor: LogitsProcessorList | None = None,
     ) -> None:
-        self.model = draft_model
+        self.runner = DraftModelRunner(draft_model)
         self.budget, self.max_depth, self.width = budget, max_depth, width
         self.beams = beams or max(4, budget // 8)
         self.logits_processor = logits_processor
-        self.cache = DynamicCache(config=draft_model.config)
-        self.past = 0  # committed tokens in the draft cache; forwarded tree nodes follow them
-        self.cached_ids = torch.empty(0, dtype=torch.long)
-        self.forward_count = 0
 
-    def _forward(self, input_ids: torch.Tensor, **kwargs) -> torch.Tensor:
-        self.forward_count += 1
-        device = self.model.device
-        kwargs = {k: v.to(device) for k, v in kwargs.items()}
-        out = self.model(input_ids=input_ids.to(device), past_key_values=self.cache, use_cache=True, **kwargs)
-        return out.logits[0].float().cpu()
+    @property
+    def forward_count(self) -> int:
+        return self.runner.forward_count
 
-    def _catch_up(self, ids: torch.Tensor) -> torch.Tensor:
-        """Feed the committed tokens the draft cache lacks (at least the root); return the root's logits."""
-        n = min(self.past, len(ids) - 1)
-        common = int((self.cached_ids[:n] == ids[:n]).long().cumprod(0).sum()) if n else 0
-        keep_positions(self.cache, common, [])
-        logits = self._forward(ids[common:][None])
-        self.past, self.cached_ids = len(ids), ids.clone()
-        return logits[-1:]
+    @property
+    def forward_time(self) -> float:
+        return self.runner.forward_time
 
     def propose(self, input_ids: torch.LongTensor) -> TokenTree:
         ids = input_ids[0].cpu()
         nodes = _Nodes(ids[-1:], torch.tensor([-1]), torch.tensor([0]), torch.tensor([0.0]),
-                       torch.tensor([False]), torch.tensor([len(ids) - 1]), torch.ones(1, 1, dtype=torch.bool))
+                       torch.tensor([False]), torch.tensor([-1]), torch.ones(1, 1, dtype=torch.bool))
         slot_nodes = torch.empty(0, dtype=torch.long)  # node held by each forwarded draft-cache slot (-1: dropped)
-        frontier, logits = torch.tensor([0]), self._catch_up(ids)
+        frontier, logits = torch.tensor([0]), self.runner.sync(ids)[None]
         while True:
             scores = process_tree_scores(self.logits_processor, ids[None, :-1], nodes.as_tree(), logits, frontier)
             child_logp, child_tokens = scores.log_softmax(-1).topk(self.width, dim=-1)
@@ -127,23 +117,11 @@ class BestFirstDrafter(Drafter):
                 break
             pool = torch.nonzero(open_nodes).flatten()
             frontier = pool[torch.argsort(-nodes.logp[pool], stable=True)[: self.beams]]
-            logits = self._forward_nodes(nodes, frontier, slot_nodes, len(ids))
+            sees = nodes.ancestors[frontier][:, slot_nodes.clamp(min=0)] & (slot_nodes >= 0)
+            logits = self.runner.forward_nodes(nodes.tokens[frontier], nodes.depths[frontier], sees)
+            nodes.slots[frontier] = torch.arange(len(slot_nodes), len(slot_nodes) + len(frontier))
             slot_nodes = torch.cat([slot_nodes, frontier])
         return self._breadth_first(nodes)
-
-    def _forward_nodes(self, nodes: _Nodes, frontier: torch.Tensor, slot_nodes: torch.Tensor, length: int):
-        """One draft pass over `frontier` with tree attention over the committed cache and forwarded nodes."""
-        cache_len = self.past + len(slot_nodes)
-        allowed = torch.ones(len(frontier), cache_len + len(frontier), dtype=torch.bool)
-        seen = nodes.ancestors[frontier][:, slot_nodes.clamp(min=0)] & (slot_nodes >= 0)
-        allowed[:, self.past : cache_len] = seen
-        allowed[:, cache_len:] = torch.eye(len(frontier), dtype=torch.bool)
-        dtype = self.model.dtype
-        mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, torch.finfo(dtype).min)
-        position_ids = (length - 1 + nodes.depths[frontier])[None]
-        logits = self._forward(nodes.tokens[frontier][None], attention_mask=mask[None, None], position_ids=position_ids)
-        nodes.slots[frontier] = torch.arange(cache_len, cache_len + len(frontier))
-        return logits
 
     def _breadth_first(self, nodes: _Nodes) -> TokenTree:
         """Reorder into breadth-first order (what TokenTree wants), siblings most probable first."""
@@ -157,54 +135,69 @@ class BestFirstDrafter(Drafter):
 
     def accept(self, input_ids: torch.LongTensor, tree: TokenTree, verdict: Verdict) -> None:
         """Keep the committed prefix plus the accepted nodes already forwarded; drop every other tree slot."""
-        path_slots = self._slots[verdict.path[1:]]
-        forwarded = path_slots[: int((path_slots >= 0).long().cumprod(0).sum())]
-        keep_positions(self.cache, self.past, forwarded)
-        self.past += len(forwarded)
-        self.cached_ids = input_ids[0, : self.past].cpu()
-
-
-def is_offloaded(model: PreTrainedModel) -> bool:
-    """True when accelerate keeps some of the model's weights off its compute device (CPU RAM or disk)."""
-    device_map = getattr(model, "hf_device_map", None) or {}
-    places = {str(place) for place in device_map.values()}
-    return "disk" in places or ("cpu" in places and model.device.type != "cpu")
-
-
-# Budgets chosen from this project's measured latency curves (DESIGN.md §4): in memory on a CPU a 64-node
-# pass costs ~2 single-token passes; offloaded, a pass costs the same for 1 or 1024 tokens (weights dominate).
-IN_MEMORY_BUDGET = 64
-OFFLOADED_BUDGET = 512
+        self.runner.commit(input_ids[0], forwarded_prefix(self._slots[verdict.path[1:]]))
 
 
 @register_speculation
 @dataclass
 class SpecExecConfig(SpeculationConfig):
-    """`speculation="specexec"`: best-first trees of the draft's most probable continuations (SpecExec)."""
+    """`speculation="specexec"`: best-first trees of the draft's most probable continuations (SpecExec).
+
+    Without a `budget`, the budget is chosen from this pair's measured latency curves and acceptance vector (the
+    plan store shared with `speculation="sequoia"`: stored, re-sized for this hardware, or calibrated at first use):
+    a few dozen nodes for a target in memory, hundreds when accelerate offloads it and every pass costs the same.
+    """
 
     method = "specexec"
-    default_sampling_verifier = "target_sample"
     budget: int | None = field(
         default=None,
-        metadata={"help": f"Tree size incl. the root. Default: {IN_MEMORY_BUDGET} with the target in memory, "
-                  f"{OFFLOADED_BUDGET} when accelerate offloads it."},
+        metadata={"help": "Tree size incl. the root (2 to 4096). Default: chosen from the measured latency curve."},
     )
     max_depth: int = field(default=12, metadata={"help": "Deepest drafted token (levels below the root)."})
     width: int = field(default=8, metadata={"help": "Children considered per expanded node."})
     beams: int | None = field(default=None, metadata={"help": "Nodes expanded per draft pass (default budget/8)."})
+    max_budget: int = field(default=2048, metadata={"help": "Largest budget the automatic choice considers."})
 
     def validate(self) -> None:
         if self.budget is not None and not 2 <= int(self.budget) <= 4096:
             raise ValueError(f"budget must be between 2 and 4096 tokens, got {self.budget!r}.")
-        for name in ("max_depth", "width") + (("beams",) if self.beams is not None else ()):
+        for name in ("max_depth", "width", "max_budget") + (("beams",) if self.beams is not None else ()):
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)!r}.")
 
-    def budget_for(self, target: PreTrainedModel) -> int:
+    def prepare(self, target, assistant_model, generation_config, input_ids) -> SpecExecConfig:
         if self.budget is not None:
-            return int(self.budget)
-        return OFFLOADED_BUDGET if is_offloaded(target) else IN_MEMORY_BUDGET
+            return self
+        from ..calibration.resolve import call_temperature, resolve_plan
+
+        plan, source = resolve_plan(None, target, assistant_model, call_temperature(generation_config), input_ids,
+                                    max_budget=128, max_depth=self.max_depth + 1)
+        budgets = [b for b in (8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096) if b <= self.max_budget]
+        budget, _ = choose_budget(plan.acceptance, plan.profile, budgets, self.max_depth,
+                                  beams_for=lambda b: self.beams or max(4, b // 8))
+        resolved = dataclasses.replace(self, budget=budget)
+        resolved.plan_source = f"budget {budget} chosen from the latency curves and acceptance of {source}"
+        return resolved
 
     def make_drafter(self, target, assistant_model, logits_processor, child_selection, generator) -> BestFirstDrafter:
-        return BestFirstDrafter(assistant_model, self.budget_for(target), self.max_depth, self.width, self.beams,
+        if self.budget is None:
+            raise RuntimeError("SpecExecConfig.make_drafter needs a budget: call prepare() first.")
+        return BestFirstDrafter(assistant_model, int(self.budget), self.max_depth, self.width, self.beams,
                                 logits_processor)
+
+
+def step_memory_bound(
+    budget: int, beams: int, width: int, vocab: int, past_length: int, num_heads: int, dtype_bytes: int
+) -> int:
+    """Bytes one SpecExec step needs beyond both models' weights and KV caches (which grow by `budget` positions).
+
+    Draft side: the `(budget + beams*width)^2` bool ancestor matrix and one pass's float32 logits. Target side: the
+    additive mask and the attention scores over `past_length + budget` positions, and the tree's logits in the model
+    dtype plus their float32 scores. The ancestor matrix is the only quadratic term; at budget 2048 with the
+    defaults it is 37 MB, while the logits of a 150k-token vocabulary (2048 x 150k x 6 B = 1.8 GB) dominate.
+    """
+    nodes = budget + beams * width
+    span = past_length + budget
+    draft = nodes * nodes + beams * vocab * 4
+    target = budget * span * dtype_bytes + num_heads * budget * span * 4 + budget * vocab * (dtype_bytes + 4)
+    return draft + target

@@ -69,7 +69,6 @@ class NGramConfig(SpeculationConfig):
 
     method = "ngram"
     needs_assistant = False
-    default_sampling_verifier = "target_sample"
     max_ngram: int = field(default=3, metadata={"help": "Longest n-gram matched against the context."})
     min_ngram: int = field(default=1, metadata={"help": "Shortest n-gram tried when longer ones do not recur."})
     depth: int = field(default=8, metadata={"help": "Tokens taken after each match (tree depth)."})

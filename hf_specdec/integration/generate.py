@@ -23,7 +23,7 @@ from ..decoding.outputs import SpeculativeDecoderOnlyOutput
 from ..decoding.stats import SpeculationStats
 from ..verification import VERIFIERS
 from .generation_config import get_speculation
-from .validation import check_call, check_generation_config
+from .validation import check_call, check_generation_config, check_processors
 
 _ORIGINAL_GENERATE = GenerationMixin.generate
 _SIGNATURE = inspect.signature(_ORIGINAL_GENERATE)
@@ -109,17 +109,19 @@ def speculative_generate(
     """The `custom_generate` callable: Transformers has prepared everything; run the speculative loop."""
     call = speculation_call
     check_generation_config(model, generation_config, input_ids, model_kwargs)
+    check_processors(logits_processor)
     do_sample = bool(generation_config.do_sample)
     verifier = _pick_verifier(call.config, do_sample)
+    config = call.config.prepare(model, call.assistant_model, generation_config, input_ids)
     cache = model_kwargs.get("past_key_values")
     if cache is None:
         cache = DynamicCache(config=model.config)
-    drafter = call.config.make_drafter(
+    drafter = config.make_drafter(
         model, call.assistant_model, logits_processor, verifier.child_selection, call.generator
     )
     if call.streamer is not None:
         call.streamer.put(input_ids.cpu())
-    stats = SpeculationStats(method=call.config.method, verifier=verifier.name)
+    stats = SpeculationStats(method=config.method, verifier=verifier.name, plan_source=config.plan_source)
     result = speculative_loop(
         model,
         input_ids,
@@ -146,12 +148,19 @@ def speculative_generate(
 
 
 def _pick_verifier(config: SpeculationConfig, do_sample: bool):
-    name = config.verifier or ("greedy" if not do_sample else getattr(config, "default_sampling_verifier", "sequoia"))
+    name = config.verifier or ("greedy" if not do_sample else config.default_sampling_verifier)
     if name not in VERIFIERS:
         raise ValueError(f"Unknown verifier {name!r}. Known verifiers: {', '.join(sorted(VERIFIERS))}.")
     if name == "greedy" and do_sample:
         raise ValueError("verifier='greedy' cannot sample: drop `verifier` or pass do_sample=False.")
-    return VERIFIERS[name]()
+    verifier = VERIFIERS[name]()
+    if verifier.child_selection not in config.child_selections:
+        usable = sorted(v for v, cls in VERIFIERS.items() if cls.child_selection in config.child_selections)
+        raise ValueError(
+            f"verifier={name!r} needs children drawn {verifier.child_selection.replace('_', ' ')} from the draft, but "
+            f"speculation={config.method!r} drafts a deterministic tree: use one of {usable}, or drop `verifier`."
+        )
+    return verifier
 
 
 def install() -> None:

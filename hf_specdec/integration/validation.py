@@ -7,15 +7,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 from transformers import DynamicCache, GenerationConfig, PreTrainedModel
 
+from ..drafting.draft_model import vocab_size
+
 if TYPE_CHECKING:
     from .generate import SpeculationCall
-
-
-def _vocab_size(model: PreTrainedModel) -> int:
-    embeddings = model.get_output_embeddings()
-    if embeddings is not None and getattr(embeddings, "weight", None) is not None:
-        return int(embeddings.weight.shape[0])
-    return int(model.config.get_text_config().vocab_size)
 
 
 def check_call(model: PreTrainedModel, call: SpeculationCall, kwargs: dict[str, Any]) -> None:
@@ -35,10 +30,10 @@ def check_call(model: PreTrainedModel, call: SpeculationCall, kwargs: dict[str, 
     if draft is not None:
         if draft.config.is_encoder_decoder:
             raise ValueError("The assistant_model must be a decoder-only causal LM.")
-        if _vocab_size(draft) != _vocab_size(model):
+        if vocab_size(draft) != vocab_size(model):
             raise ValueError(
-                f"The assistant_model's vocabulary ({_vocab_size(draft)} tokens) differs from the target's "
-                f"({_vocab_size(model)}): speculation needs both models to share one tokenizer. Pick a draft from "
+                f"The assistant_model's vocabulary ({vocab_size(draft)} tokens) differs from the target's "
+                f"({vocab_size(model)}): speculation needs both models to share one tokenizer. Pick a draft from "
                 "the target's family."
             )
     if kwargs.get("assistant_tokenizer") is not None or kwargs.get("prompt_lookup_num_tokens") is not None:
@@ -73,3 +68,32 @@ def check_generation_config(
     mask = model_kwargs.get("attention_mask")
     if mask is not None and not bool((mask == 1).all()):
         raise ValueError("Speculation does not support padded inputs: pass the prompt without padding tokens.")
+
+
+# Processors whose output depends on more than (this sequence's tokens, these scores): they keep state across calls
+# (a cache of their own, a call counter) or rely on the batch layout, so they cannot be asked about tree nodes one
+# prefix at a time. Every other processor, custom ones included, must honour the LogitsProcessor contract: a pure
+# function of `input_ids` and `scores`.
+PER_NODE_UNSAFE_PROCESSORS = {
+    "UnbatchedClassifierFreeGuidanceLogitsProcessor": "it runs its own model with a private KV cache",
+    "ClassifierFreeGuidanceLogitsProcessor": "it expects a doubled batch (conditional and unconditional rows)",
+    "SynthIDTextWatermarkLogitsProcessor": "it keeps a running context and a call counter",
+    "WhisperTimeStampLogitsProcessor": "it is written for Whisper's decoding loop",
+    "WhisperNoSpeechDetection": "it is written for Whisper's decoding loop",
+    "AlternatingCodebooksLogitsProcessor": "it is written for Bark's codebook loop",
+    "DiaClassifierFreeGuidanceLogitsProcessor": "it expects a doubled batch",
+    "DiaEOSChannelFilterLogitsProcessor": "it is written for Dia's delay pattern",
+    "DiaEOSDelayPatternLogitsProcessor": "it keeps a delay pattern across calls",
+}
+
+
+def check_processors(processors) -> None:
+    """Refuse processors that cannot be applied to each tree node with that node's own prefix."""
+    for processor in processors or []:
+        reason = PER_NODE_UNSAFE_PROCESSORS.get(type(processor).__name__)
+        if reason is not None:
+            raise ValueError(
+                f"Speculation applies every logits processor to each drafted token with that token's own prefix, but "
+                f"{type(processor).__name__} cannot be used that way: {reason}. Drop it (or the setting that adds it, "
+                "e.g. guidance_scale / watermarking_config), or drop `speculation`."
+            )

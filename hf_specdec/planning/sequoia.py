@@ -13,10 +13,16 @@ value of children of rank r, r+1, ... sharing k nodes, each child subtree having
 g(k) only needs g(k - s) for s >= 1 and f(s <= k), so we sweep k = 1..n once and handle every (l', r)
 pair of a given k with one max-plus reduction: O(n^2 d W / 2) flops in n vectorised steps. Only values are
 kept; the argmax is recomputed for the at most n cells that the optimal tree visits.
+
+When p is non-increasing (the usual case: the first-drafted child is the likeliest), the DP is not needed: a
+node is never worth more than its parent or its earlier siblings, so the best tree of at most m nodes is the m
+most probable nodes, and popping them from a heap (a child becomes available once its parent and its previous
+sibling are taken) finds it in O(m W log m). One run gives the best tree of every size up to m at once.
 """
 
 from __future__ import annotations
 
+import heapq
 import json
 import os
 from collections import deque
@@ -82,8 +88,11 @@ def _solve(acceptance: list[float], budget: int, max_depth: int) -> _Tables:
 
 
 def _reconstruct(t: _Tables, budget: int, max_depth: int) -> list[int]:
-    """Breadth-first walk down the optimum: each queued node knows its node budget and level budget."""
-    n, width = budget, t.pf.shape[2]
+    """Breadth-first walk down the optimum: each queued node knows its node budget and level budget.
+
+    Works for any `budget` and `max_depth` up to the sizes the tables were solved for.
+    """
+    n, width = t.g_rev.shape[0], t.pf.shape[2]
     parents: list[int] = [-1]
     queue = deque([(0, budget, max_depth)])
     while queue:
@@ -187,11 +196,103 @@ class TreePlan:
             return cls.from_json(fh.read())
 
 
+def _is_non_increasing(p: Sequence[float]) -> bool:
+    return all(a >= b for a, b in zip(p, p[1:]))
+
+
+def _most_probable_nodes(acceptance: list[float], budget: int, max_depth: int) -> tuple[list[int], list[float]]:
+    """The `budget` most probable nodes within `max_depth` levels, in the order a heap pops them.
+
+    Returns (parent of each popped node as a pop index, -1 for the root; path probability of each). Valid for a
+    non-increasing acceptance vector; zero-probability nodes are never taken.
+    """
+    parents, probs = [-1], [1.0]
+    depth_of = [1]
+    heap: list[tuple[float, int, int, int]] = []  # (-probability, tie-breaker, parent pop index, rank)
+    counter = 0
+
+    def offer(parent: int, rank: int) -> None:
+        nonlocal counter
+        prob = probs[parent] * acceptance[rank] if rank < len(acceptance) else 0.0
+        if prob > 0 and depth_of[parent] < max_depth:  # prob > 0 also drops products that underflow
+            heapq.heappush(heap, (-prob, counter, parent, rank))
+            counter += 1
+
+    offer(0, 0)
+    while heap and len(parents) < budget:
+        neg, _, parent, rank = heapq.heappop(heap)
+        parents.append(parent)
+        probs.append(-neg)
+        depth_of.append(depth_of[parent] + 1)
+        offer(len(parents) - 1, 0)  # its first child
+        offer(parent, rank + 1)  # its next sibling
+    return parents, probs
+
+
+def _breadth_first(pop_parents: list[int]) -> list[int]:
+    """Renumber popped nodes breadth first; siblings keep their rank order (they were popped in rank order)."""
+    depths = [0] * len(pop_parents)
+    for i in range(1, len(pop_parents)):
+        depths[i] = depths[pop_parents[i]] + 1
+    new_index = [0] * len(pop_parents)
+    order = [0]
+    for depth in range(1, max(depths) + 1):
+        level = [i for i in range(len(pop_parents)) if depths[i] == depth]
+        level.sort(key=lambda i: (new_index[pop_parents[i]], i))
+        for i in level:
+            new_index[i] = len(order)
+            order.append(i)
+    return [-1] + [new_index[pop_parents[i]] for i in order[1:]]
+
+
+class TreePlanner:
+    """Plan trees of any size up to `max_budget` nodes and `max_depth` levels for one acceptance vector.
+
+    Hardware-aware sizing compares many (budget, depth) pairs: a non-increasing vector is served by the heap
+    (one run per depth covers every budget), any other by one DP solve for the largest sizes.
+    """
+
+    def __init__(self, acceptance: Sequence[float], max_budget: int, max_depth: int) -> None:
+        _check_limits(max_budget, max_depth)
+        self.acceptance = validate_acceptance(acceptance)
+        self.max_budget, self.max_depth = int(max_budget), int(max_depth)
+        self.greedy = _is_non_increasing(self.acceptance)
+        self._tables = None if self.greedy else _solve(self.acceptance, self.max_budget, self.max_depth)
+        self._popped: dict[int, tuple[list[int], list[float]]] = {}
+
+    @property
+    def table(self) -> np.ndarray:
+        """E*[m, l] for m <= max_budget nodes and l <= max_depth levels (see `expected_tokens_table`)."""
+        if self._tables is not None:
+            return self._tables.f
+        table = np.zeros((self.max_budget + 1, self.max_depth + 1))
+        for depth in range(1, self.max_depth + 1):
+            probs = np.cumsum(self._pop(depth)[1])
+            table[1:, depth] = probs[np.minimum(np.arange(self.max_budget), len(probs) - 1)]
+        return table
+
+    def _pop(self, max_depth: int) -> tuple[list[int], list[float]]:
+        if max_depth not in self._popped:
+            self._popped[max_depth] = _most_probable_nodes(self.acceptance, self.max_budget, max_depth)
+        return self._popped[max_depth]
+
+    def plan(self, budget: int, max_depth: int) -> TreePlan:
+        _check_limits(budget, max_depth)
+        if budget > self.max_budget or max_depth > self.max_depth:
+            raise ValueError(
+                f"This planner covers budgets up to {self.max_budget} and depths up to {self.max_depth}; "
+                f"asked for {budget} and {max_depth}: build a TreePlanner with larger limits."
+            )
+        if self.greedy:
+            pop_parents, probs = self._pop(max_depth)
+            parents = _breadth_first(pop_parents[:budget])
+            value = float(sum(probs[:budget]))
+        else:
+            parents = _prune_zero_nodes(_reconstruct(self._tables, int(budget), int(max_depth)), self.acceptance)
+            value = float(self._tables.f[budget, max_depth])
+        return TreePlan(parents, value, self.acceptance, int(budget), int(max_depth))
+
+
 def plan_tree(acceptance: Sequence[float], budget: int, max_depth: int) -> TreePlan:
     """The tree of at most `budget` nodes and `max_depth` levels (root included) maximising expected tokens."""
-    _check_limits(budget, max_depth)
-    p = validate_acceptance(acceptance)
-    budget, max_depth = int(budget), int(max_depth)
-    tables = _solve(p, budget, max_depth)
-    parents = _prune_zero_nodes(_reconstruct(tables, budget, max_depth), p)
-    return TreePlan(parents, float(tables.f[budget, max_depth]), p, budget, max_depth)
+    return TreePlanner(acceptance, budget, max_depth).plan(budget, max_depth)

@@ -20,10 +20,10 @@ def process_tree_scores(
     `prefix_ids` is `(1, L)` and ends *before* the root; node i's sequence is prefix + root..i.
     Nodes of equal depth share a sequence length, so they are processed as one batch per depth.
     """
+    if not processors:
+        return logits.float()  # no copy when already float32: nothing below writes into it
     nodes = torch.arange(len(tree), device=tree.device) if nodes is None else nodes
     scores = logits.to(dtype=torch.float32, copy=True)
-    if not processors:
-        return scores
     depths = tree.depths[nodes]
     for depth in depths.unique().tolist():
         rows = torch.nonzero(depths == depth).flatten()

@@ -1,0 +1,198 @@
+"""The benchmark loop: every strategy on every prompt in one process, interleaved per prompt, after a warm-up.
+
+Interleaving (all strategies on prompt 1, then all on prompt 2, ...) exposes every strategy to the same machine
+state, which matters on a shared CPU; the order rotates by one strategy per prompt and repeat so no strategy
+always runs first. Every figure is later divided by `plain`'s on the same prompt.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from tqdm.auto import tqdm
+from transformers import PreTrainedModel
+
+from .aggregate import summarize
+from .measure import ForwardCounter, PeakMemory
+from .strategies import PLAIN, Strategy
+
+#: SpeculationStats fields copied into every hf_specdec call's record (timings in seconds)
+STATS_FIELDS = (
+    "time_prefill",
+    "time_drafting",
+    "time_verifying",
+    "time_target_forward",
+    "time_draft_forward",
+    "time_engine",
+    "time_total",
+    "mean_tokens_per_step",
+    "target_forwards",
+    "draft_forwards",
+)
+
+
+@dataclass
+class BenchSettings:
+    max_new_tokens: int = 128
+    temperature: float = 0.0  # 0: greedy; > 0: do_sample=True at this temperature
+    repeats: int = 1  # measured calls per (prompt, strategy); the per-prompt figure is their median
+    warmup: int = 1  # unmeasured calls per strategy before measuring
+    warmup_tokens: int = 8  # new tokens of each warm-up call
+    seed: int = 0  # torch.manual_seed(seed + prompt index) before every call
+
+    @property
+    def sampling(self) -> bool:
+        return self.temperature > 0
+
+    def validate(self) -> None:
+        for name in ("max_new_tokens", "repeats"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}.")
+        if self.warmup < 0:
+            raise ValueError(f"--warmup must be 0 or more, got {self.warmup}.")
+        if self.temperature < 0:
+            raise ValueError(f"--temperature must be 0 (greedy) or positive, got {self.temperature}.")
+
+
+def generate_kwargs(settings: BenchSettings, max_new_tokens: int) -> dict[str, Any]:
+    """What every strategy's call shares: token budget, greedy or sampling, a dict output (for the stats)."""
+    kwargs: dict[str, Any] = {
+        "max_new_tokens": max_new_tokens,
+        "do_sample": settings.sampling,
+        "return_dict_in_generate": True,
+    }
+    if settings.sampling:
+        kwargs["temperature"] = settings.temperature
+    return kwargs
+
+
+def measure_call(
+    target: PreTrainedModel,
+    draft: PreTrainedModel | None,
+    counters: dict[str, ForwardCounter],
+    strategy: Strategy,
+    input_ids: torch.LongTensor,
+    settings: BenchSettings,
+    seed: int,
+    max_new_tokens: int | None = None,
+) -> tuple[dict[str, Any], torch.LongTensor]:
+    """One `generate` call, timed and counted: (raw record, output sequence)."""
+    kwargs = {
+        **generate_kwargs(settings, max_new_tokens or settings.max_new_tokens),
+        **strategy.generate_kwargs(draft),
+        "attention_mask": torch.ones_like(input_ids),
+    }
+    for counter in counters.values():
+        counter.take()
+    torch.manual_seed(seed)
+    with PeakMemory() as memory:
+        start = time.perf_counter()
+        out = target.generate(input_ids, **kwargs)
+        seconds = time.perf_counter() - start
+    target_passes = counters["target"].take()
+    draft_passes = counters["draft"].take() if "draft" in counters else 0
+    new_tokens = int(out.sequences.shape[1] - input_ids.shape[1])
+    stats = getattr(out, "speculation_stats", None)
+    # A target "step" is a pass that emits tokens. Every pass of Transformers' loops does (its first pass reads the
+    # prompt and emits the first token); hf_specdec's loop reads the prompt in a separate prefill pass that emits
+    # none, so its steps are the engine's tree passes and the rest of the hooked passes are prefill.
+    target_steps = int(stats.target_forwards) if stats is not None else target_passes
+    record: dict[str, Any] = {
+        "strategy": strategy.label,
+        "prompt_tokens": int(input_ids.shape[1]),
+        "new_tokens": new_tokens,
+        "seconds": seconds,
+        "tokens_per_s": new_tokens / seconds if seconds > 0 else None,
+        "identical": None,
+        "target_passes": target_passes,
+        "target_prefill_passes": target_passes - target_steps,
+        "target_steps": target_steps,
+        "tokens_per_target_step": new_tokens / target_steps if target_steps else None,
+        "draft_passes": draft_passes,
+        "draft_passes_per_token": draft_passes / new_tokens if new_tokens else None,
+        "rss_before_bytes": memory.before,
+        "peak_rss_delta_bytes": memory.delta,
+        "speculation_stats": _stats_record(stats),
+    }
+    return record, out.sequences
+
+
+def _stats_record(stats: Any) -> dict[str, Any] | None:
+    if stats is None:
+        return None
+    record = dict(stats.as_dict()) if hasattr(stats, "as_dict") else {}
+    for name in STATS_FIELDS:
+        record[name] = getattr(stats, name, record.get(name))
+    return record
+
+
+def run_benchmark(
+    target: PreTrainedModel,
+    draft: PreTrainedModel | None,
+    prompts: list[torch.LongTensor],
+    strategies: list[Strategy],
+    settings: BenchSettings,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Warm up, then measure every (prompt, repeat, strategy); returns settings, strategies, raw calls, summary."""
+    settings.validate()
+    if not prompts:
+        raise ValueError("No prompts to benchmark: give at least one with --prompts.")
+    if not strategies or strategies[0].label != PLAIN:
+        raise ValueError("The first strategy must be `plain`: every figure is relative to it (resolve_strategies).")
+    counters = {"target": ForwardCounter(target)}
+    if draft is not None:
+        counters["draft"] = ForwardCounter(draft)
+    calls: list[dict[str, Any]] = []
+    interrupted = False
+    try:
+        _warm_up(target, draft, counters, strategies, prompts[0], settings, progress)
+        bar = tqdm(total=len(prompts) * settings.repeats * len(strategies), desc="bench", unit="call",
+                   disable=not progress)
+        with bar:
+            for index, input_ids in enumerate(prompts):
+                for repeat in range(settings.repeats):
+                    shift = (index + repeat) % len(strategies)
+                    outputs: dict[str, torch.LongTensor] = {}
+                    for strategy in strategies[shift:] + strategies[:shift]:
+                        bar.set_postfix_str(f"prompt {index + 1}/{len(prompts)} {strategy.label}")
+                        record, outputs[strategy.label] = measure_call(
+                            target, draft, counters, strategy, input_ids, settings, settings.seed + index
+                        )
+                        calls.append({"prompt": index, "repeat": repeat, **record})
+                        bar.update()
+                    if not settings.sampling:  # greedy: every strategy must reproduce plain token for token
+                        for call in calls[-len(strategies) :]:
+                            call["identical"] = bool(torch.equal(outputs[call["strategy"]].cpu(),
+                                                                 outputs[PLAIN].cpu()))
+    except KeyboardInterrupt:  # keep what was measured: a long run stopped early still reports its prompts
+        interrupted = True
+        rounds = Counter((c["prompt"], c["repeat"]) for c in calls)
+        calls = [c for c in calls if rounds[c["prompt"], c["repeat"]] == len(strategies)]
+    finally:
+        for counter in counters.values():
+            counter.remove()
+    return {
+        "interrupted": interrupted,
+        "settings": dataclasses.asdict(settings),
+        "strategies": [s.to_dict() for s in strategies],
+        "calls": calls,
+        "summary": summarize(calls, [s.to_dict() for s in strategies], sampling=settings.sampling),
+    }
+
+
+def _warm_up(target, draft, counters, strategies, input_ids, settings, progress) -> None:
+    """Unmeasured short calls of every strategy: first-call costs (allocator, thread pools, lazy init) go here."""
+    if settings.warmup == 0:
+        return
+    tokens = min(settings.warmup_tokens, settings.max_new_tokens)
+    with tqdm(total=settings.warmup * len(strategies), desc="warm-up", unit="call", disable=not progress) as bar:
+        for _ in range(settings.warmup):
+            for strategy in strategies:
+                measure_call(target, draft, counters, strategy, input_ids, settings, settings.seed, tokens)
+                bar.update()

@@ -1,0 +1,159 @@
+"""A Sequoia plan file: the tree, and everything that produced it (JSON, never pickle).
+
+It records the acceptance vector, the latency curves, the models, dtype, device and library versions, so a
+plan can be found again for the same pair on the same hardware, and so anyone can see why this tree was chosen.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import PreTrainedModel
+
+from ..planning.latency import dtype_name, placement
+from ..planning.sequoia import TreePlan
+from ..planning.sizing import HardwareProfile
+
+FORMAT = 1
+FINGERPRINT_FIELDS = (
+    "model_type", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+    "num_attention_heads", "num_key_value_heads",
+)
+
+
+def model_fingerprint(model: PreTrainedModel) -> dict[str, Any]:
+    """The architecture fields that decide speed and behaviour; a Hub copy and a converted copy share them."""
+    config = model.config.get_text_config()
+    return {name: getattr(config, name, None) for name in FINGERPRINT_FIELDS}
+
+
+def model_record(model: PreTrainedModel) -> dict[str, Any]:
+    """How a plan names a model: where it came from, plus its fingerprint."""
+    return {"name": str(getattr(model.config, "_name_or_path", "") or type(model).__name__),
+            "fingerprint": model_fingerprint(model)}
+
+
+def environment() -> dict[str, Any]:
+    import transformers
+
+    from .. import __version__
+
+    return {
+        "hf_specdec": __version__, "torch": torch.__version__, "transformers": transformers.__version__,
+        "python": platform.python_version(), "machine": platform.machine(), "processor": _cpu_name(),
+        "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+@dataclass
+class SequoiaPlan:
+    """What `speculation="sequoia"` decodes with, and how it was made."""
+
+    tree: TreePlan
+    temperature: float  # 0 = greedy
+    verifier: str
+    profile: HardwareProfile | None
+    target: dict[str, Any]
+    draft: dict[str, Any]
+    acceptance_positions: int = 0
+    predicted: dict[str, float] = field(default_factory=dict)
+    measured: dict[str, Any] = field(default_factory=dict)
+    candidates: list[dict] = field(default_factory=list)
+    environment: dict[str, Any] = field(default_factory=dict)
+    source: str = ""  # how it was made: "calibrate command", "online calibration", ...
+
+    @property
+    def parents(self) -> list[int]:
+        return self.tree.parents
+
+    @property
+    def acceptance(self) -> list[float]:
+        return self.tree.acceptance
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "format": FORMAT,
+            "source": self.source,
+            "temperature": self.temperature,
+            "verifier": self.verifier,
+            "tree": self.tree.to_dict(),
+            "acceptance_positions": self.acceptance_positions,
+            "profile": self.profile.to_dict() if self.profile else None,
+            "target": self.target,
+            "draft": self.draft,
+            "predicted": self.predicted,
+            "measured": self.measured,
+            "environment": self.environment,
+            "candidates": self.candidates,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> SequoiaPlan:
+        if data.get("format") != FORMAT:
+            raise ValueError(f"Unsupported Sequoia plan format {data.get('format')!r} (this version reads {FORMAT}).")
+        return cls(
+            tree=TreePlan.from_dict(data["tree"]),
+            temperature=float(data["temperature"]),
+            verifier=str(data["verifier"]),
+            profile=HardwareProfile.from_dict(data["profile"]) if data.get("profile") else None,
+            target=data.get("target", {}),
+            draft=data.get("draft", {}),
+            acceptance_positions=int(data.get("acceptance_positions", 0)),
+            predicted=data.get("predicted", {}),
+            measured=data.get("measured", {}),
+            candidates=data.get("candidates", []),
+            environment=data.get("environment", {}),
+            source=str(data.get("source", "")),
+        )
+
+    def save(self, path: str | os.PathLike) -> Path:
+        """Write atomically (a reader never sees half a file)."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+        tmp.write_text(json.dumps(self.to_dict(), indent=1) + "\n", encoding="utf-8")
+        os.replace(tmp, path)
+        return path
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> SequoiaPlan:
+        try:
+            data = json.loads(Path(path).read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError) as exc:
+            raise ValueError(f"Cannot read the Sequoia plan {path}: {exc}. Re-run `hf-specdec calibrate`.") from exc
+        try:
+            return cls.from_dict(data)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"{path} is not a valid Sequoia plan ({exc}). Re-run `hf-specdec calibrate`.") from exc
+
+    def same_pair(self, target: PreTrainedModel, draft: PreTrainedModel) -> bool:
+        """Made for these two architectures? Then its acceptance vector applies, whatever the hardware."""
+        return (self.target.get("fingerprint") == model_fingerprint(target)
+                and self.draft.get("fingerprint") == model_fingerprint(draft))
+
+    def runs_here(self, target: PreTrainedModel, draft: PreTrainedModel) -> bool:
+        """Were its latency curves measured on this hardware, thread count, dtype and offloading?"""
+        return self.profile is not None and self.profile.placement == pair_placement(target, draft)
+
+
+def pair_placement(target: PreTrainedModel, draft: PreTrainedModel) -> dict[str, Any]:
+    """The target's placement (see `latency.placement`) plus the draft's dtype (a quantized draft is faster)."""
+    return {**placement(target), "draft_dtype": dtype_name(draft)}

@@ -1,0 +1,150 @@
+"""How long one forward pass over n new tokens takes on this machine: the curve every size choice reads.
+
+A tree of n nodes costs the target one pass over n tokens, and each drafted level of w nodes costs the draft
+one pass over w tokens. Those costs are anything but linear in n on real hardware (a 2-core CPU is memory bound
+up to a few dozen tokens; an offloaded model pays its weight transfer whatever n is), so they are measured,
+with the same additive tree mask and a filled KV cache, and interpolated in between.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+from transformers import DynamicCache, PreTrainedModel
+
+from ..decoding.cache import crop
+
+DEFAULT_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128)
+
+
+def is_offloaded(model: PreTrainedModel) -> bool:
+    """True when accelerate keeps some of the model's weights off its compute device (CPU RAM or disk).
+
+    Such a model pays its weight transfer on every pass, whatever the number of tokens: its curve is flat.
+    """
+    device_map = getattr(model, "hf_device_map", None) or {}
+    places = {str(place) for place in device_map.values()}
+    return "disk" in places or ("cpu" in places and model.device.type != "cpu")
+
+
+def dtype_name(model: PreTrainedModel) -> str:
+    return str(model.dtype).removeprefix("torch.")
+
+
+def device_name(device: torch.device) -> str:
+    """What the kernels run on: the GPU's name, or the CPU's model and the instruction set torch uses on it.
+
+    Latency curves differ by far more between CPUs than between runs: a CPU without native bfloat16 multiplies
+    bfloat16 matrices row by row, so a tree costs as much as that many single-token passes.
+    """
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    name = "unknown CPU"
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    name = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        import platform
+
+        name = platform.processor() or name
+    return f"{name} ({torch.backends.cpu.get_cpu_capability()})"
+
+
+def placement(model: PreTrainedModel) -> dict:
+    """Everything besides the model that decides its latency curve: hardware, threads, dtype, offloading."""
+    return {
+        "device": model.device.type,
+        "hardware": device_name(model.device),
+        "threads": torch.get_num_threads() if model.device.type == "cpu" else None,
+        "dtype": dtype_name(model),
+        "offloaded": is_offloaded(model),
+    }
+
+
+@dataclass(frozen=True)
+class LatencyCurve:
+    """Median seconds of one forward pass over `sizes[i]` new tokens, after `past_length` cached ones."""
+
+    sizes: tuple[int, ...]
+    seconds: tuple[float, ...]
+    past_length: int = 256
+
+    def __post_init__(self) -> None:
+        if len(self.sizes) != len(self.seconds) or not self.sizes:
+            raise ValueError("A latency curve needs one time per size, and at least one size.")
+        if list(self.sizes) != sorted(set(self.sizes)) or self.sizes[0] < 1:
+            raise ValueError(f"Latency sizes must be distinct positive integers in increasing order: {self.sizes}.")
+
+    def __call__(self, n: float | np.ndarray) -> float | np.ndarray:
+        """Seconds for n tokens: linear between measured sizes, linear in the last segment's slope beyond them."""
+        sizes, seconds = np.asarray(self.sizes, float), np.asarray(self.seconds, float)
+        value = np.interp(n, sizes, seconds)
+        if len(sizes) > 1:
+            slope = max((seconds[-1] - seconds[-2]) / (sizes[-1] - sizes[-2]), 0.0)
+            value = np.where(np.asarray(n) > sizes[-1], seconds[-1] + slope * (np.asarray(n) - sizes[-1]), value)
+        return float(value) if np.ndim(value) == 0 else value
+
+    def to_dict(self) -> dict:
+        return {"sizes": list(self.sizes), "seconds": list(self.seconds), "past_length": self.past_length}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> LatencyCurve:
+        return cls(tuple(int(s) for s in data["sizes"]), tuple(float(t) for t in data["seconds"]),
+                   int(data.get("past_length", 256)))
+
+
+def measure_latency(
+    model: PreTrainedModel,
+    sizes: Sequence[int] = DEFAULT_SIZES,
+    past_length: int = 256,
+    repeats: int = 3,
+    progress: bool = True,
+    desc: str | None = None,
+    stop_ratio: float | None = 16.0,
+) -> LatencyCurve:
+    """Time `model` on n new tokens (a star tree under one root: the costliest mask shape) for each n in `sizes`.
+
+    Each measurement restores the cache to `past_length` tokens first, so every pass sees the same context.
+    Median over `repeats` after one warm-up pass per size. Sizes stop once a pass costs more than `stop_ratio`
+    times the smallest one: no tree that slow can pay for itself, and on hardware where cost grows with every
+    token (bfloat16 on a CPU without native support) the largest sizes would take minutes. The curve extrapolates.
+    """
+    sizes = sorted({int(s) for s in sizes})
+    device, dtype = model.device, model.dtype
+    vocab = int(model.config.get_text_config().vocab_size)
+    generator = torch.Generator().manual_seed(0)
+    prompt = torch.randint(vocab // 4, vocab // 2, (1, past_length), generator=generator)
+    cache = DynamicCache(config=model.config)
+    seconds = []
+    with torch.no_grad():
+        model(input_ids=prompt.to(device), past_key_values=cache, use_cache=True, logits_to_keep=1)
+        for n in tqdm(sizes, desc=desc or f"latency {type(model).__name__}", unit="size", disable=not progress):
+            tokens = torch.randint(vocab // 4, vocab // 2, (1, n), generator=generator).to(device)
+            visible = torch.ones(n, past_length + n, dtype=torch.bool)
+            visible[:, past_length:] = torch.eye(n, dtype=torch.bool)
+            visible[:, past_length] = True  # every node descends from the first one
+            mask = torch.zeros(visible.shape, dtype=dtype).masked_fill_(~visible, torch.finfo(dtype).min)
+            mask = mask[None, None].to(device)
+            positions = (past_length + (torch.arange(n) > 0).long())[None].to(device)
+            times = []
+            for _ in range(repeats + 1):
+                start = time.perf_counter()
+                model(input_ids=tokens, attention_mask=mask, position_ids=positions, past_key_values=cache,
+                      use_cache=True)
+                if device.type == "cuda":
+                    torch.cuda.synchronize(device)
+                times.append(time.perf_counter() - start)
+                crop(cache, past_length)
+            seconds.append(statistics.median(times[1:]))
+            if stop_ratio is not None and len(seconds) > 1 and seconds[-1] > stop_ratio * seconds[0]:
+                break
+    return LatencyCurve(tuple(sizes[: len(seconds)]), tuple(seconds), past_length)

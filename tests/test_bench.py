@@ -1,0 +1,389 @@
+"""`hf-specdec bench` on tiny random models: strategy parsing, the raw-number schema, forward-pass counts,
+losslessness of every strategy, the report files and the README region. Nothing here asserts on speed."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from hf_specdec import SPECULATION_METHODS
+from hf_specdec.bench import BenchSettings, StrategyError, parse_strategy, resolve_strategies, run_benchmark
+from hf_specdec.bench.aggregate import summarize
+from hf_specdec.bench.cli import SCHEMA
+from hf_specdec.bench.inputs import PromptError, load_prompt_source, tokenize_prompts
+from hf_specdec.bench.loading import load_models
+from hf_specdec.bench.measure import ForwardCounter
+from hf_specdec.bench.readme import END, START, ReadmeError, replace_region, update_readme
+from hf_specdec.bench.report import PLOTS, RESULTS_MD, budget_sweeps, load_json, write_report
+from hf_specdec.bench.strategies import default_strategies, known_strategies, quick_strategies
+from hf_specdec.config import SpeculationConfig
+from hf_specdec.drafting.ngram import NGramConfig
+from tests.conftest import random_prompt, tiny_model
+
+NEW = 8
+CALL_KEYS = {
+    "prompt", "repeat", "strategy", "prompt_tokens", "new_tokens", "seconds", "tokens_per_s", "identical",
+    "target_passes", "target_prefill_passes", "target_steps", "tokens_per_target_step", "draft_passes",
+    "draft_passes_per_token", "rss_before_bytes", "peak_rss_delta_bytes", "speculation_stats",
+}
+
+
+@pytest.fixture(scope="module")
+def pair():
+    return tiny_model("llama", 0), tiny_model("llama", 1)
+
+
+@pytest.fixture(scope="module")
+def run(pair):
+    """Every default strategy (the whole registry) on two prompts, greedy."""
+    generator = torch.Generator().manual_seed(0)
+    prompts = [random_prompt(generator, 10), random_prompt(generator, 14)]
+    strategies = resolve_strategies(None)
+    results = run_benchmark(*pair, prompts, strategies, BenchSettings(max_new_tokens=NEW, warmup=1, warmup_tokens=2),
+                            progress=False)
+    return results, strategies
+
+
+# --- strategies -------------------------------------------------------------------------------------------------
+
+
+def test_parse_method_settings_become_speculation_config(pair):
+    draft = pair[1]
+    strategy = parse_strategy("specexec:budget=128,width=4")
+    assert strategy.settings == {"budget": 128, "width": 4}
+    assert strategy.label == "specexec:budget=128,width=4"
+    assert strategy.generate_kwargs(draft) == {
+        "assistant_model": draft, "speculation": "specexec", "speculation_config": {"budget": 128, "width": 4}
+    }
+    tree = parse_strategy("tree:widths=[4,2,1]")
+    assert tree.settings == {"widths": [4, 2, 1]} and tree.label == "tree:widths=[4,2,1]"
+    assert parse_strategy("tree: widths = [4, 2, 1] ").settings == {"widths": [4, 2, 1]}
+    assert parse_strategy("chain:verifier=greedy").settings == {"verifier": "greedy"}  # not JSON: kept as text
+
+
+def test_parse_baselines(pair):
+    draft = pair[1]
+    assert parse_strategy("plain").generate_kwargs(draft) == {}
+    assert parse_strategy("hf-assisted").generate_kwargs(draft) == {"assistant_model": draft}
+    assert parse_strategy("hf-prompt-lookup").generate_kwargs(draft) == {"prompt_lookup_num_tokens": 10}
+    custom = parse_strategy("hf-assisted:num_assistant_tokens=8,num_assistant_tokens_schedule=constant")
+    assert custom.generate_kwargs(draft) == {
+        "assistant_model": draft, "num_assistant_tokens": 8, "num_assistant_tokens_schedule": "constant"
+    }
+
+
+def test_method_without_assistant_gets_none(pair):
+    assert not NGramConfig.needs_assistant
+    kwargs = parse_strategy("ngram").generate_kwargs(pair[1])
+    assert kwargs == {"speculation": "ngram"} and "assistant_model" not in kwargs
+
+
+def test_unknown_strategy_lists_the_known_ones():
+    with pytest.raises(StrategyError) as error:
+        parse_strategy("medusa:heads=4")
+    message = str(error.value)
+    assert "'medusa'" in message
+    for name in ["plain", "hf-assisted", "hf-prompt-lookup", *SPECULATION_METHODS]:
+        assert name in message
+
+
+@pytest.mark.parametrize(
+    "spec, words",
+    [
+        ("tree:widths", ["key=value", "widths"]),
+        ("tree:=3", ["key=value"]),
+        ("specexec:budget=", ["key=value"]),
+        ("specexec:nope=1", ["nope", "budget"]),  # the method's own settings are listed
+        ("specexec:budget=1", ["budget", "2"]),  # the method's validate()
+        ("tree:widths=[4,2],widths=[1]", ["twice"]),
+        ("plain:max_new_tokens=4", ["plain", "no settings"]),
+        ("hf-assisted:bogus=1", ["bogus", "generation settings"]),
+    ],
+)
+def test_bad_settings_say_what_and_how(spec, words):
+    with pytest.raises(StrategyError) as error:
+        parse_strategy(spec)
+    for word in words:
+        assert word in str(error.value)
+
+
+def test_resolve_puts_plain_first_and_refuses_duplicates():
+    assert [s.label for s in resolve_strategies(["tree", "chain"])] == ["plain", "tree", "chain"]
+    assert [s.label for s in resolve_strategies(["tree", "plain"])] == ["plain", "tree"]
+    with pytest.raises(StrategyError, match="twice"):
+        resolve_strategies(["tree:widths=[2]", "tree:widths=[2]"])
+
+
+@dataclass
+class _LateConfig(SpeculationConfig):
+    """Stands for a method registered after hf_specdec.bench was written (sequoia, staged, ...)."""
+
+    method = "sequoia"
+    needs_assistant = False
+
+
+def test_strategies_come_from_the_registry_at_run_time(monkeypatch, pair):
+    monkeypatch.setitem(SPECULATION_METHODS, "sequoia", _LateConfig)
+    assert "sequoia" in known_strategies()
+    assert "sequoia" in [s.name for s in default_strategies()]
+    assert "sequoia" in [s.name for s in quick_strategies()]
+    assert "assistant_model" not in parse_strategy("sequoia").generate_kwargs(pair[1])
+    monkeypatch.delitem(SPECULATION_METHODS, "sequoia")
+    assert "sequoia" not in known_strategies() and "sequoia" not in [s.name for s in quick_strategies()]
+
+
+# --- runner -----------------------------------------------------------------------------------------------------
+
+
+def test_results_hold_every_raw_number(run):
+    results, strategies = run
+    assert set(results) >= {"settings", "strategies", "calls", "summary", "interrupted"}
+    assert results["interrupted"] is False
+    assert results["settings"]["max_new_tokens"] == NEW
+    assert [s["label"] for s in results["strategies"]] == [s.label for s in strategies]
+    assert len(results["calls"]) == 2 * len(strategies)
+    for call in results["calls"]:
+        assert set(call) == CALL_KEYS
+        assert call["new_tokens"] == NEW and call["seconds"] > 0
+    json.dumps(results)  # JSON-serialisable as is
+
+
+def test_greedy_output_identical_for_every_strategy(run):
+    results, strategies = run
+    assert all(call["identical"] is True for call in results["calls"])
+    assert {row["strategy"]: row["identical_text"] for row in results["summary"]} == {
+        s.label: "2/2" for s in strategies
+    }
+
+
+def test_forward_counts_are_consistent(run):
+    results, _ = run
+    for call in results["calls"]:
+        stats = call["speculation_stats"]
+        assert call["target_passes"] == call["target_prefill_passes"] + call["target_steps"]
+        assert call["tokens_per_target_step"] == pytest.approx(call["new_tokens"] / call["target_steps"])
+        if call["strategy"] == "plain":
+            assert call["target_passes"] == call["new_tokens"] and call["draft_passes"] == 0
+            assert call["tokens_per_target_step"] == 1.0
+        elif call["strategy"] == "hf-prompt-lookup":
+            assert call["draft_passes"] == 0 and call["target_passes"] <= call["new_tokens"]
+        elif call["strategy"] == "hf-assisted":
+            assert call["draft_passes"] > 0 and call["target_prefill_passes"] == 0
+        if stats is None:
+            assert call["strategy"] in ("plain", "hf-assisted", "hf-prompt-lookup")
+            continue
+        # hooks and the engine's own counters agree; the prompt prefill is the only non-step pass
+        assert call["target_steps"] == stats["target_forwards"]
+        assert call["target_prefill_passes"] in (0, 1)
+        assert call["draft_passes"] == stats["draft_forwards"]
+        if not SPECULATION_METHODS[call["strategy"].split(":")[0]].needs_assistant:
+            assert call["draft_passes"] == 0
+        for name in ("time_total", "time_engine", "time_target_forward", "time_draft_forward"):
+            assert stats[name] is not None and stats[name] >= 0
+
+
+def test_summary_is_relative_to_plain(run):
+    results, _ = run
+    rows = {row["strategy"]: row for row in results["summary"]}
+    assert rows["plain"]["speedup"]["median"] == pytest.approx(1.0)
+    assert rows["plain"]["tokens_per_target_step"] == 1.0
+    for row in results["summary"]:
+        assert len(row["speedups"]) == 2
+        assert row["speedup"]["min"] <= row["speedup"]["q1"] <= row["speedup"]["median"] <= row["speedup"]["max"]
+        assert (row["kind"] == "hf_specdec") == bool(row["time_split"])
+        if row["time_split"]:
+            assert row["time_split"]["engine_ms_per_step"] >= 0
+            assert 0 <= row["time_split"]["frac_engine"] <= 1
+
+
+def test_sampling_reports_identity_as_not_applicable(pair):
+    prompt = [random_prompt(torch.Generator().manual_seed(3), 8)]
+    settings = BenchSettings(max_new_tokens=4, temperature=0.8, warmup=0)
+    results = run_benchmark(*pair, prompt, resolve_strategies(["chain"]), settings, progress=False)
+    assert all(call["identical"] is None for call in results["calls"])
+    assert all(row["identical_text"].startswith("n/a") for row in results["summary"])
+    again = run_benchmark(*pair, prompt, resolve_strategies(["chain"]), settings, progress=False)
+    assert [c["new_tokens"] for c in again["calls"]] == [c["new_tokens"] for c in results["calls"]]
+
+
+def test_interrupted_run_keeps_the_prompts_every_strategy_finished(pair, monkeypatch):
+    from hf_specdec.bench import runner
+
+    real, calls = runner.measure_call, []
+
+    def stopped_on_the_fourth_call(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 4:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(runner, "measure_call", stopped_on_the_fourth_call)
+    prompts = [torch.tensor([[5, 6, 7]]), torch.tensor([[8, 9]]), torch.tensor([[10, 11]])]
+    results = run_benchmark(*pair, prompts, resolve_strategies(["ngram"]), BenchSettings(max_new_tokens=3, warmup=0),
+                            progress=False)
+    assert results["interrupted"] and [c["prompt"] for c in results["calls"]] == [0, 0]
+    assert [row["prompts"] for row in results["summary"]] == [1, 1]
+
+
+def test_runner_refuses_a_run_without_plain_first(pair):
+    with pytest.raises(ValueError, match="plain"):
+        run_benchmark(*pair, [torch.tensor([[5, 6, 7]])], [parse_strategy("tree")], BenchSettings(), progress=False)
+
+
+def test_forward_counter_counts_top_level_passes_once():
+    model = tiny_model("qwen2", 0)
+    counter = ForwardCounter(model)
+    try:
+        ids = torch.tensor([[5, 6, 7]])
+        model(ids)  # the LM calls its base model inside: one pass
+        model.model(ids)  # a drafter skipping the head: still one pass
+        assert counter.take() == 2
+        model.generate(ids, max_new_tokens=3, do_sample=False)
+        assert counter.take() == 3
+    finally:
+        counter.remove()
+    model(ids)
+    assert counter.calls == 0
+
+
+# --- prompts and models -----------------------------------------------------------------------------------------
+
+
+def test_prompt_sources(tmp_path):
+    from tests.test_entry_points import tiny_tokenizer
+
+    tokenizer = tiny_tokenizer()
+    text = tmp_path / "p.txt"
+    text.write_text("w7 w8 w9\n\nw10 w11\n")
+    chats = tmp_path / "chats.json"
+    chats.write_text(json.dumps([[{"role": "user", "content": "w7 w8"}], {"messages": [
+        {"role": "system", "content": "w9"}, {"role": "user", "content": "w10"}]}]))
+    lines = tmp_path / "p.jsonl"
+    lines.write_text('{"prompt": "w12 w13"}\n')
+    assert load_prompt_source(str(text)) == ["w7 w8 w9", "w10 w11"]
+    assert load_prompt_source(str(lines)) == ["w12 w13"]
+    loaded = load_prompt_source(str(chats))
+    assert isinstance(loaded[0], list) and loaded[1][0]["role"] == "system"
+    ids = tokenize_prompts(tokenizer, loaded)
+    assert ids[0].shape[0] == 1
+    assert tokenizer.decode(ids[0][0]).split() == ["<|user|>", "w7", "w8", "<|assistant|>"]
+    with pytest.raises(PromptError, match="humaneval"):
+        load_prompt_source(str(tmp_path / "missing.txt"))
+    with pytest.raises(PromptError, match="integer"):
+        load_prompt_source("humaneval:many")
+
+
+def test_humaneval_and_rewrite_prompts():
+    assert len(load_prompt_source("humaneval:3")) == 3
+    chats = load_prompt_source("rewrite:2")
+    assert len(chats) == 2 and chats[0][0]["role"] == "user"
+    body = chats[0][0]["content"]
+    assert "solve" in body and load_prompt_source("humaneval:1")[0] in body  # the answer repeats the input
+    with pytest.raises(PromptError, match="rewrite"):
+        load_prompt_source("rewrite:0x")
+
+
+def test_offloaded_target_loads_from_a_folder(tmp_path):
+    from tests.test_entry_points import tiny_tokenizer
+
+    folder = tmp_path / "tiny"
+    tiny_model("llama", 0).save_pretrained(folder)
+    tiny_tokenizer().save_pretrained(folder)
+    loaded = load_models(str(folder), None, dtype=torch.float32, need_draft=False, offload=True,
+                         offload_max_memory="20KB")
+    try:
+        assert loaded.draft is None
+        assert loaded.info["offload"]["modules_per_place"].get("disk", 0) >= 1
+        assert loaded.info["target"]["parameters"] > 0
+        ids = torch.tensor([[5, 6, 7]])
+        plain = tiny_model("llama", 0).generate(ids, max_new_tokens=4, do_sample=False)
+        assert torch.equal(loaded.target.generate(ids, max_new_tokens=4, do_sample=False), plain)
+    finally:
+        loaded.cleanup()
+    with pytest.raises(ValueError, match="--draft"):
+        load_models(str(folder), None, need_draft=True)
+
+
+# --- report and README ------------------------------------------------------------------------------------------
+
+
+def _full_results(run) -> dict:
+    results, _ = run
+    return {"schema": SCHEMA, "environment": {"cpu": "test CPU", "torch_threads": 1, "versions": {"torch": "x"}},
+            "models": {"target": {"name": "tiny-0", "parameters": 10**6}, "draft": {"name": "tiny-1",
+                       "parameters": 10**6}, "dtype": "float32", "offload": None}, **results}
+
+
+def test_report_writes_json_markdown_and_plots(run, tmp_path):
+    results = _full_results(run)
+    paths = write_report(results, tmp_path)
+    assert load_json(paths["json"])["calls"] == json.loads(json.dumps(results["calls"]))
+    md = (tmp_path / RESULTS_MD).read_text()
+    assert "**Machine:** test CPU" in md and "| `plain` | 2/2 |" in md and "![speedup](speedup.png)" in md
+    for kind in ("speedup", "tokens_per_step", "time_split"):
+        assert paths[kind].read_bytes().startswith(b"\x89PNG")
+    assert "budget" not in paths  # no budget sweep in this run
+
+
+def test_budget_sweep_plot(run, tmp_path):
+    results = _full_results(run)
+    base = next(row for row in results["summary"] if row["name"] == "specexec")
+    sweep = [parse_strategy(f"specexec:budget={b}").to_dict() for b in (8, 16, 32)]
+    calls = [dict(c) for c in results["calls"] if c["strategy"] == "plain"]
+    for strategy in sweep:
+        calls += [{**c, "strategy": strategy["label"]} for c in results["calls"] if c["strategy"] == base["strategy"]]
+    summary = summarize(calls, [results["strategies"][0], *sweep], sampling=False)
+    assert list(budget_sweeps(summary)) == ["specexec"]
+    paths = write_report({**results, "calls": calls, "summary": summary}, tmp_path)
+    assert paths["budget"].name == PLOTS["budget"] and paths["budget"].read_bytes().startswith(b"\x89PNG")
+
+
+def test_readme_region_round_trips(run, tmp_path):
+    results = _full_results(run)
+    folder = tmp_path / "benchmarks" / "cpu"
+    write_report(results, folder)
+    readme = tmp_path / "README.md"
+    before, after = "# Title\n\n## Results\n\nIntro.\n\n", "\n\n## Development\n\nMore.\n"
+    readme.write_text(f"{before}{START}\nold text\n{END}{after}")
+    update_readme(readme, folder / "results.json")
+    text = readme.read_text()
+    assert text.startswith(before + START) and text.endswith(END + after)
+    assert "old text" not in text and "| `plain` | 2/2 |" in text
+    assert "](benchmarks/cpu/speedup.png)" in text and "hf-specdec bench report benchmarks/cpu/results.json" in text
+    update_readme(readme, folder / "results.json")
+    assert readme.read_text() == text  # idempotent
+
+
+@pytest.mark.parametrize(
+    "text, words",
+    [
+        ("# no markers\n", ["exactly one", START, "## Results"]),
+        (f"{START}\n{START}\n{END}\n", ["found 2 and 1"]),
+        (f"{END}\nx\n{START}\n", ["before", "swap"]),
+    ],
+)
+def test_readme_without_proper_markers_fails_clearly(text, words):
+    with pytest.raises(ReadmeError) as error:
+        replace_region(text, "table")
+    for word in words:
+        assert word in str(error.value)
+
+
+def test_cli_report_and_errors(run, tmp_path, capsys):
+    from hf_specdec.cli import main
+
+    results = _full_results(run)
+    write_report(results, tmp_path)
+    (tmp_path / "speedup.png").unlink()
+    readme = tmp_path / "README.md"
+    readme.write_text(f"## Results\n{START}\n{END}\n")
+    assert main(["bench", "report", str(tmp_path / "results.json"), "--readme", str(readme)]) == 0
+    assert (tmp_path / "speedup.png").is_file() and "| `plain` |" in readme.read_text()
+    assert main(["bench", "report", str(tmp_path / "missing.json")]) == 2
+    assert main(["bench", "--strategy", "nope"]) == 2
+    assert main(["bench", "--offload-max-memory", "1GB", "--strategy", "tree"]) == 2
+    err = capsys.readouterr().err
+    assert "Known strategies" in err and "--offload" in err and "No results file" in err

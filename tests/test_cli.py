@@ -1,0 +1,45 @@
+"""The `hf-specdec` command: every sub-command is listed, and the demo runs end to end (on tiny models here)."""
+
+from __future__ import annotations
+
+import pytest
+
+from hf_specdec import cli
+from hf_specdec.bench import loading
+from hf_specdec.bench.loading import LoadedModels
+from tests.conftest import tiny_model
+from tests.test_entry_points import tiny_tokenizer
+
+COMMANDS = ("models", "plan", "calibrate", "demo", "bench")
+
+
+def test_help_lists_every_command(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["--help"])
+    text = capsys.readouterr().out
+    for command in COMMANDS:
+        assert command in text
+    assert cli.main([]) == 2  # no command: help, and a usage exit code
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_every_command_has_help(command, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main([command, "--help"])
+    assert exit_info.value.code == 0 and "usage: hf-specdec" in capsys.readouterr().out
+
+
+def test_demo_prints_the_comparison_table(monkeypatch, capsys):
+    target = tiny_model("llama", 0)
+
+    def tiny_pair(**kwargs):
+        return LoadedModels(target, tiny_model("llama", 0), tiny_tokenizer())
+
+    monkeypatch.setattr(loading, "load_models", tiny_pair)
+    monkeypatch.setattr("hf_specdec.bench.inputs.humaneval_prompts", lambda n: ["w7 w8 w9", "w10 w11"][:n])
+    assert cli.main(["demo", "--prompts", "2", "--max-new-tokens", "12", "--dtype", "float32"]) == 0
+    out = capsys.readouterr().out
+    for method in ("`plain`", "`chain`", "`tree`", "`sequoia`", "`specexec`"):
+        assert method in out
+    assert out.count("| 2/2 |") == 5  # every method reproduced plain on both prompts
+    assert cli.main(["demo", "--methods", "nope"]) == 2

@@ -1,0 +1,121 @@
+"""End to end: `generate(do_sample=True, speculation=...)` samples exactly the plain-sampling distribution.
+
+A tiny model over an 8-token vocabulary makes the exact distribution of two sampled tokens computable: run the
+target on every prefix and apply the same processors plain `generate` applies (repetition penalty, temperature,
+top-p; checked against generate's own `output_scores`). Speculative samples are then compared with it by a
+chi-square goodness-of-fit test, for every registered method and every sampling verifier.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections import Counter
+
+import pytest
+import torch
+from transformers import (
+    AutoModelForCausalLM,
+    LlamaConfig,
+    LogitsProcessorList,
+    RepetitionPenaltyLogitsProcessor,
+    TemperatureLogitsWarper,
+    TopPLogitsWarper,
+)
+
+import hf_specdec
+from hf_specdec.planning import plan_tree
+from tests.test_sampling_exact import chi_square_pvalue, total_variation
+
+VOCAB = 8
+SAMPLING = {"do_sample": True, "temperature": 0.8, "top_p": 0.9, "repetition_penalty": 1.3}
+PROMPT = torch.tensor([[3, 4, 5, 3, 4, 5, 3]])  # repeats, so prompt lookup (n-gram) drafts something too
+SAMPLES = 600
+
+
+def _processors() -> LogitsProcessorList:
+    return LogitsProcessorList([
+        RepetitionPenaltyLogitsProcessor(SAMPLING["repetition_penalty"]),
+        TemperatureLogitsWarper(SAMPLING["temperature"]),
+        TopPLogitsWarper(SAMPLING["top_p"]),
+    ])
+
+
+@pytest.fixture(scope="module")
+def models():
+    config = LlamaConfig(vocab_size=VOCAB, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64,
+                         pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    torch.manual_seed(0)
+    target = AutoModelForCausalLM.from_config(config).eval()
+    with torch.no_grad():
+        target.lm_head.weight.mul_(6.0)
+    target.generation_config.eos_token_id = None
+    target.generation_config.pad_token_id = 0
+    draft = copy.deepcopy(target)  # close to the target, not equal: accepts often, rejects sometimes
+    with torch.no_grad():
+        draft.lm_head.weight.add_(torch.randn_like(draft.lm_head.weight) * 1.5)
+    return target, draft
+
+
+def _dist(target, ids: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():
+        logits = target(ids).logits[:, -1].float()
+    return _processors()(ids, logits).softmax(-1)[0].double()
+
+
+@pytest.fixture(scope="module")
+def exact(models):
+    """P(first two sampled tokens) under plain sampling, computed prefix by prefix."""
+    target, _ = models
+    first = _dist(target, PROMPT)
+    joint = {}
+    for a in range(VOCAB):
+        if first[a] > 0:
+            second = _dist(target, torch.cat([PROMPT, torch.tensor([[a]])], dim=1))
+            joint.update({(a, b): float(first[a] * second[b]) for b in range(VOCAB) if second[b] > 0})
+    return joint
+
+
+def test_processors_match_what_generate_applies(models):
+    target, _ = models
+    torch.manual_seed(1)
+    out = target.generate(PROMPT, max_new_tokens=2, output_scores=True, return_dict_in_generate=True, **SAMPLING)
+    for step, scores in enumerate(out.scores):
+        prefix = out.sequences[:, : PROMPT.shape[1] + step]
+        with torch.no_grad():
+            logits = target(prefix).logits[:, -1].float()
+        torch.testing.assert_close(scores.float(), _processors()(prefix, logits), atol=1e-5, rtol=1e-5)
+
+
+def _config(method: str, verifier: str | None):
+    settings = {"verifier": verifier} if verifier else {}
+    if method == "sequoia":  # an explicit plan: no calibration inside a frequency test
+        settings["plan"] = plan_tree([0.6, 0.2, 0.1], budget=8, max_depth=3)
+    return settings
+
+
+CASES = [(m, None) for m in sorted(hf_specdec.SPECULATION_METHODS)] + [
+    ("tree", "specinfer"),
+    ("tree", "target_sample"),
+    ("sequoia", "sequoia"),
+]
+
+
+@pytest.mark.parametrize("method,verifier", CASES, ids=[f"{m}-{v or 'default'}" for m, v in CASES])
+def test_sampling_frequencies_match_plain_sampling(models, exact, method, verifier):
+    target, draft = models
+    config = hf_specdec.SPECULATION_METHODS[method]
+    assistant = draft if config.needs_assistant else None
+    torch.manual_seed(1234)
+    counts, accepted_drafts = Counter(), 0
+    for _ in range(SAMPLES):
+        out = target.generate(PROMPT, assistant_model=assistant, speculation=method,
+                              speculation_config=_config(method, verifier), max_new_tokens=2,
+                              return_dict_in_generate=True, **SAMPLING)
+        counts[tuple(out.sequences[0, PROMPT.shape[1] :].tolist())] += 1
+        accepted_drafts += out.speculation_stats.target_forwards == 1  # both tokens from one target pass
+    assert sum(counts.values()) == SAMPLES
+    assert chi_square_pvalue(counts, exact, SAMPLES) > 1e-3
+    # ~50 cells at 600 samples: sampling noise alone gives a total variation near 0.12; a biased sampler far more.
+    assert total_variation({k: c / SAMPLES for k, c in counts.items()}, exact) < 0.2
+    assert accepted_drafts > SAMPLES // 10  # speculation happened: drafted tokens were accepted
