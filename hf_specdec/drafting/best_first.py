@@ -21,7 +21,7 @@ from ..tree import TokenTree
 from ..verification.base import Verdict
 from ..verification.processing import process_tree_scores
 from .base import Drafter
-from .draft_model import DraftModelRunner, forwarded_prefix
+from .draft_model import DraftModelCounts, DraftModelRunner, forwarded_prefix
 
 
 @dataclass
@@ -67,7 +67,7 @@ class _Nodes:
         return TokenTree(tokens=self.tokens, parents=self.parents, _depths=self.depths, _ancestors=self.ancestors)
 
 
-class BestFirstDrafter(Drafter):
+class BestFirstDrafter(DraftModelCounts, Drafter):
     """Best-first trees from a draft model (SpecExec). Deterministic: verify with greedy or target sampling."""
 
     def __init__(
@@ -83,14 +83,6 @@ class BestFirstDrafter(Drafter):
         self.budget, self.max_depth, self.width = budget, max_depth, width
         self.beams = beams or max(4, budget // 8)
         self.logits_processor = logits_processor
-
-    @property
-    def forward_count(self) -> int:
-        return self.runner.forward_count
-
-    @property
-    def forward_time(self) -> float:
-        return self.runner.forward_time
 
     def propose(self, input_ids: torch.LongTensor) -> TokenTree:
         ids = input_ids[0].cpu()

@@ -26,6 +26,20 @@ def vocab_size(model: PreTrainedModel) -> int:
     return int(size) if size is not None else int(model.config.get_text_config().vocab_size)
 
 
+class DraftModelCounts:
+    """For drafters that run a model through `self.runner`: the loop's pass counter and timer read from it."""
+
+    runner: DraftModelRunner
+
+    @property
+    def forward_count(self) -> int:
+        return self.runner.forward_count
+
+    @property
+    def forward_time(self) -> float:
+        return self.runner.forward_time
+
+
 class DraftModelRunner:
     """Runs `model` over committed tokens and tree nodes, keeping its KV cache between steps."""
 

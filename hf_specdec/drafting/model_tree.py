@@ -10,10 +10,10 @@ from ..verification.base import Verdict
 from ..verification.processing import process_tree_scores
 from .base import Drafter
 from .child_selection import select_children
-from .draft_model import DraftModelRunner, forwarded_prefix
+from .draft_model import DraftModelCounts, DraftModelRunner, forwarded_prefix
 
 
-class ModelTreeDrafter(Drafter):
+class ModelTreeDrafter(DraftModelCounts, Drafter):
     """Grows `shape` (a parents list, BFS order) level by level with `draft_model`: one draft pass per level.
 
     The draft keeps its own KV cache across steps (see `DraftModelRunner`): after verification `accept` keeps
@@ -38,14 +38,6 @@ class ModelTreeDrafter(Drafter):
         self._levels = [torch.nonzero(self.shape.depths == d).flatten() for d in range(self.shape.max_depth + 1)]
         self._num_children = torch.bincount(self.shape.parents[1:], minlength=len(shape))
         self._children = [self.shape.children(i) for i in range(len(shape))]
-
-    @property
-    def forward_count(self) -> int:
-        return self.runner.forward_count
-
-    @property
-    def forward_time(self) -> float:
-        return self.runner.forward_time
 
     def propose(self, input_ids: torch.LongTensor) -> TokenTree:
         shape, n = self.shape, len(self.shape)

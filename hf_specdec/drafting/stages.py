@@ -23,7 +23,7 @@ from ..tree import TokenTree
 from ..verification.base import Verdict
 from ..verification.processing import process_tree_scores
 from .base import Drafter
-from .draft_model import DraftModelRunner, forwarded_prefix
+from .draft_model import DraftModelCounts, DraftModelRunner, forwarded_prefix
 
 
 def tree_from_paths(root: int, paths: list[tuple[int, ...]]) -> TokenTree:
@@ -148,7 +148,7 @@ class _Nodes:
         return index
 
 
-class ModelStageDrafter(Drafter):
+class ModelStageDrafter(DraftModelCounts, Drafter):
     """A draft model growing best-first trees, several levels per pass when the `lower` stage guesses right.
 
     `lower` is any drafter (n-gram lookup, an n-gram model, another `ModelStageDrafter` over a smaller model, or
@@ -176,14 +176,6 @@ class ModelStageDrafter(Drafter):
         self.logits_processor = logits_processor
         self.lower_forwarded = 0  # lower-stage nodes forwarded (stats)
         self.lower_confirmed = 0  # ... of which joined the tree
-
-    @property
-    def forward_count(self) -> int:
-        return self.runner.forward_count
-
-    @property
-    def forward_time(self) -> float:
-        return self.runner.forward_time
 
     def stage_counts(self) -> list[dict[str, float]]:
         """Per model stage, top first: its passes and how many forwarded lower-stage nodes it confirmed."""
