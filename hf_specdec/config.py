@@ -68,6 +68,11 @@ class SpeculationConfig:
         """
         return self
 
+    def drafts(self) -> bool:
+        """False when the prepared config drafts nothing (a plan that is the root alone: no tree pays on this
+        hardware); generate then decodes exactly as plain `generate` does."""
+        return True
+
     def to_dict(self) -> dict[str, Any]:
         return {"method": self.method, **dataclasses.asdict(self)}
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-DTYPES = ("bfloat16", "float32")
+DTYPES = ("auto", "bfloat16", "float32")
 DEFAULT_METHODS = "chain,tree,sequoia,specexec"
 
 
@@ -19,16 +19,18 @@ def register_cli(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--prompts", type=int, default=3, help="How many HumanEval prompts (default 3).")
     parser.add_argument("--max-new-tokens", type=int, default=64)
-    parser.add_argument("--dtype", choices=DTYPES, default="bfloat16")
+    parser.add_argument("--dtype", choices=DTYPES, default="auto",
+                        help="auto (default): bfloat16 where the hardware multiplies it natively, else float32.")
     parser.add_argument("--methods", default=DEFAULT_METHODS, help=f"Comma-separated (default {DEFAULT_METHODS}).")
-    parser.add_argument("--int8-draft", action="store_true", help="Draft with an int8 copy of the draft model.")
+    parser.add_argument("--int8-draft", action=argparse.BooleanOptionalAction, default=None,
+                        help="Draft with an int8 copy of the draft model (default: on a CPU).")
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from .bench.cli import benchmark
+    from .bench.cli import benchmark, resolve_dtype
     from .bench.inputs import load_prompt_source, tokenize_prompts
     from .bench.loading import load_models
     from .bench.report import markdown_table
@@ -42,11 +44,13 @@ def run(args: argparse.Namespace) -> int:
     except (StrategyError, ValueError) as error:
         print(f"hf-specdec demo: error: {error}", file=sys.stderr)
         return 2
-    print(f"Loading the embedded pair ({args.dtype}) ...", flush=True)
-    loaded = load_models(dtype=getattr(torch, args.dtype), int8_draft=args.int8_draft)
+    dtype = resolve_dtype(args.dtype)
+    int8_draft = args.int8_draft if args.int8_draft is not None else not torch.cuda.is_available()
+    print(f"Loading the embedded pair ({dtype}) ...", flush=True)
+    loaded = load_models(dtype=getattr(torch, dtype), int8_draft=int8_draft)
     prompts = tokenize_prompts(loaded.tokenizer, load_prompt_source(f"humaneval:{args.prompts}"))
     print(f"{args.prompts} HumanEval prompts x {args.max_new_tokens} new tokens, greedy, {torch.get_num_threads()} "
-          f"threads, {args.dtype}{', int8 draft' if args.int8_draft else ''}", flush=True)
+          f"threads, {dtype}{', int8 draft' if int8_draft else ''}", flush=True)
     results = benchmark(loaded, prompts, strategies, BenchSettings(max_new_tokens=args.max_new_tokens), True)
     print(markdown_table(results["summary"]))
     for call in results["calls"]:

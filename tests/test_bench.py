@@ -17,7 +17,7 @@ from hf_specdec.bench.inputs import PromptError, load_prompt_source, tokenize_pr
 from hf_specdec.bench.loading import load_models
 from hf_specdec.bench.measure import ForwardCounter
 from hf_specdec.bench.readme import END, START, ReadmeError, replace_region, update_readme
-from hf_specdec.bench.report import PLOTS, RESULTS_MD, budget_sweeps, load_json, write_report
+from hf_specdec.bench.report import PLOTS, RESULTS_MD, budget_sweeps, load_json, settings_line, write_report
 from hf_specdec.bench.strategies import default_strategies, known_strategies, quick_strategies
 from hf_specdec.config import SpeculationConfig
 from hf_specdec.drafting.ngram import NGramConfig
@@ -228,6 +228,43 @@ def test_interrupted_run_keeps_the_prompts_every_strategy_finished(pair, monkeyp
     assert [row["prompts"] for row in results["summary"]] == [1, 1]
 
 
+def test_time_limit_stops_before_a_prompt_that_would_overrun(pair, monkeypatch):
+    """Each round (one prompt, every strategy) takes 10 fake seconds: with 25 s allowed, a third round would end at
+    30 s, so two prompts are measured, none is cut in half, and the report says why the rest are missing."""
+    from hf_specdec.bench import runner
+
+    clock = {"now": 0.0}
+    real = runner.measure_call
+
+    def ten_seconds_per_round(*args, **kwargs):
+        clock["now"] += 5.0  # two strategies (plain, ngram) per round
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(runner, "measure_call", ten_seconds_per_round)
+    monkeypatch.setattr(runner, "run_clock", lambda: clock["now"])
+    prompts = [torch.tensor([[5, 6, 7]]), torch.tensor([[8, 9]]), torch.tensor([[10, 11]]), torch.tensor([[3, 4]])]
+    settings = BenchSettings(max_new_tokens=3, warmup=0, max_seconds=25.0)
+    results = run_benchmark(*pair, prompts, resolve_strategies(["ngram"]), settings, progress=False)
+    assert [c["prompt"] for c in results["calls"]] == [0, 0, 1, 1]
+    assert results["time_limited"] == {"prompts_measured": 2, "prompts_given": 4, "max_seconds": 25.0}
+    assert "after 2 of 4 prompts" in settings_line(results)
+    unlimited = run_benchmark(*pair, prompts[:2], resolve_strategies(["ngram"]), BenchSettings(max_new_tokens=3,
+                              warmup=0), progress=False)
+    assert unlimited["time_limited"] is None and len(unlimited["calls"]) == 4
+
+
+@pytest.mark.parametrize(("flags", "expected"), [(["avx2"], "float32"), (["avx2", "avx512_bf16"], "bfloat16"),
+                                                 (["neon", "bf16"], "bfloat16")])
+def test_auto_dtype_is_bfloat16_only_where_it_is_native(monkeypatch, flags, expected):
+    from hf_specdec.bench import environment
+    from hf_specdec.bench.cli import resolve_dtype
+
+    monkeypatch.setattr(environment, "cpu_flags", lambda: flags)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert resolve_dtype("auto") == expected
+    assert resolve_dtype("float16") == "float16"  # an explicit dtype is kept
+
+
 def test_runner_refuses_a_run_without_plain_first(pair):
     with pytest.raises(ValueError, match="plain"):
         run_benchmark(*pair, [torch.tensor([[5, 6, 7]])], [parse_strategy("tree")], BenchSettings(), progress=False)
@@ -385,5 +422,7 @@ def test_cli_report_and_errors(run, tmp_path, capsys):
     assert main(["bench", "report", str(tmp_path / "missing.json")]) == 2
     assert main(["bench", "--strategy", "nope"]) == 2
     assert main(["bench", "--offload-max-memory", "1GB", "--strategy", "tree"]) == 2
+    assert main(["bench", "--quick", "--max-minutes", "0"]) == 2
     err = capsys.readouterr().err
     assert "Known strategies" in err and "--offload" in err and "No results file" in err
+    assert "--max-minutes must be positive" in err

@@ -43,3 +43,26 @@ def test_demo_prints_the_comparison_table(monkeypatch, capsys):
         assert method in out
     assert out.count("| 2/2 |") == 5  # every method reproduced plain on both prompts
     assert cli.main(["demo", "--methods", "nope"]) == 2
+
+
+def test_demo_defaults_to_what_this_hardware_runs_fastest(monkeypatch, capsys):
+    """On a CPU without native bfloat16 the demo loads float32 and an int8 draft; with it, bfloat16."""
+    import torch
+
+    from hf_specdec.bench import environment
+
+    asked = []
+
+    def tiny_pair(**kwargs):
+        asked.append(kwargs)
+        return LoadedModels(tiny_model("llama", 0), tiny_model("llama", 0), tiny_tokenizer())
+
+    monkeypatch.setattr(loading, "load_models", tiny_pair)
+    monkeypatch.setattr("hf_specdec.bench.inputs.humaneval_prompts", lambda n: ["w7 w8 w9"][:n])
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    for flags, dtype in ((["avx2"], torch.float32), (["avx2", "amx_bf16"], torch.bfloat16)):
+        monkeypatch.setattr(environment, "cpu_flags", lambda flags=flags: flags)
+        assert cli.main(["demo", "--prompts", "1", "--max-new-tokens", "4", "--methods", "chain"]) == 0
+        assert asked[-1] == {"dtype": dtype, "int8_draft": True}
+    assert cli.main(["demo", "--prompts", "1", "--max-new-tokens", "4", "--methods", "chain", "--no-int8-draft"]) == 0
+    assert asked[-1]["int8_draft"] is False

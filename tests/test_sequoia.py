@@ -5,9 +5,11 @@ Planner optimality itself is tested in test_planning.py; here the pieces around 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -47,6 +49,14 @@ def test_latency_curve_interpolates_and_extrapolates():
     assert LatencyCurve.from_dict(json.loads(json.dumps(c.to_dict()))) == c
     with pytest.raises(ValueError, match="increasing"):
         LatencyCurve((4, 1), (0.1, 0.2))
+
+
+def test_a_noisy_bump_in_a_latency_curve_is_flattened():
+    """Measured on an offloaded target here: 16 tokens took 6.2 s, 64 took 5.6 s (a page-fault burst)."""
+    c = LatencyCurve((1, 16, 64, 256), (2.15, 6.2, 5.6, 8.6))
+    assert c(16) == pytest.approx(5.6) and c(40) == pytest.approx(5.6) and c(1) == pytest.approx(2.15)
+    assert c(160) == pytest.approx(7.1) and c.seconds == (2.15, 6.2, 5.6, 8.6)  # the raw measurement is kept
+    assert all(a <= b for a, b in zip(c(np.arange(1, 300)), c(np.arange(2, 301))))
 
 
 def test_measure_latency_on_a_tiny_model():
@@ -186,6 +196,9 @@ def test_find_plan_matches_pair_and_temperature(pair, plan_store):
 def test_sequoia_with_an_explicit_plan_is_lossless(pair, tmp_path):
     target, draft = pair
     plan = _plan(pair)
+    # Tiny models cost the same per pass, so sizing picks the root alone; this test wants a real tree.
+    plan = dataclasses.replace(plan, tree=plan_tree(plan.acceptance, budget=8, max_depth=4))
+    assert len(plan.parents) == 8
     path = plan.save(tmp_path / "plan.json")
     ids = random_prompt(torch.Generator().manual_seed(11), 7)
     expected = target.generate(ids, max_new_tokens=30, do_sample=False)
@@ -194,6 +207,40 @@ def test_sequoia_with_an_explicit_plan_is_lossless(pair, tmp_path):
                               max_new_tokens=30, do_sample=False, return_dict_in_generate=True)
         assert torch.equal(out.sequences, expected)
         assert out.speculation_stats.plan_source in (f"plan file {path}", "the plan given")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_root_only_plan_decodes_exactly_as_plain_generate(dtype):
+    """When no tree pays on the hardware the plan is the root alone: generate runs Transformers' own loop, so even
+    in bfloat16 (where a tree pass and a plain pass round differently) sequences, scores and the stream match."""
+    from transformers.generation.streamers import BaseStreamer
+
+    class Collect(BaseStreamer):
+        def __init__(self):
+            self.chunks, self.ended = [], False
+
+        def put(self, value):
+            self.chunks.append(value.reshape(-1).tolist())
+
+        def end(self):
+            self.ended = True
+
+    target, draft = tiny_model("qwen2", 0).to(dtype), tiny_model("qwen2", 1).to(dtype)
+    ids = random_prompt(torch.Generator().manual_seed(13), 9)
+    root_only = {"parents": [-1], "expected_tokens": 1.0, "acceptance": [0.5], "budget": 1, "max_depth": 1}
+    common = {"max_new_tokens": 12, "do_sample": False, "return_dict_in_generate": True, "output_scores": True}
+    expected = target.generate(ids, **common)
+    streamer = Collect()
+    out = target.generate(ids, assistant_model=draft, speculation="sequoia", speculation_config={"plan": root_only},
+                          streamer=streamer, **common)
+    assert torch.equal(out.sequences, expected.sequences)
+    assert all(torch.equal(a, b) for a, b in zip(out.scores, expected.scores, strict=True))
+    assert sum(streamer.chunks, []) == out.sequences[0].tolist() and streamer.ended
+    stats = out.speculation_stats
+    assert "decoded plainly" in stats.plan_source and stats.target_forwards == stats.new_tokens == 12
+    plain_ids = target.generate(ids, assistant_model=draft, speculation="sequoia", max_new_tokens=12,
+                                speculation_config={"plan": root_only}, do_sample=False)
+    assert torch.equal(plain_ids, expected.sequences)  # without return_dict_in_generate: the bare tensor
 
 
 def test_sequoia_calibrates_online_once_then_finds_its_plan(plan_store):
@@ -303,4 +350,4 @@ def test_a_plan_from_other_hardware_lends_its_acceptance_and_is_resized(pair, pl
     assert resized.runs_here(target, draft) and resized.acceptance == foreign.acceptance
     again = target.generate(ids, assistant_model=draft, speculation="sequoia", max_new_tokens=16, do_sample=False,
                             return_dict_in_generate=True)
-    assert again.speculation_stats.plan_source == f"saved plan {resized_path.name}"
+    assert again.speculation_stats.plan_source.startswith(f"saved plan {resized_path.name}")

@@ -10,8 +10,8 @@ from transformers import AutoModelForCausalLM
 
 from hf_specdec import SpecExecConfig, TokenTree
 from hf_specdec.bench.measure import PeakMemory
+from hf_specdec.devices import is_offloaded
 from hf_specdec.drafting.best_first import BestFirstDrafter, step_memory_bound
-from hf_specdec.planning.latency import is_offloaded
 from tests.conftest import TINY_CONFIGS, random_prompt, tiny_model
 
 
@@ -57,9 +57,10 @@ def test_automatic_budget_is_chosen_from_the_latency_curve():
     assert "chosen from the latency curves" in out.speculation_stats.plan_source
 
 
-@pytest.fixture
-def offloaded_target(tmp_path):
-    """A 6-layer tiny Llama saved and reloaded with accelerate, most of its layers on disk."""
+@pytest.fixture(params=["most-layers-on-disk", "all-on-disk"])
+def offloaded_target(request, tmp_path):
+    """A 6-layer tiny Llama saved and reloaded with accelerate, most of its layers on disk, or all of them (then
+    `model.device` is `meta` and inputs must go to accelerate's execution device instead)."""
     config = TINY_CONFIGS["llama"]()
     config.num_hidden_layers = 6
     torch.manual_seed(0)
@@ -68,8 +69,13 @@ def offloaded_target(tmp_path):
         model.lm_head.weight.mul_(8.0)
     model.generation_config.eos_token_id = None
     model.save_pretrained(tmp_path / "target")
+    placement = (
+        {"device_map": "auto", "max_memory": {"cpu": 120_000}}
+        if request.param == "most-layers-on-disk"
+        else {"device_map": {"": "disk"}}
+    )
     offloaded = AutoModelForCausalLM.from_pretrained(
-        tmp_path / "target", device_map="auto", max_memory={"cpu": 120_000}, offload_folder=str(tmp_path / "offload")
+        tmp_path / "target", offload_folder=str(tmp_path / "offload"), **placement
     ).eval()
     offloaded.generation_config.pad_token_id = 0
     return model, offloaded

@@ -11,9 +11,11 @@ from pathlib import Path
 from typing import Any
 
 SCHEMA = "hf_specdec.bench/1"
-DTYPES = ("bfloat16", "float32", "float16")
-DEFAULT_PROMPTS, QUICK_PROMPTS = "humaneval:8", "humaneval:4"
-DEFAULT_NEW_TOKENS, QUICK_NEW_TOKENS = 128, 64
+DTYPES = ("auto", "bfloat16", "float32", "float16")
+DEFAULT_PROMPTS, QUICK_PROMPTS = "humaneval:8", "humaneval:3"
+DEFAULT_NEW_TOKENS, QUICK_NEW_TOKENS = 128, 48
+#: --quick starts no prompt that would end past this; loading the models and the report take the rest of 10 min
+QUICK_MAX_MINUTES = 8.5
 
 
 def register_cli(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -37,7 +39,11 @@ def register_cli(subparsers: argparse._SubParsersAction) -> argparse.ArgumentPar
     parser.add_argument("--list-strategies", action="store_true", help="Print the known strategy names and exit.")
     parser.add_argument("--target", help="Target folder or Hub id (default: the embedded Qwen2.5-Coder-1.5B).")
     parser.add_argument("--draft", help="Draft folder or Hub id (default: the embedded Qwen2.5-Coder-0.5B).")
-    parser.add_argument("--dtype", choices=DTYPES, default="bfloat16", help="Both models' dtype (default bfloat16).")
+    parser.add_argument(
+        "--dtype", choices=DTYPES, default=None,
+        help="Both models' dtype. auto: bfloat16 where the hardware multiplies it natively (GPUs, CPUs with "
+        "AVX512-BF16/AMX), else float32, which is faster there. Default bfloat16 (auto with --quick).",
+    )
     parser.add_argument(
         "--prompts", default=None,
         help="humaneval (all 164), humaneval:N, rewrite[:N] (chats whose answers repeat their input), or a "
@@ -54,19 +60,25 @@ def register_cli(subparsers: argparse._SubParsersAction) -> argparse.ArgumentPar
     parser.add_argument("--offload", action="store_true",
                         help="Load the target with accelerate device_map='auto', most layers on disk (plain too).")
     parser.add_argument("--offload-max-memory", metavar="SIZE",
-                        help="RAM kept for the offloaded target, e.g. 900MiB (default: a quarter of its weights).")
-    parser.add_argument("--int8-draft", action="store_true",
+                        help="RAM kept for the offloaded target, e.g. 900MiB (default: half its weight bytes, "
+                        "which keeps about a quarter of its layers in RAM).")
+    parser.add_argument("--int8-draft", action=argparse.BooleanOptionalAction, default=None,
                         help="Quantize the draft's Linear layers to int8 (hf_specdec.quantize_draft): a cheaper draft "
-                        "on CPUs, same outputs. Transformers' assisted generation gets the same draft.")
+                        "on CPUs, same outputs. Transformers' assisted generation gets the same draft. Default: "
+                        "off (on with --quick on a CPU).")
     parser.add_argument("--repeats", type=int, default=1,
                         help="Measured calls per prompt and strategy; their median counts (default 1).")
     parser.add_argument("--warmup", type=int, default=1, help="Unmeasured short calls per strategy first (default 1).")
+    parser.add_argument("--max-minutes", type=float, default=None,
+                        help="Start no prompt that would end past this many minutes (warm-up included); the "
+                        f"prompts measured by then are reported. Default none ({QUICK_MAX_MINUTES:g} with --quick).")
     parser.add_argument("--threads", type=int, help="torch.set_num_threads (default: torch's choice).")
     parser.add_argument("--output", type=Path, help="Results folder (default bench-results/<timestamp>).")
     parser.add_argument(
         "--quick", action="store_true",
-        help=f"Under 10 minutes on 2 CPU cores: {QUICK_PROMPTS}, {QUICK_NEW_TOKENS} new tokens, and plain, "
-        "hf-assisted, hf-prompt-lookup, tree, specexec (+ sequoia, staged when registered).",
+        help=f"Under 10 minutes on any machine: up to {QUICK_PROMPTS}, {QUICK_NEW_TOKENS} new tokens, the dtype "
+        f"this hardware runs fastest (--dtype auto), an int8 draft on CPUs, and stops after {QUICK_MAX_MINUTES:g} "
+        "minutes; plain, hf-assisted, hf-prompt-lookup, specexec (+ sequoia, staged when registered).",
     )
     parser.add_argument("--no-progress", action="store_true", help="No progress bars.")
     parser.set_defaults(func=run)
@@ -119,12 +131,16 @@ def run(args: argparse.Namespace) -> int:
     if args.list_strategies:
         print("\n".join(known_strategies()))
         return 0
+    dtype_name = resolve_dtype(args.dtype or ("auto" if args.quick else "bfloat16"))
+    int8_draft = args.int8_draft if args.int8_draft is not None else args.quick and not torch.cuda.is_available()
+    max_minutes = args.max_minutes if args.max_minutes is not None else QUICK_MAX_MINUTES if args.quick else None
     settings = BenchSettings(
         max_new_tokens=args.max_new_tokens or (QUICK_NEW_TOKENS if args.quick else DEFAULT_NEW_TOKENS),
         temperature=args.temperature,
         repeats=args.repeats,
         warmup=args.warmup,
         seed=args.seed,
+        max_seconds=None if max_minutes is None else max_minutes * 60,
     )
     prompt_spec = args.prompts or (QUICK_PROMPTS if args.quick else DEFAULT_PROMPTS)
     try:
@@ -141,11 +157,11 @@ def run(args: argparse.Namespace) -> int:
         return _error(str(error))
     output = args.output or Path("bench-results") / datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
 
-    print(f"Loading models ({args.dtype}{', target offloaded' if args.offload else ''}) ...", file=sys.stderr)
+    print(f"Loading models ({dtype_name}{', target offloaded' if args.offload else ''}) ...", file=sys.stderr)
     try:
         loaded = load_models(
-            args.target, args.draft, dtype=getattr(torch, args.dtype), need_draft=any(s.uses_draft for s in strategies),
-            offload=args.offload, offload_max_memory=args.offload_max_memory, int8_draft=args.int8_draft,
+            args.target, args.draft, dtype=getattr(torch, dtype_name), need_draft=any(s.uses_draft for s in strategies),
+            offload=args.offload, offload_max_memory=args.offload_max_memory, int8_draft=int8_draft,
         )
     except ValueError as error:
         return _error(str(error))
@@ -158,8 +174,9 @@ def run(args: argparse.Namespace) -> int:
     finally:
         loaded.cleanup()
     results["settings"].update(
-        prompts=prompt_spec, dtype=args.dtype, offload=args.offload, offload_max_memory=args.offload_max_memory,
-        threads=args.threads, quick=args.quick, target=args.target, draft=args.draft, int8_draft=args.int8_draft,
+        prompts=prompt_spec, dtype=dtype_name, dtype_requested=args.dtype, offload=args.offload,
+        offload_max_memory=args.offload_max_memory, threads=args.threads, quick=args.quick, target=args.target,
+        draft=args.draft, int8_draft=int8_draft,
         command=" ".join(["hf-specdec", *sys.argv[1:]]) if sys.argv else None,
     )
     from .report import markdown_table, write_report
@@ -170,6 +187,18 @@ def run(args: argparse.Namespace) -> int:
     print(markdown_table(results["summary"]))
     print(f"\nWrote {', '.join(str(p) for p in paths.values())}")
     return 0
+
+
+def resolve_dtype(name: str) -> str:
+    """`auto` -> bfloat16 where matmuls in it are native (a CUDA GPU that supports it, a CPU with AVX512-BF16 or
+    AMX), else float32: without native support a bfloat16 pass over n tokens costs about n single-token passes."""
+    if name != "auto":
+        return name
+    import torch
+
+    from .environment import native_bfloat16
+
+    return "bfloat16" if native_bfloat16(torch.cuda.is_available()) else "float32"
 
 
 def benchmark(loaded: Any, input_ids: list, strategies: list, settings: Any, progress: bool) -> dict[str, Any]:

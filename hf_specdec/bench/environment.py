@@ -14,7 +14,9 @@ import torch
 
 PACKAGES = ("torch", "transformers", "accelerate", "hf_specdec")
 #: instruction-set extensions that decide CPU matmul speed, reported when /proc/cpuinfo lists them
-CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "neon")
+CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "neon", "bf16")
+#: flags of CPUs that multiply bfloat16 natively (x86 AVX512-BF16 / AMX, Arm BF16)
+NATIVE_BF16_FLAGS = ("avx512_bf16", "amx_bf16", "bf16")
 
 
 def cpu_model() -> str:
@@ -37,6 +39,13 @@ def cpu_flags() -> list[str]:
     except OSError:
         pass
     return []
+
+
+def native_bfloat16(cuda: bool) -> bool:
+    """Whether bfloat16 matmuls run natively where the models run: a GPU that supports it, or a CPU flag."""
+    if cuda:
+        return torch.cuda.is_bf16_supported()
+    return any(flag in NATIVE_BF16_FLAGS for flag in cpu_flags())
 
 
 def _version(package: str) -> str | None:

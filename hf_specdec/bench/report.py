@@ -88,12 +88,23 @@ def settings_line(results: dict[str, Any]) -> str:
     prompts = settings.get("prompts", "?")
     count = len({c["prompt"] for c in results.get("calls", [])})
     return (
-        f"**Settings:** target {_model(models.get('target'))}, draft {_model(models.get('draft'))}, "
+        f"**Settings:** target {_model(models.get('target'))}, draft {_model(models.get('draft'))}"
+        f"{', quantized ' + models['draft_quantization'] if models.get('draft_quantization') else ''}, "
         f"{models.get('dtype', '?')}{offload_text}; {count} prompts ({prompts}) × {settings.get('max_new_tokens')} "
         f"new tokens, {decoding}, {settings.get('repeats', 1)} repeat(s) after {settings.get('warmup', 0)} "
         "warm-up call(s) per strategy, interleaved per prompt."
         + (" **Interrupted:** only the prompts every strategy finished are reported." if results.get("interrupted")
            else "")
+        + _time_limited_text(results.get("time_limited"))
+    )
+
+
+def _time_limited_text(limited: dict[str, Any] | None) -> str:
+    if not limited:
+        return ""
+    return (
+        f" Stopped by the time limit ({limited['max_seconds'] / 60:g} min) after {limited['prompts_measured']} of "
+        f"{limited['prompts_given']} prompts."
     )
 
 
@@ -105,7 +116,8 @@ def caption(results: dict[str, Any]) -> str:
         f"{env.get('cpu', '?')}{_flags(env)}, torch threads: {env.get('torch_threads', '?')}, "
         f"{models.get('dtype', '?')}"
         f"{' (offloaded)' if models.get('offload') else ''}\n"
-        f"target {(models.get('target') or {}).get('name', '?')}, draft {draft.get('name', 'none')}\n"
+        f"target {(models.get('target') or {}).get('name', '?')}, draft {draft.get('name', 'none')}"
+        f"{' (' + models['draft_quantization'] + ')' if models.get('draft_quantization') else ''}\n"
         f"{len({c['prompt'] for c in results.get('calls', [])})} prompts × {settings.get('max_new_tokens')} tokens, "
         f"{'greedy' if not settings.get('temperature') else 'T=' + str(settings.get('temperature'))}"
     )

@@ -35,6 +35,9 @@ STATS_FIELDS = (
     "draft_forwards",
 )
 
+#: the clock of the time limit (a name of its own so tests can drive it without touching the measured timings)
+run_clock = time.perf_counter
+
 
 @dataclass
 class BenchSettings:
@@ -44,6 +47,7 @@ class BenchSettings:
     warmup: int = 1  # unmeasured calls per strategy before measuring
     warmup_tokens: int = 8  # new tokens of each warm-up call
     seed: int = 0  # torch.manual_seed(seed + prompt index) before every call
+    max_seconds: float | None = None  # no new prompt starts when the run would pass this (warm-up included)
 
     @property
     def sampling(self) -> bool:
@@ -57,6 +61,8 @@ class BenchSettings:
             raise ValueError(f"--warmup must be 0 or more, got {self.warmup}.")
         if self.temperature < 0:
             raise ValueError(f"--temperature must be 0 (greedy) or positive, got {self.temperature}.")
+        if self.max_seconds is not None and self.max_seconds <= 0:
+            raise ValueError(f"--max-minutes must be positive, got {self.max_seconds / 60:g}.")
 
 
 def generate_kwargs(settings: BenchSettings, max_new_tokens: int) -> dict[str, Any]:
@@ -149,13 +155,18 @@ def run_benchmark(
     if draft is not None:
         counters["draft"] = ForwardCounter(draft)
     calls: list[dict[str, Any]] = []
-    interrupted = False
+    interrupted, stopped_at = False, None
+    start = run_clock()
     try:
         _warm_up(target, draft, counters, strategies, prompts[0], settings, progress)
         bar = tqdm(total=len(prompts) * settings.repeats * len(strategies), desc="bench", unit="call",
                    disable=not progress)
         with bar:
+            rounds_start = run_clock()
             for index, input_ids in enumerate(prompts):
+                if index and _out_of_time(settings.max_seconds, start, (run_clock() - rounds_start) / index):
+                    stopped_at = index
+                    break
                 for repeat in range(settings.repeats):
                     shift = (index + repeat) % len(strategies)
                     outputs: dict[str, torch.LongTensor] = {}
@@ -179,11 +190,18 @@ def run_benchmark(
             counter.remove()
     return {
         "interrupted": interrupted,
+        "time_limited": None if stopped_at is None else {"prompts_measured": stopped_at, "prompts_given": len(prompts),
+                                                         "max_seconds": settings.max_seconds},
         "settings": dataclasses.asdict(settings),
         "strategies": [s.to_dict() for s in strategies],
         "calls": calls,
         "summary": summarize(calls, [s.to_dict() for s in strategies], sampling=settings.sampling),
     }
+
+
+def _out_of_time(max_seconds: float | None, start: float, seconds_per_prompt: float) -> bool:
+    """Whether one more prompt, taking as long as the average one so far, would end past `max_seconds`."""
+    return max_seconds is not None and run_clock() - start + seconds_per_prompt > max_seconds
 
 
 def _warm_up(target, draft, counters, strategies, input_ids, settings, progress) -> None:

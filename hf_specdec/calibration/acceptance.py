@@ -17,6 +17,7 @@ import torch
 from tqdm.auto import tqdm
 from transformers import LogitsProcessorList, PreTrainedModel
 
+from ..devices import execution_device
 from ..drafting.child_selection import select_children
 
 SUPPORT = 1024  # draft tokens simulated per position: q's mass beyond its top 1024 tokens is negligible
@@ -107,7 +108,7 @@ def teacher_forced_scores(
 ) -> torch.Tensor:
     """Processed scores `(len(sequence) - start, V)` predicting tokens `start ..` of `sequence` `(L,)`, one pass."""
     with torch.no_grad():
-        logits = model(input_ids=sequence[None].to(model.device)).logits[0, start - 1 : -1].float().cpu()
+        logits = model(input_ids=sequence[None].to(execution_device(model))).logits[0, start - 1 : -1].float().cpu()
     if processors:
         for i in range(len(logits)):  # each position with its own prefix, as generate would
             logits[i] = processors(sequence[None, : start + i], logits[i][None])[0]

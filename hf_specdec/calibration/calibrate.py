@@ -21,6 +21,7 @@ from transformers import (
     TopPLogitsWarper,
 )
 
+from ..devices import execution_device
 from ..planning.latency import DEFAULT_SIZES, measure_latency
 from ..planning.sizing import HardwareProfile, choose_plan
 from .acceptance import estimate_acceptance
@@ -91,7 +92,7 @@ def draft_sequences(
     """Cheap stand-in continuations from the draft alone (greedy), for the short online calibration."""
     out = []
     for ids in prompts:
-        ids = ids.reshape(1, -1).to(draft.device)
+        ids = ids.reshape(1, -1).to(execution_device(draft))
         pad = draft.generation_config.pad_token_id or draft.generation_config.eos_token_id
         generated = draft.generate(ids, max_new_tokens=max_new_tokens, do_sample=False,
                                    attention_mask=torch.ones_like(ids), pad_token_id=pad)

@@ -14,7 +14,7 @@ import torch
 from transformers import GenerationConfig, PreTrainedModel
 from transformers.utils import logging
 
-from ..planning.latency import is_offloaded
+from ..devices import is_offloaded
 from ..planning.sequoia import TreePlan
 from . import store
 from .calibrate import calibrate, measure_profile, resize
@@ -65,7 +65,8 @@ def resolve_plan(
         profile, how = store.find_profile(target, draft), "latency curves saved for this hardware"
         if profile is None:
             start = time.perf_counter()
-            profile = measure_profile(target, draft, online_sizes(target), repeats=1, progress=False)
+            # timing an offloaded target's big trees takes minutes: show a bar then, stay quiet otherwise
+            profile = measure_profile(target, draft, online_sizes(target), repeats=1, progress=is_offloaded(target))
             how = f"latency measured now ({time.perf_counter() - start:.1f} s)"
         plan = resize(plan, profile, max_budget, max_depth, source="re-sized for this hardware")
         path = store.save_user_plan(plan, target, draft)
@@ -77,7 +78,7 @@ def resolve_plan(
         )
     plan = calibrate(target, draft, [input_ids[0]], temperature=temperature, width=8, max_new_tokens=32,
                      max_budget=max_budget, max_depth=max_depth, latency_sizes=online_sizes(target), online=True,
-                     progress=False)
+                     progress=is_offloaded(target))
     path = store.save_user_plan(plan, target, draft)
     seconds = plan.environment.get("calibration_seconds", 0.0)
     source = f"online calibration on this prompt ({seconds:.1f} s), saved to {path}"

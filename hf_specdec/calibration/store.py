@@ -14,7 +14,8 @@ from pathlib import Path
 
 from transformers import PreTrainedModel
 
-from ..planning.latency import dtype_name, is_offloaded
+from ..devices import execution_device, is_offloaded
+from ..planning.latency import dtype_name
 from ..planning.sizing import HardwareProfile
 from .plan_file import SequoiaPlan, model_fingerprint
 
@@ -39,7 +40,7 @@ def _slug(model: PreTrainedModel) -> str:
 
 def plan_filename(target: PreTrainedModel, draft: PreTrainedModel, temperature: float) -> str:
     """A readable, unique name for the plan of this pair, placement and temperature."""
-    placement = f"{dtype_name(target)}-{target.device.type}{'-offloaded' if is_offloaded(target) else ''}"
+    placement = f"{dtype_name(target)}-{execution_device(target).type}{'-offloaded' if is_offloaded(target) else ''}"
     return f"sequoia-{_slug(target)}-{_slug(draft)}-{placement}-T{temperature:g}.json"
 
 

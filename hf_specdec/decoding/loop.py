@@ -9,6 +9,7 @@ import torch
 from transformers import Cache, LogitsProcessorList, PreTrainedModel, StoppingCriteriaList
 from transformers.generation.streamers import BaseStreamer
 
+from ..devices import execution_device
 from ..drafting.base import Drafter
 from ..verification.base import Verifier
 from ..verification.processing import process_tree_scores
@@ -57,7 +58,7 @@ def speculative_loop(
         t1 = time.perf_counter()
 
         past = input_ids.shape[1] - 1
-        dtype, device = target.dtype, target.device
+        dtype, device = target.dtype, execution_device(target)
         t_forward = time.perf_counter()
         logits = target(
             input_ids=tree.tokens[None].to(device),

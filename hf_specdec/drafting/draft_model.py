@@ -15,6 +15,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from ..decoding.cache import keep_positions
+from ..devices import execution_device
 
 
 def vocab_size(model: PreTrainedModel) -> int:
@@ -54,7 +55,7 @@ class DraftModelRunner:
     def _forward(self, input_ids: torch.Tensor, logits_to_keep: int = 0, **kwargs: torch.Tensor) -> torch.Tensor:
         """float32 CPU logits of one pass over `input_ids` `(len,)`: all rows, or the last `logits_to_keep` if > 0."""
         start = time.perf_counter()
-        device = self.model.device
+        device = execution_device(self.model)
         with torch.no_grad():
             out = self.model(
                 input_ids=input_ids[None].to(device),

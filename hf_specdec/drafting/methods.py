@@ -33,6 +33,9 @@ class StaticShapeConfig(SpeculationConfig):
     def shape(self) -> list[int]:
         raise NotImplementedError
 
+    def drafts(self) -> bool:
+        return len(self.shape()) > 1
+
     def make_drafter(
         self,
         target: PreTrainedModel,

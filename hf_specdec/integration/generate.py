@@ -8,8 +8,10 @@ nor the streamer, so both travel inside one `SpeculationCall` argument.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -113,14 +115,17 @@ def speculative_generate(
     do_sample = bool(generation_config.do_sample)
     verifier = _pick_verifier(call.config, do_sample)
     config = call.config.prepare(model, call.assistant_model, generation_config, input_ids)
+    if call.streamer is not None:
+        call.streamer.put(input_ids.cpu())
+    if not config.drafts():
+        return _decode_plainly(model, input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus,
+                               call, config, verifier.name, model_kwargs)
     cache = model_kwargs.get("past_key_values")
     if cache is None:
         cache = DynamicCache(config=model.config)
     drafter = config.make_drafter(
         model, call.assistant_model, logits_processor, verifier.child_selection, call.generator
     )
-    if call.streamer is not None:
-        call.streamer.put(input_ids.cpu())
     stats = SpeculationStats(method=config.method, verifier=verifier.name, plan_source=config.plan_source)
     result = speculative_loop(
         model,
@@ -145,6 +150,37 @@ def speculative_generate(
         past_key_values=cache if generation_config.use_cache else None,
         speculation_stats=result.stats,
     )
+
+
+def _decode_plainly(
+    model: PreTrainedModel,
+    input_ids: torch.LongTensor,
+    logits_processor: LogitsProcessorList,
+    stopping_criteria: StoppingCriteriaList,
+    generation_config: GenerationConfig,
+    synced_gpus: bool,
+    call: SpeculationCall,
+    config: SpeculationConfig,
+    verifier: str,
+    model_kwargs: dict[str, Any],
+) -> torch.LongTensor | SpeculativeDecoderOnlyOutput:
+    """The plan is the root alone (no tree pays on this hardware): run Transformers' own decoding loop, so the
+    output is plain `generate`'s bit for bit in any dtype, and say so in the stats."""
+    start = time.perf_counter()
+    out = model._sample(input_ids, logits_processor=logits_processor, stopping_criteria=stopping_criteria,
+                        generation_config=generation_config, synced_gpus=synced_gpus, streamer=call.streamer,
+                        **model_kwargs)
+    if not generation_config.return_dict_in_generate:
+        return out
+    new_tokens = out.sequences.shape[1] - input_ids.shape[1]
+    seconds = time.perf_counter() - start
+    stats = SpeculationStats(
+        method=config.method, verifier=verifier, plan_source=f"{config.plan_source}; the plan is the root alone, so "
+        "this call decoded plainly", target_forwards=new_tokens, new_tokens=new_tokens,
+        tokens_per_step=[1] * new_tokens, time_total=seconds, time_verifying=seconds, time_target_forward=seconds,
+    )
+    fields = {field.name: getattr(out, field.name) for field in dataclasses.fields(out)}
+    return SpeculativeDecoderOnlyOutput(**fields, speculation_stats=stats)
 
 
 def _pick_verifier(config: SpeculationConfig, do_sample: bool):

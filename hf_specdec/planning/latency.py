@@ -19,18 +19,9 @@ from tqdm.auto import tqdm
 from transformers import DynamicCache, PreTrainedModel
 
 from ..decoding.cache import crop
+from ..devices import execution_device, is_offloaded
 
 DEFAULT_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128)
-
-
-def is_offloaded(model: PreTrainedModel) -> bool:
-    """True when accelerate keeps some of the model's weights off its compute device (CPU RAM or disk).
-
-    Such a model pays its weight transfer on every pass, whatever the number of tokens: its curve is flat.
-    """
-    device_map = getattr(model, "hf_device_map", None) or {}
-    places = {str(place) for place in device_map.values()}
-    return "disk" in places or ("cpu" in places and model.device.type != "cpu")
 
 
 def dtype_name(model: PreTrainedModel) -> str:
@@ -61,10 +52,11 @@ def device_name(device: torch.device) -> str:
 
 def placement(model: PreTrainedModel) -> dict:
     """Everything besides the model that decides its latency curve: hardware, threads, dtype, offloading."""
+    device = execution_device(model)
     return {
-        "device": model.device.type,
-        "hardware": device_name(model.device),
-        "threads": torch.get_num_threads() if model.device.type == "cpu" else None,
+        "device": device.type,
+        "hardware": device_name(device),
+        "threads": torch.get_num_threads() if device.type == "cpu" else None,
         "dtype": dtype_name(model),
         "offloaded": is_offloaded(model),
     }
@@ -85,8 +77,13 @@ class LatencyCurve:
             raise ValueError(f"Latency sizes must be distinct positive integers in increasing order: {self.sizes}.")
 
     def __call__(self, n: float | np.ndarray) -> float | np.ndarray:
-        """Seconds for n tokens: linear between measured sizes, linear in the last segment's slope beyond them."""
-        sizes, seconds = np.asarray(self.sizes, float), np.asarray(self.seconds, float)
+        """Seconds for n tokens: linear between measured sizes, linear in the last segment's slope beyond them.
+
+        A pass over more tokens never costs less, so a measured bump (a page fault, a busy neighbour) is read as
+        the cheapest time measured at that size or above: one noisy point must not steer the planners away.
+        """
+        sizes = np.asarray(self.sizes, float)
+        seconds = np.minimum.accumulate(np.asarray(self.seconds, float)[::-1])[::-1]
         value = np.interp(n, sizes, seconds)
         if len(sizes) > 1:
             slope = max((seconds[-1] - seconds[-2]) / (sizes[-1] - sizes[-2]), 0.0)
@@ -119,7 +116,7 @@ def measure_latency(
     token (bfloat16 on a CPU without native support) the largest sizes would take minutes. The curve extrapolates.
     """
     sizes = sorted({int(s) for s in sizes})
-    device, dtype = model.device, model.dtype
+    device, dtype = execution_device(model), model.dtype
     vocab = int(model.config.get_text_config().vocab_size)
     generator = torch.Generator().manual_seed(0)
     prompt = torch.randint(vocab // 4, vocab // 2, (1, past_length), generator=generator)
