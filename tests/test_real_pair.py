@@ -58,3 +58,27 @@ def test_automatic_plans_are_lossless(real_pair_fp32, plain_outputs, speculation
     out = _speculate(real_pair_fp32, ids, speculation)
     assert torch.equal(out.sequences, expected)
     assert out.speculation_stats.plan_source
+
+
+def test_offloaded_target_is_lossless(real_pair_fp32, plain_outputs, tmp_path):
+    """The real target with 27 of its 28 layers on disk (accelerate), the draft in memory: SpecExec on it gives
+    plain's tokens, and the offloaded target alone decodes as the one in memory."""
+    from transformers import AutoModelForCausalLM
+
+    from hf_specdec import models
+    from hf_specdec.devices import is_offloaded
+
+    _, draft, _ = real_pair_fp32
+    offloaded = AutoModelForCausalLM.from_pretrained(
+        models.fetch(models.DEFAULT_TARGET), dtype=torch.float32, device_map="auto", max_memory={"cpu": "2GiB"},
+        offload_folder=str(tmp_path / "offload"),
+    ).eval()
+    assert is_offloaded(offloaded)
+    assert sum(place == "disk" for name, place in offloaded.hf_device_map.items() if ".layers." in name) >= 20
+    ids, expected = plain_outputs[0]
+    out = offloaded.generate(ids, assistant_model=draft, speculation="specexec", max_new_tokens=NEW_TOKENS,
+                             speculation_config={"budget": 16}, do_sample=False, return_dict_in_generate=True)
+    assert torch.equal(out.sequences, expected)
+    assert out.speculation_stats.target_forwards < NEW_TOKENS / 2
+    plain = offloaded.generate(ids, max_new_tokens=12, do_sample=False)
+    assert torch.equal(plain, expected[:, : ids.shape[1] + 12])
