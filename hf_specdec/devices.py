@@ -15,11 +15,11 @@ def execution_device(model: PreTrainedModel) -> torch.device:
     """The device the model's forward pass runs on: accelerate's execution device, else `model.device`."""
     hook_device = getattr(getattr(model, "_hf_hook", None), "execution_device", None)
     if hook_device is not None:
-        return torch.device(hook_device if not isinstance(hook_device, int) else f"cuda:{hook_device}")
+        return torch.device(hook_device)  # an int is an accelerator ordinal (GPU machines only)
     device_map = getattr(model, "hf_device_map", None) or {}
     for place in device_map.values():  # the first module kept on a compute device
         if str(place) not in ("disk", "meta"):
-            return torch.device(place if not isinstance(place, int) else f"cuda:{place}")
+            return torch.device(place)
     return model.device if model.device.type != "meta" else torch.device("cpu")
 
 

@@ -52,13 +52,13 @@ def speculative_loop(
     stats.time_prefill = time.perf_counter() - start
     scores_out, logits_out = [], []
     finished = False
+    dtype, device = target.dtype, execution_device(target)  # fixed for the call: not looked up every step
     while not finished:
         t0 = time.perf_counter()
         tree = drafter.propose(input_ids)
         t1 = time.perf_counter()
 
         past = input_ids.shape[1] - 1
-        dtype, device = target.dtype, execution_device(target)
         t_forward = time.perf_counter()
         logits = target(
             input_ids=tree.tokens[None].to(device),

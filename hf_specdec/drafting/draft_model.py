@@ -51,11 +51,12 @@ class DraftModelRunner:
         self.num_nodes = 0  # tree-node slots after the committed positions
         self.forward_count = 0
         self.forward_time = 0.0
+        self.device = execution_device(model)  # where inputs go: accelerate's execution device if offloaded
 
     def _forward(self, input_ids: torch.Tensor, logits_to_keep: int = 0, **kwargs: torch.Tensor) -> torch.Tensor:
         """float32 CPU logits of one pass over `input_ids` `(len,)`: all rows, or the last `logits_to_keep` if > 0."""
         start = time.perf_counter()
-        device = execution_device(self.model)
+        device = self.device
         with torch.no_grad():
             out = self.model(
                 input_ids=input_ids[None].to(device),
