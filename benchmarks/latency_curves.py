@@ -14,9 +14,9 @@ import json
 from pathlib import Path
 
 import torch
+from hf_specdec.bench.environment import collect_environment
 
 from hf_specdec import models, quantize_draft
-from hf_specdec.bench.environment import collect_environment
 from hf_specdec.planning.latency import measure_latency
 
 SIZES = (1, 2, 4, 8, 16, 32, 64)

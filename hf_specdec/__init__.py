@@ -3,24 +3,32 @@
 `import hf_specdec` adds one option to `generate`:
 
     model.generate(input_ids, assistant_model=draft, speculation="tree", max_new_tokens=128)
+
+Layers, top to bottom (imports only point down; `make lint` checks it): `integration` (how `speculation=` reaches
+the loop) → `decoding` (the loop) → `methods` (one folder per method) → `calibration` (plans for a pair) →
+`drafting` | `verification` → `planning` (tree shapes and sizes) → `core` (contracts). `tools` (the `hf-specdec`
+command, benchmarks, the demo, the embedded models) sits apart: the library never imports it.
 """
 
 from .calibration import SequoiaPlan, calibrate
-from .config import SPECULATION_METHODS, SpeculationConfig, register_speculation
+from .core import SPECULATION_METHODS, Drafter, SpeculationConfig, TokenTree, Verdict, register_speculation
+from .core.version import __version__
 from .decoding import SpeculationStats, SpeculativeDecoderOnlyOutput
-from .drafting import Drafter, ModelTreeDrafter
-from .drafting.best_first import BestFirstDrafter, SpecExecConfig
-from .drafting.methods import ChainConfig, SequoiaConfig, TreeConfig
-from .drafting.ngram import NGramConfig, NGramDrafter
-from .drafting.quantize import quantize_draft
-from .drafting.staged import ModelStageDrafter, NGramModel, NGramModelDrafter, StagedConfig
+from .drafting import BestFirstDrafter, ModelTreeDrafter, NGramDrafter, quantize_draft
 from .integration import install, uninstall
 from .integration.generation_config import set_speculation
+from .methods import (
+    ChainConfig,
+    NGramConfig,
+    NGramModel,
+    NGramModelDrafter,
+    SequoiaConfig,
+    SpecExecConfig,
+    StagedConfig,
+    TreeConfig,
+)
 from .planning import TreePlan, plan_tree
-from .tree import TokenTree
-from .verification import VERIFIERS, Verdict, register_verifier
-
-__version__ = "0.1.0"
+from .verification import VERIFIERS, register_verifier
 
 install()
 
@@ -30,7 +38,6 @@ __all__ = [
     "BestFirstDrafter",
     "ChainConfig",
     "Drafter",
-    "ModelStageDrafter",
     "ModelTreeDrafter",
     "NGramConfig",
     "NGramDrafter",
@@ -47,6 +54,7 @@ __all__ = [
     "TreeConfig",
     "TreePlan",
     "Verdict",
+    "__version__",
     "calibrate",
     "install",
     "plan_tree",

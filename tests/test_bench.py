@@ -10,17 +10,17 @@ import pytest
 import torch
 
 from hf_specdec import SPECULATION_METHODS
-from hf_specdec.bench import BenchSettings, StrategyError, parse_strategy, resolve_strategies, run_benchmark
-from hf_specdec.bench.aggregate import summarize
-from hf_specdec.bench.cli import SCHEMA
-from hf_specdec.bench.inputs import PromptError, load_prompt_source, tokenize_prompts
-from hf_specdec.bench.loading import load_models
-from hf_specdec.bench.measure import ForwardCounter
-from hf_specdec.bench.readme import END, START, ReadmeError, replace_region, update_readme
-from hf_specdec.bench.report import PLOTS, RESULTS_MD, budget_sweeps, load_json, settings_line, write_report
-from hf_specdec.bench.strategies import default_strategies, known_strategies, quick_strategies
-from hf_specdec.config import SpeculationConfig
-from hf_specdec.drafting.ngram import NGramConfig
+from hf_specdec.core.config import SpeculationConfig
+from hf_specdec.methods.ngram import NGramConfig
+from hf_specdec.tools.bench import BenchSettings, StrategyError, parse_strategy, resolve_strategies, run_benchmark
+from hf_specdec.tools.bench.aggregate import summarize
+from hf_specdec.tools.bench.cli import SCHEMA
+from hf_specdec.tools.bench.inputs import PromptError, load_prompt_source, tokenize_prompts
+from hf_specdec.tools.bench.loading import load_models
+from hf_specdec.tools.bench.measure import ForwardCounter
+from hf_specdec.tools.bench.readme import END, START, ReadmeError, replace_region, update_readme
+from hf_specdec.tools.bench.report import PLOTS, RESULTS_MD, budget_sweeps, load_json, settings_line, write_report
+from hf_specdec.tools.bench.strategies import default_strategies, known_strategies, quick_strategies
 from tests.conftest import random_prompt, tiny_model
 
 NEW = 8
@@ -119,7 +119,7 @@ def test_resolve_puts_plain_first_and_refuses_duplicates():
 
 @dataclass
 class _LateConfig(SpeculationConfig):
-    """Stands for a method registered after hf_specdec.bench was written (sequoia, staged, ...)."""
+    """Stands for a method registered after hf_specdec.tools.bench was written (sequoia, staged, ...)."""
 
     method = "sequoia"
     needs_assistant = False
@@ -210,7 +210,7 @@ def test_sampling_reports_identity_as_not_applicable(pair):
 
 
 def test_interrupted_run_keeps_the_prompts_every_strategy_finished(pair, monkeypatch):
-    from hf_specdec.bench import runner
+    from hf_specdec.tools.bench import runner
 
     real, calls = runner.measure_call, []
 
@@ -231,7 +231,7 @@ def test_interrupted_run_keeps_the_prompts_every_strategy_finished(pair, monkeyp
 def test_time_limit_stops_before_a_prompt_that_would_overrun(pair, monkeypatch):
     """Each round (one prompt, every strategy) takes 10 fake seconds: with 25 s allowed, a third round would end at
     30 s, so two prompts are measured, none is cut in half, and the report says why the rest are missing."""
-    from hf_specdec.bench import runner
+    from hf_specdec.tools.bench import runner
 
     clock = {"now": 0.0}
     real = runner.measure_call
@@ -256,8 +256,8 @@ def test_time_limit_stops_before_a_prompt_that_would_overrun(pair, monkeypatch):
 @pytest.mark.parametrize(("flags", "expected"), [(["avx2"], "float32"), (["avx2", "avx512_bf16"], "bfloat16"),
                                                  (["neon", "bf16"], "bfloat16")])
 def test_auto_dtype_is_bfloat16_only_where_it_is_native(monkeypatch, flags, expected):
-    from hf_specdec.bench import environment
-    from hf_specdec.bench.cli import resolve_dtype
+    from hf_specdec.core import devices as environment
+    from hf_specdec.tools.bench.cli import resolve_dtype
 
     monkeypatch.setattr(environment, "cpu_flags", lambda: flags)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
@@ -410,7 +410,7 @@ def test_readme_without_proper_markers_fails_clearly(text, words):
 
 
 def test_cli_report_and_errors(run, tmp_path, capsys):
-    from hf_specdec.cli import main
+    from hf_specdec.tools.cli import main
 
     results = _full_results(run)
     write_report(results, tmp_path)

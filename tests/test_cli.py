@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from hf_specdec import cli
-from hf_specdec.bench import loading
-from hf_specdec.bench.loading import LoadedModels
+from hf_specdec.tools import cli
+from hf_specdec.tools.bench import loading
+from hf_specdec.tools.bench.loading import LoadedModels
 from tests.conftest import tiny_model
 from tests.test_entry_points import tiny_tokenizer
 
@@ -36,7 +36,7 @@ def test_demo_prints_the_comparison_table(monkeypatch, capsys):
         return LoadedModels(target, tiny_model("llama", 0), tiny_tokenizer())
 
     monkeypatch.setattr(loading, "load_models", tiny_pair)
-    monkeypatch.setattr("hf_specdec.bench.inputs.humaneval_prompts", lambda n: ["w7 w8 w9", "w10 w11"][:n])
+    monkeypatch.setattr("hf_specdec.tools.bench.inputs.humaneval_prompts", lambda n: ["w7 w8 w9", "w10 w11"][:n])
     assert cli.main(["demo", "--prompts", "2", "--max-new-tokens", "12", "--dtype", "float32"]) == 0
     out = capsys.readouterr().out
     for method in ("`plain`", "`chain`", "`tree`", "`sequoia`", "`specexec`"):
@@ -49,7 +49,7 @@ def test_demo_defaults_to_what_this_hardware_runs_fastest(monkeypatch, capsys):
     """On a CPU without native bfloat16 the demo loads float32 and an int8 draft; with it, bfloat16."""
     import torch
 
-    from hf_specdec.bench import environment
+    from hf_specdec.core import devices as environment
 
     asked = []
 
@@ -58,7 +58,7 @@ def test_demo_defaults_to_what_this_hardware_runs_fastest(monkeypatch, capsys):
         return LoadedModels(tiny_model("llama", 0), tiny_model("llama", 0), tiny_tokenizer())
 
     monkeypatch.setattr(loading, "load_models", tiny_pair)
-    monkeypatch.setattr("hf_specdec.bench.inputs.humaneval_prompts", lambda n: ["w7 w8 w9"][:n])
+    monkeypatch.setattr("hf_specdec.tools.bench.inputs.humaneval_prompts", lambda n: ["w7 w8 w9"][:n])
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     for flags, dtype in ((["avx2"], torch.float32), (["avx2", "amx_bf16"], torch.bfloat16)):
         monkeypatch.setattr(environment, "cpu_flags", lambda flags=flags: flags)

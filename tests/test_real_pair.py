@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from hf_specdec.planning import plan_tree
-from hf_specdec.prompts import humaneval_prompts
+from hf_specdec.tools.prompts import humaneval_prompts
 
 pytestmark = pytest.mark.real
 
@@ -65,8 +65,8 @@ def test_offloaded_target_is_lossless(real_pair_fp32, plain_outputs, tmp_path):
     plain's tokens, and the offloaded target alone decodes as the one in memory."""
     from transformers import AutoModelForCausalLM
 
-    from hf_specdec import models
-    from hf_specdec.devices import is_offloaded
+    from hf_specdec.core.devices import is_offloaded
+    from hf_specdec.tools import models
 
     _, draft, _ = real_pair_fp32
     offloaded = AutoModelForCausalLM.from_pretrained(

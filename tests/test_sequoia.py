@@ -17,11 +17,11 @@ import hf_specdec
 from hf_specdec.calibration import SequoiaPlan, calibrate, find_plan, rank_acceptance, store
 from hf_specdec.calibration.acceptance import _simulate_residual
 from hf_specdec.calibration.calibrate import alternative_sizes, evaluate_plan
-from hf_specdec.calibration.plots import plot_all
-from hf_specdec.cli import main as cli_main
 from hf_specdec.planning import expected_tokens, plan_tree
 from hf_specdec.planning.latency import LatencyCurve, measure_latency
 from hf_specdec.planning.sizing import HardwareProfile, choose_plan, level_widths_with_children, step_seconds
+from hf_specdec.tools.cli import main as cli_main
+from hf_specdec.tools.plots import plot_all
 from hf_specdec.verification import SequoiaVerifier, SpecInferVerifier
 from tests.conftest import random_prompt, tiny_model
 from tests.test_entry_points import tiny_tokenizer

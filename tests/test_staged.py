@@ -18,11 +18,12 @@ from transformers import (
     TopKLogitsWarper,
 )
 
-from hf_specdec import NGramModel, NGramModelDrafter, StagedConfig
-from hf_specdec.drafting.stages import ModelStageDrafter, StageRunner, tree_from_paths
+from hf_specdec import NGramModel, NGramModelDrafter, StagedConfig, TokenTree
+from hf_specdec.core.processing import process_tree_scores
+from hf_specdec.core.verdict import Verdict
+from hf_specdec.drafting.best_first import BestFirstDrafter
+from hf_specdec.drafting.draft_model import DraftModelRunner
 from hf_specdec.verification import TargetSampleVerifier
-from hf_specdec.verification.base import Verdict
-from hf_specdec.verification.processing import process_tree_scores
 from tests.conftest import VOCAB, random_prompt, tiny_model
 from tests.test_sampling_exact import all_runs, chi_square_pvalue, total_variation
 
@@ -142,10 +143,10 @@ def test_confirmed_nodes_carry_the_logits_of_their_path(trio):
     """Logits from one pass that syncs the cache and forwards a lower tree equal a plain causal run per path."""
     target = trio[0]
     ids = random_prompt(torch.Generator().manual_seed(4), 9)
-    runner = StageRunner(target)
+    runner = DraftModelRunner(target)
     runner.sync(ids[0, :5])
-    runner.forward_nodes(torch.tensor([7, 8]), torch.tensor([1, 1]), torch.zeros(2, 0, dtype=torch.bool))
-    tree = tree_from_paths(int(ids[0, -1]), [(10,), (11,), (10, 12), (10, 13), (10, 12, 14)])
+    runner.forward_tree(torch.tensor([7, 8]), torch.tensor([1, 1]), torch.zeros(2, 2, dtype=torch.bool))
+    tree = TokenTree.from_paths(int(ids[0, -1]), [(10,), (11,), (10, 12), (10, 13), (10, 12, 14)])
     sees = tree.ancestors[1:, 1:]
     root_logits, logits = runner.forward_tree(tree.tokens[1:], tree.depths[1:], sees, ids[0])
     with torch.no_grad():
@@ -168,8 +169,9 @@ def test_confirmed_nodes_carry_the_logits_of_their_path(trio):
 
 def test_trees_are_valid_and_within_limits(trio, lm_file):
     target, draft, small = trio
-    lower = ModelStageDrafter(small, NGramModelDrafter(NGramModel.load(lm_file)), budget=6, max_passes=1)
-    drafter = ModelStageDrafter(draft, lower, budget=20, max_depth=5, width=3, beams=3, max_passes=3)
+    lower = BestFirstDrafter(small, lower=NGramModelDrafter(NGramModel.load(lm_file)), budget=6, max_depth=10, width=4,
+                             beams=4, max_passes=1)
+    drafter = BestFirstDrafter(draft, lower=lower, budget=20, max_depth=5, width=3, beams=3, max_passes=3)
     generator = torch.Generator().manual_seed(8)
     ids = random_prompt(generator, 10)
     for _ in range(6):
@@ -220,7 +222,7 @@ def test_ngram_model_round_trip(tmp_path):
 
 
 def test_ngram_train_command(tmp_path, capsys):
-    from hf_specdec.cli import main
+    from hf_specdec.tools.cli import main
 
     ids = tmp_path / "ids.jsonl"
     ids.write_text("\n".join(json.dumps([5, 6, 7, 8] * 10 + [i]) for i in range(3, 9)))

@@ -17,7 +17,7 @@ import torch
 from tqdm.auto import tqdm
 from transformers import LogitsProcessorList, PreTrainedModel
 
-from ..devices import execution_device
+from ..core.devices import execution_device
 from ..drafting.child_selection import select_children
 
 SUPPORT = 1024  # draft tokens simulated per position: q's mass beyond its top 1024 tokens is negligible

@@ -21,9 +21,10 @@ from transformers import (
     TopPLogitsWarper,
 )
 
-from ..devices import execution_device
+from ..core.devices import execution_device
 from ..planning.latency import DEFAULT_SIZES, measure_latency
-from ..planning.sizing import HardwareProfile, choose_plan
+from ..planning.sequoia import TreePlanner
+from ..planning.sizing import HardwareProfile, choose_plan, step_seconds
 from .acceptance import estimate_acceptance
 from .plan_file import SequoiaPlan, environment, model_record, pair_placement
 
@@ -185,9 +186,6 @@ def evaluate_plan(
 
     Seconds per token exclude the prompt's prefill, as the prediction does.
     """
-    from ..planning.sequoia import TreePlanner
-    from ..planning.sizing import step_seconds
-
     sizes = list(sizes or alternative_sizes(plan))
     planner = TreePlanner(plan.acceptance, max(b for b, _ in sizes), max(d for _, d in sizes))
     sampling = {"do_sample": True, "temperature": plan.temperature} if plan.temperature > 0 else {"do_sample": False}

@@ -15,8 +15,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import transformers
 from transformers import PreTrainedModel
 
+from ..core.devices import cpu_model
+from ..core.version import __version__
 from ..planning.latency import dtype_name, placement
 from ..planning.sequoia import TreePlan
 from ..planning.sizing import HardwareProfile
@@ -41,26 +44,12 @@ def model_record(model: PreTrainedModel) -> dict[str, Any]:
 
 
 def environment() -> dict[str, Any]:
-    import transformers
-
-    from .. import __version__
-
     return {
         "hf_specdec": __version__, "torch": torch.__version__, "transformers": transformers.__version__,
-        "python": platform.python_version(), "machine": platform.machine(), "processor": _cpu_name(),
+        "python": platform.python_version(), "machine": platform.machine(), "processor": cpu_model(),
         "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
-
-
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 @dataclass

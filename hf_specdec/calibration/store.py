@@ -14,7 +14,8 @@ from pathlib import Path
 
 from transformers import PreTrainedModel
 
-from ..devices import execution_device, is_offloaded
+from ..core.devices import execution_device, is_offloaded
+from ..core.paths import cache_dir
 from ..planning.latency import dtype_name
 from ..planning.sizing import HardwareProfile
 from .plan_file import SequoiaPlan, model_fingerprint
@@ -24,8 +25,6 @@ TEMPERATURE_TOLERANCE = 0.25
 
 
 def user_plan_dir() -> Path:
-    from ..models import cache_dir
-
     return cache_dir() / "plans"
 
 

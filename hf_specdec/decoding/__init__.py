@@ -1,4 +1,4 @@
-"""The speculative loop, KV-cache compaction, outputs and stats."""
+"""The speculative loop (draft, verify, accept, repeat), its stats and its output type."""
 
 from .loop import speculative_loop
 from .outputs import SpeculativeDecoderOnlyOutput

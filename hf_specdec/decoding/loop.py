@@ -9,11 +9,11 @@ import torch
 from transformers import Cache, LogitsProcessorList, PreTrainedModel, StoppingCriteriaList
 from transformers.generation.streamers import BaseStreamer
 
-from ..devices import execution_device
-from ..drafting.base import Drafter
-from ..verification.base import Verifier
-from ..verification.processing import process_tree_scores
-from .cache import cache_length, keep_positions
+from ..core.devices import execution_device
+from ..core.drafter import Drafter
+from ..core.kv_cache import cache_length, keep_positions
+from ..core.processing import process_tree_scores
+from ..core.verdict import Verifier
 from .stats import SpeculationStats
 
 

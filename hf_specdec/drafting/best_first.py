@@ -1,74 +1,104 @@
-"""SpecExec's drafter: grow the tree best-first by cumulative draft probability, up to large budgets.
+"""Best-first tree growth from a draft model: SpecExec's drafter, and the model stage of a staged stack.
 
-Each draft pass expands the `beams` most probable nodes not yet expanded, adds their `width` most probable
-children, and keeps the global top-`budget` nodes. A child is never more probable than its parent, so the
-kept set is always a connected tree. Growth stops early when no unexpanded node can still place a child.
-Bookkeeping is a handful of tensor ops per pass over at most `budget + beams * width` nodes, so budgets of
-thousands stay cheap; the largest buffer is the `(budget + beams * width)²` bool ancestor matrix.
+Nodes are ranked by cumulative draft log-probability. Each draft pass forwards, in one tree-attention batch, the
+`beams` most probable unexpanded nodes and, when a cheaper `lower` stage sits below, that stage's continuation
+tree(s) hanging off the best `lower_leaves` of them. Every node that got logits adds its `width` most probable
+children, and the `budget` most probable nodes are kept: a child is never more probable than its parent, so the kept
+set is always a connected tree. The first pass of a step also brings the draft cache up to date with the newly
+accepted tokens (no separate sync pass).
+
+A lower node is *confirmed* when the draft picks its token among the `width` most probable children of its parent
+anyway: it then joins the tree with logits computed over the right ancestors, so its own children are chosen without
+another pass, and so on down the lower tree (staged speculative decoding: several levels per draft pass). Unconfirmed
+lower nodes are forgotten (their cache slots are never seen again and dropped on commit). With no lower stage this
+is SpecExec's growth. It stops after `max_passes` passes, when no unexpanded node can still place a child, or when
+the best one is less probable than `min_prob`. Bookkeeping is a handful of tensor ops per pass over at most
+`budget + (beams + lower nodes) * width` nodes; the largest buffer is that size squared, as a bool ancestor matrix.
 """
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass, field
+import itertools
+import math
 
 import torch
 from transformers import LogitsProcessorList, PreTrainedModel
 
-from ..config import SpeculationConfig, register_speculation
-from ..planning.sizing import choose_budget
-from ..tree import TokenTree
-from ..verification.base import Verdict
-from ..verification.processing import process_tree_scores
-from .base import Drafter
+from ..core.drafter import Drafter
+from ..core.processing import process_tree_scores
+from ..core.tree import TokenTree, breadth_first_order, renumber_parents, reorder
+from ..core.verdict import Verdict
+from ..planning.sizing import default_beams
 from .draft_model import DraftModelCounts, DraftModelRunner, forwarded_prefix
 
 
-@dataclass
-class _Nodes:
-    """The growing tree, in creation order (parents before children)."""
+class GrowingTree:
+    """The tree under construction, in creation order (parents first), with what best-first growth needs."""
 
-    tokens: torch.Tensor
-    parents: torch.Tensor
-    depths: torch.Tensor
-    logp: torch.Tensor  # cumulative draft log-probability of the path to the node
-    expanded: torch.Tensor
-    slots: torch.Tensor  # draft-cache slot of forwarded nodes (see DraftModelRunner), -1 otherwise
-    ancestors: torch.Tensor
+    def __init__(self, root: int) -> None:
+        self.tokens = torch.tensor([root])
+        self.parents = torch.tensor([-1])
+        self.depths = torch.tensor([0])
+        self.logp = torch.tensor([0.0])  # cumulative draft log-probability of the path to the node
+        self.expanded = torch.tensor([False])
+        self.slots = torch.tensor([-1])  # draft-cache slot of forwarded nodes, -1 otherwise (the root is committed)
+        self.ancestors = torch.ones(1, 1, dtype=torch.bool)
 
     def __len__(self) -> int:
         return len(self.tokens)
 
-    def select(self, keep: torch.Tensor) -> _Nodes:
-        """Keep the nodes `keep` (sorted indices, closed under taking parents), renumbered."""
-        index = torch.full((len(self),), -1, dtype=torch.long)
-        index[keep] = torch.arange(len(keep))
-        parents = self.parents[keep]
-        return _Nodes(self.tokens[keep], torch.where(parents >= 0, index[parents.clamp(min=0)], -1),
-                      self.depths[keep], self.logp[keep], self.expanded[keep], self.slots[keep],
-                      self.ancestors[keep][:, keep])
-
-    def add_children(self, frontier: torch.Tensor, tokens: torch.Tensor, logp: torch.Tensor) -> _Nodes:
-        """Append `tokens[i, j]` as children of `frontier[i]`, with cumulative log-probabilities `logp[i, j]`."""
-        n, k = len(self), tokens.numel()
-        parents = frontier.repeat_interleave(tokens.shape[1])
-        ancestors = torch.zeros(n + k, n + k, dtype=torch.bool)
-        ancestors[:n, :n] = self.ancestors
-        ancestors[n:, :n] = self.ancestors[parents]
-        ancestors[torch.arange(n, n + k), torch.arange(n, n + k)] = True
-        expanded = self.expanded.clone()
-        expanded[frontier] = True
-        return _Nodes(torch.cat([self.tokens, tokens.flatten()]), torch.cat([self.parents, parents]),
-                      torch.cat([self.depths, self.depths[parents] + 1]), torch.cat([self.logp, logp.flatten()]),
-                      torch.cat([expanded, torch.zeros(k, dtype=torch.bool)]),
-                      torch.cat([self.slots, torch.full((k,), -1, dtype=torch.long)]), ancestors)
-
     def as_tree(self) -> TokenTree:
         return TokenTree(tokens=self.tokens, parents=self.parents, _depths=self.depths, _ancestors=self.ancestors)
 
+    def add_children(self, rows: torch.Tensor, tokens: torch.Tensor, logp: torch.Tensor) -> torch.Tensor:
+        """Append `tokens[i, j]` (cumulative log-prob `logp[i, j]`) under node `rows[i]`; the new indices `(i, j)`."""
+        n, k = len(self), tokens.numel()
+        parents = rows.repeat_interleave(tokens.shape[1])
+        ancestors = torch.zeros(n + k, n + k, dtype=torch.bool)
+        ancestors[:n, :n] = self.ancestors
+        ancestors[n:, :n] = self.ancestors[parents]
+        ancestors[n:, n:] = torch.eye(k, dtype=torch.bool)
+        self.expanded[rows] = True
+        self.tokens = torch.cat([self.tokens, tokens.flatten()])
+        self.parents = torch.cat([self.parents, parents])
+        self.depths = torch.cat([self.depths, self.depths[parents] + 1])
+        self.logp = torch.cat([self.logp, logp.flatten()])
+        self.expanded = torch.cat([self.expanded, torch.zeros(k, dtype=torch.bool)])
+        self.slots = torch.cat([self.slots, torch.full((k,), -1, dtype=torch.long)])
+        self.ancestors = ancestors
+        return torch.arange(n, n + k).view(tokens.shape)
+
+    def prune(self, budget: int) -> torch.Tensor:
+        """Keep the `budget` most probable nodes, renumbered; returns the old -> new index map (-1: dropped)."""
+        ranked = torch.argsort(-self.logp, stable=True)[:budget]  # stable: parents before equally probable children
+        keep = ranked[torch.isfinite(self.logp[ranked])].sort().values
+        index = torch.full((len(self),), -1, dtype=torch.long)
+        index[keep] = torch.arange(len(keep))
+        self.parents = renumber_parents(self.parents, keep)
+        for name in ("tokens", "depths", "logp", "expanded", "slots"):
+            setattr(self, name, getattr(self, name)[keep])
+        self.ancestors = self.ancestors[keep][:, keep]
+        return index
+
+    def open_nodes(self, budget: int, max_depth: int) -> torch.Tensor:
+        """Unexpanded nodes that can still place a child: above max depth, and more probable than the weakest kept
+        node when the tree is full."""
+        weakest = self.logp.min() if len(self) >= budget else float("-inf")
+        return ~self.expanded & (self.depths < max_depth) & (self.logp > weakest)
+
+    def breadth_first(self) -> tuple[TokenTree, torch.Tensor]:
+        """The TokenTree (breadth first, siblings contiguous, most probable sibling first) and its node order."""
+        order = breadth_first_order(self.parents, self.depths, self.logp)
+        return TokenTree(tokens=self.tokens[order], parents=reorder(self.parents, order)), order
+
 
 class BestFirstDrafter(DraftModelCounts, Drafter):
-    """Best-first trees from a draft model (SpecExec). Deterministic: verify with greedy or target sampling."""
+    """Best-first trees from a draft model (SpecExec); several levels per pass when a `lower` stage guesses right.
+
+    `lower` is any drafter (n-gram lookup, an n-gram model, another `BestFirstDrafter` over a smaller model) or
+    None; its trees are never verified by the target, so its `accept` is never called. Deterministic: verify with
+    greedy or target sampling.
+    """
 
     def __init__(
         self,
@@ -78,104 +108,132 @@ class BestFirstDrafter(DraftModelCounts, Drafter):
         width: int = 8,
         beams: int | None = None,
         logits_processor: LogitsProcessorList | None = None,
+        lower: Drafter | None = None,
+        max_passes: int | None = None,
+        lower_leaves: int = 1,
+        min_prob: float = 0.0,
     ) -> None:
         self.runner = DraftModelRunner(draft_model)
         self.budget, self.max_depth, self.width = budget, max_depth, width
-        self.beams = beams or max(4, budget // 8)
+        self.beams = beams or default_beams(budget)
         self.logits_processor = logits_processor
+        self.lower, self.lower_leaves = lower, lower_leaves
+        self.max_passes = max_passes  # None: until nothing can grow
+        self.min_logp = math.log(min_prob) if min_prob > 0 else float("-inf")
+        self.lower_forwarded = 0  # lower-stage nodes forwarded (stats)
+        self.lower_confirmed = 0  # ... of which joined the tree
+
+    def stage_counts(self) -> list[dict[str, float]]:
+        """Per model stage, top first: its passes and how many forwarded lower-stage nodes it confirmed."""
+        here = {"model": type(self.runner.model).__name__, "passes": self.runner.forward_count,
+                "lower_forwarded": self.lower_forwarded, "lower_confirmed": self.lower_confirmed}
+        return [here, *(self.lower.stage_counts() if isinstance(self.lower, BestFirstDrafter) else [])]
 
     def propose(self, input_ids: torch.LongTensor) -> TokenTree:
         ids = input_ids[0].cpu()
-        nodes = _Nodes(ids[-1:], torch.tensor([-1]), torch.tensor([0]), torch.tensor([0.0]),
-                       torch.tensor([False]), torch.tensor([-1]), torch.ones(1, 1, dtype=torch.bool))
-        slot_nodes = torch.empty(0, dtype=torch.long)  # node held by each forwarded draft-cache slot (-1: dropped)
-        frontier, logits = torch.tensor([0]), self.runner.sync(ids)[None]
-        while True:
-            scores = process_tree_scores(self.logits_processor, ids[None, :-1], nodes.as_tree(), logits, frontier)
-            child_logp, child_tokens = scores.log_softmax(-1).topk(self.width, dim=-1)
-            nodes = nodes.add_children(frontier, child_tokens, child_logp + nodes.logp[frontier, None])
-            # Global top-budget by probability; a stable sort puts parents before equally probable children.
-            ranked = torch.argsort(-nodes.logp, stable=True)[: self.budget]
-            ranked = ranked[torch.isfinite(nodes.logp[ranked])]
-            keep = ranked.sort().values
-            index = torch.full((len(nodes),), -1, dtype=torch.long)
-            index[keep] = torch.arange(len(keep))
-            slot_nodes = torch.where(slot_nodes >= 0, index[slot_nodes.clamp(min=0)], -1)
-            nodes = nodes.select(keep)
-            # Only a node more probable than the weakest kept one can still place a child.
-            weakest = nodes.logp.min() if len(nodes) >= self.budget else float("-inf")
-            open_nodes = ~nodes.expanded & (nodes.depths < self.max_depth) & (nodes.logp > weakest)
-            if not bool(open_nodes.any()):
+        nodes = GrowingTree(int(ids[-1]))
+        self._slot_nodes = torch.empty(0, dtype=torch.long)  # node held by each forwarded slot (-1: none)
+        frontier, hangs = torch.empty(0, dtype=torch.long), [0]
+        for step in itertools.count():
+            ready, lower = self._pass(ids, nodes, frontier, hangs, first=step == 0)
+            self._grow(ids, nodes, ready, lower)
+            index = nodes.prune(self.budget)
+            self._slot_nodes = torch.where(self._slot_nodes >= 0, index[self._slot_nodes.clamp(min=0)], -1)
+            open_nodes = nodes.open_nodes(self.budget, self.max_depth)
+            if not bool(open_nodes.any()) or float(nodes.logp[open_nodes].max()) < self.min_logp:
+                break  # nothing can grow, or not likely enough to be worth a draft pass
+            if self.max_passes is not None and step + 1 >= self.max_passes:
                 break
             pool = torch.nonzero(open_nodes).flatten()
             frontier = pool[torch.argsort(-nodes.logp[pool], stable=True)[: self.beams]]
-            sees = nodes.ancestors[frontier][:, slot_nodes.clamp(min=0)] & (slot_nodes >= 0)
-            logits = self.runner.forward_nodes(nodes.tokens[frontier], nodes.depths[frontier], sees)
-            nodes.slots[frontier] = torch.arange(len(slot_nodes), len(slot_nodes) + len(frontier))
-            slot_nodes = torch.cat([slot_nodes, frontier])
-        return self._breadth_first(nodes)
-
-    def _breadth_first(self, nodes: _Nodes) -> TokenTree:
-        """Reorder into breadth-first order (what TokenTree wants), siblings most probable first."""
-        order = torch.argsort(-nodes.logp, stable=True)
-        order = order[torch.argsort(nodes.depths[order], stable=True)]
-        index = torch.empty_like(order)
-        index[order] = torch.arange(len(order))
-        parents = nodes.parents[order]
+            hangs = frontier[: self.lower_leaves].tolist()
+        tree, order = nodes.breadth_first()
         self._slots = nodes.slots[order]
-        return TokenTree(tokens=nodes.tokens[order], parents=torch.where(parents >= 0, index[parents.clamp(min=0)], -1))
+        return tree
+
+    def _lower_tree(self, ids: torch.Tensor, nodes: GrowingTree, hang: int) -> TokenTree | None:
+        """The lower stage's continuations after the path to `hang`, cut to the nodes whose logits can be used."""
+        if self.lower is None:
+            return None
+        path = torch.nonzero(nodes.ancestors[hang]).flatten()[1:]  # creation order: root side first
+        tree = self.lower.propose(torch.cat([ids, nodes.tokens[path]])[None])
+        keep = torch.nonzero(tree.depths + nodes.depths[hang] < self.max_depth).flatten()
+        return tree if len(keep) == len(tree) else tree.select(keep)
+
+    def _pass(self, ids: torch.Tensor, nodes: GrowingTree, frontier: torch.Tensor, hangs: list[int], first: bool):
+        """One draft pass over `frontier` and the lower trees off `hangs` (the first pass also syncs the cache).
+
+        Returns the nodes that now have logits (node -> logits) and, per hanging node, its forwarded lower tree
+        as (tree, node index in that tree, logits of the tree's nodes 1.., slot of the tree's node 1).
+        """
+        f, old = len(frontier), len(self._slot_nodes)
+        frontier_sees = nodes.ancestors[frontier][:, self._slot_nodes.clamp(min=0)] & (self._slot_nodes >= 0)
+        tokens, depths, rows = [nodes.tokens[frontier]], [nodes.depths[frontier]], [frontier_sees]
+        trees, start = [], f
+        for hang in hangs:
+            tree = self._lower_tree(ids, nodes, hang)
+            if tree is None or len(tree) < 2:
+                continue
+            size = len(tree) - 1
+            sees = torch.zeros(size, old + start + size, dtype=torch.bool)
+            if hang != 0:  # the root is committed; any other hanging node is in this pass's frontier
+                at = int(torch.nonzero(frontier == hang).flatten()[0])
+                sees[:, : old + f] = torch.cat([frontier_sees[at], torch.arange(f) == at])
+            sees[:, old + start :] = tree.ancestors[1:, 1:]
+            tokens.append(tree.tokens[1:])
+            depths.append(tree.depths[1:] + nodes.depths[hang])
+            rows.append(sees)
+            trees.append((hang, tree, start))
+            start += size
+        k = start
+        sees = torch.zeros(k, old + k, dtype=torch.bool)
+        at = 0
+        for block in rows:
+            sees[at : at + len(block), : block.shape[1]] = block
+            at += len(block)
+        root_logits, logits = self.runner.forward_tree(torch.cat(tokens), torch.cat(depths), sees,
+                                                       ids if first else None)
+        nodes.slots[frontier] = torch.arange(old, old + f)
+        self._slot_nodes = torch.cat([self._slot_nodes, frontier, torch.full((k - f,), -1, dtype=torch.long)])
+        ready = {0: root_logits} if first else {}
+        ready.update(zip(frontier.tolist(), logits[:f]))
+        lower = {}
+        for hang, tree, offset in trees:
+            lower[hang] = (tree, 0, logits[offset : offset + len(tree) - 1], old + offset)
+            self.lower_forwarded += len(tree) - 1
+        return ready, lower
+
+    def _grow(self, ids: torch.Tensor, nodes: GrowingTree, ready: dict[int, torch.Tensor], lower: dict) -> None:
+        """Expand every node that has logits; a child matching a forwarded lower node takes over its logits and slot
+        (it is confirmed) and is expanded in the next round, down the lower tree."""
+        prefix = ids[None, :-1]
+        while ready:
+            rows = torch.tensor(list(ready))
+            raw = torch.stack(list(ready.values()))
+            scores = process_tree_scores(self.logits_processor, prefix, nodes.as_tree(), raw, rows)
+            child_logp, child_tokens = scores.log_softmax(-1).topk(self.width, dim=-1)
+            new = nodes.add_children(rows, child_tokens, child_logp + nodes.logp[rows, None])
+            ready = {}
+            for i, parent in enumerate(rows.tolist()):
+                if parent not in lower:
+                    continue
+                tree, at, tree_logits, base = lower[parent]
+                kids = {int(tree.tokens[c]): int(c) for c in tree.children(at)}
+                for j, token in enumerate(child_tokens[i].tolist()):
+                    c = kids.get(token)
+                    if c is None or not bool(torch.isfinite(child_logp[i, j])):
+                        continue
+                    node, slot = int(new[i, j]), base + c - 1
+                    nodes.slots[node] = slot
+                    self._slot_nodes[slot] = node
+                    lower[node] = (tree, c, tree_logits, base)
+                    self.lower_confirmed += 1
+                    if int(nodes.depths[node]) < self.max_depth:
+                        ready[node] = tree_logits[c - 1]
 
     def accept(self, input_ids: torch.LongTensor, tree: TokenTree, verdict: Verdict) -> None:
-        """Keep the committed prefix plus the accepted nodes already forwarded; drop every other tree slot."""
+        """Keep the committed prefix plus the accepted nodes already forwarded; drop every other slot."""
         self.runner.commit(input_ids[0], forwarded_prefix(self._slots[verdict.path[1:]]))
-
-
-@register_speculation
-@dataclass
-class SpecExecConfig(SpeculationConfig):
-    """`speculation="specexec"`: best-first trees of the draft's most probable continuations (SpecExec).
-
-    Without a `budget`, the budget is chosen from this pair's measured latency curves and acceptance vector (the
-    plan store shared with `speculation="sequoia"`: stored, re-sized for this hardware, or calibrated at first use):
-    a few dozen nodes for a target in memory, hundreds when accelerate offloads it and every pass costs the same.
-    """
-
-    method = "specexec"
-    budget: int | None = field(
-        default=None,
-        metadata={"help": "Tree size incl. the root (2 to 4096). Default: chosen from the measured latency curve."},
-    )
-    max_depth: int = field(default=12, metadata={"help": "Deepest drafted token (levels below the root)."})
-    width: int = field(default=8, metadata={"help": "Children considered per expanded node."})
-    beams: int | None = field(default=None, metadata={"help": "Nodes expanded per draft pass (default budget/8)."})
-    max_budget: int = field(default=2048, metadata={"help": "Largest budget the automatic choice considers."})
-
-    def validate(self) -> None:
-        if self.budget is not None and not 2 <= int(self.budget) <= 4096:
-            raise ValueError(f"budget must be between 2 and 4096 tokens, got {self.budget!r}.")
-        for name in ("max_depth", "width", "max_budget") + (("beams",) if self.beams is not None else ()):
-            if int(getattr(self, name)) < 1:
-                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)!r}.")
-
-    def prepare(self, target, assistant_model, generation_config, input_ids) -> SpecExecConfig:
-        if self.budget is not None:
-            return self
-        from ..calibration.resolve import call_temperature, resolve_plan
-
-        plan, source = resolve_plan(None, target, assistant_model, call_temperature(generation_config), input_ids,
-                                    max_budget=128, max_depth=self.max_depth + 1)
-        budgets = [b for b in (8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096) if b <= self.max_budget]
-        budget, _ = choose_budget(plan.acceptance, plan.profile, budgets, self.max_depth,
-                                  beams_for=lambda b: self.beams or max(4, b // 8))
-        resolved = dataclasses.replace(self, budget=budget)
-        resolved.plan_source = f"budget {budget} chosen from the latency curves and acceptance of {source}"
-        return resolved
-
-    def make_drafter(self, target, assistant_model, logits_processor, child_selection, generator) -> BestFirstDrafter:
-        if self.budget is None:
-            raise RuntimeError("SpecExecConfig.make_drafter needs a budget: call prepare() first.")
-        return BestFirstDrafter(assistant_model, int(self.budget), self.max_depth, self.width, self.beams,
-                                logits_processor)
 
 
 def step_memory_bound(

@@ -1,10 +1,11 @@
 """A draft model and its KV cache across steps: the one place drafters run a model.
 
 Cache layout: the committed tokens (a prefix of the sequence, its last token the next tree's root), then the
-tree nodes forwarded while proposing the current tree, one slot each. `sync` brings the committed part up to
-date with a new context and returns the root's logits; `forward_nodes` appends nodes with tree attention (each
-sees the committed tokens, the earlier slots it is told to see, and itself); `commit` keeps the slots of the
-accepted path and drops every other node. No model ever re-reads a token it has already seen.
+tree nodes forwarded while proposing the current tree, one slot each. `forward_tree` appends nodes with tree
+attention (each sees the committed tokens, the earlier slots and in-pass nodes it is told to see, and itself) and,
+given the new context, first brings the committed part up to date in the same pass; `sync` is that catch-up alone
+(it returns the root's logits); `commit` keeps the slots of the accepted path and drops every other node. No model
+ever re-reads a token it has already seen.
 """
 
 from __future__ import annotations
@@ -14,17 +15,9 @@ import time
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
-from ..decoding.cache import keep_positions
-from ..devices import execution_device
-
-
-def vocab_size(model: PreTrainedModel) -> int:
-    """Rows of the output layer (padded vocabularies count), whatever kind of Linear it is (quantized too)."""
-    head = model.get_output_embeddings()
-    size = getattr(head, "out_features", None)
-    if size is None and isinstance(getattr(head, "weight", None), torch.Tensor):
-        size = head.weight.shape[0]
-    return int(size) if size is not None else int(model.config.get_text_config().vocab_size)
+from ..core.devices import execution_device
+from ..core.kv_cache import keep_positions
+from ..core.tree import additive_mask
 
 
 class DraftModelCounts:
@@ -70,36 +63,53 @@ class DraftModelRunner:
         self.forward_time += time.perf_counter() - start
         return logits
 
-    def sync(self, ids: torch.Tensor) -> torch.Tensor:
-        """Make the committed part equal `ids` `(L,)`, feeding what the cache lacks; the logits `(vocab,)` of `ids[-1]`.
+    def _catch_up(self, ids: torch.Tensor) -> torch.Tensor:
+        """Drop tree slots and the committed tokens `ids` `(L,)` does not share; the tokens still to feed.
 
         Keeps the longest common prefix (minus at least the last token, whose logits are needed), so a context
         that diverged (a new prompt, a rejected draft) costs one pass over the new tokens only.
         """
-        ids = ids.cpu()
         n = min(len(self.committed), len(ids) - 1)
         common = int((self.committed[:n] == ids[:n]).long().cumprod(0).sum()) if n else 0
         keep_positions(self.cache, common, [])
-        self.num_nodes = 0
-        logits = self._forward(ids[common:], logits_to_keep=1)
-        self.committed = ids.clone()
-        return logits[-1]
+        self.committed, self.num_nodes = ids[:common], 0
+        return ids[common:]
 
-    def forward_nodes(self, tokens: torch.Tensor, depths: torch.Tensor, sees: torch.Tensor) -> torch.Tensor:
-        """Forward tree nodes in one pass; their logits `(k, vocab)`. They take the next k slots.
+    def sync(self, ids: torch.Tensor) -> torch.Tensor:
+        """Make the committed part equal `ids` `(L,)`, feeding only what the cache lacks; the logits of ids[-1]."""
+        empty = torch.empty(0, dtype=torch.long)
+        root_logits, _ = self.forward_tree(empty, empty, torch.empty(0, 0, dtype=torch.bool), ids)
+        return root_logits
 
-        `tokens` and `depths` are `(k,)` (depth 1 = a child of the root, the last committed token); `sees` is a
-        `(k, num_nodes)` bool matrix: which earlier slots (the node's forwarded ancestors) each node attends to.
+    def forward_tree(
+        self, tokens: torch.Tensor, depths: torch.Tensor, sees: torch.Tensor, ids: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor | None, torch.Tensor]:
+        """One pass over `k` tree nodes; with `ids`, first make the committed part equal `ids` in the same pass.
+
+        `tokens`, `depths` are `(k,)` (depth 1 = a child of the root, the last committed token); `sees` is
+        `(k, num_nodes + k)` bool: each node's forwarded ancestors among the earlier slots *and* among this pass's
+        nodes (a node always sees itself). With `ids`, earlier slots are dropped first (num_nodes = 0). The nodes
+        take the next k slots. Returns the logits of `ids[-1]` (None without `ids`) and the nodes' logits `(k, vocab)`.
         """
-        k, past = len(tokens), len(self.committed)
-        allowed = torch.ones(k, past + self.num_nodes + k, dtype=torch.bool)
-        allowed[:, past : past + self.num_nodes] = sees
-        allowed[:, past + self.num_nodes :] = torch.eye(k, dtype=torch.bool)
-        dtype = self.model.dtype
-        mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, torch.finfo(dtype).min)
-        logits = self._forward(tokens, attention_mask=mask[None, None], position_ids=(past - 1 + depths)[None])
-        self.num_nodes += k
-        return logits
+        fresh = self._catch_up(ids.cpu()) if ids is not None else torch.empty(0, dtype=torch.long)
+        past, old, m, k = len(self.committed), self.num_nodes, len(fresh), len(tokens)
+        if k == 0:  # catching up only: a plain causal pass, the last row's logits
+            logits = self._forward(fresh, logits_to_keep=1)
+        else:
+            allowed = torch.zeros(m + k, past + old + m + k, dtype=torch.bool)
+            allowed[:, :past] = True
+            allowed[:m, past : past + m] = torch.ones(m, m, dtype=torch.bool).tril()  # old == 0 when m > 0
+            allowed[m:, past + old : past + old + m] = True
+            allowed[m:, past : past + old] = sees[:, :old]
+            allowed[m:, past + old + m :] = sees[:, old:] | torch.eye(k, dtype=torch.bool)
+            positions = torch.cat([torch.arange(past, past + m), past + m - 1 + depths])
+            mask = additive_mask(allowed, self.model.dtype)
+            logits = self._forward(torch.cat([fresh, tokens]), logits_to_keep=k + (1 if m else 0),
+                                   attention_mask=mask, position_ids=positions[None])
+        if ids is not None:
+            self.committed = ids.cpu().clone()
+        self.num_nodes = old + k
+        return (logits[0] if m else None), logits[len(logits) - k :]
 
     def commit(self, ids: torch.Tensor, slots: list[int] | torch.Tensor) -> None:
         """`ids` `(L,)` is the new context; `slots` are the forwarded nodes of its accepted path, root side first.

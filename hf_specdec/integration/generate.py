@@ -19,11 +19,12 @@ import torch
 from transformers import DynamicCache, GenerationConfig, LogitsProcessorList, PreTrainedModel, StoppingCriteriaList
 from transformers.generation.utils import GenerationMixin
 
-from ..config import SpeculationConfig, resolve_config
+from ..calibration.plan_lookup import call_temperature, plan_for_call
+from ..core.config import SpeculationConfig, make_config
 from ..decoding.loop import speculative_loop
 from ..decoding.outputs import SpeculativeDecoderOnlyOutput
 from ..decoding.stats import SpeculationStats
-from ..verification import VERIFIERS
+from ..verification import verifier_for
 from .generation_config import get_speculation
 from .validation import check_call, check_generation_config, check_processors
 
@@ -73,7 +74,7 @@ def generate(self, *args, **kwargs):
         if given:
             raise ValueError(f"{', '.join(given)} given without `speculation`: pass speculation=<method name> too.")
         return _ORIGINAL_GENERATE(self, **kwargs)
-    config = _resolve(speculation, options["speculation_config"])
+    config = _config_for_call(speculation, options["speculation_config"])
     call = SpeculationCall(
         config=config,
         assistant_model=kwargs.pop("assistant_model", None),
@@ -84,7 +85,7 @@ def generate(self, *args, **kwargs):
     return _ORIGINAL_GENERATE(self, custom_generate=speculative_generate, speculation_call=call, **kwargs)
 
 
-def _resolve(speculation: Any, speculation_config: SpeculationConfig | dict | None) -> SpeculationConfig:
+def _config_for_call(speculation: Any, speculation_config: SpeculationConfig | dict | None) -> SpeculationConfig:
     """`speculation` names the method; `speculation_config` is either its settings (dict) or a whole config."""
     if isinstance(speculation_config, SpeculationConfig):
         if isinstance(speculation, str) and speculation != speculation_config.method:
@@ -92,10 +93,10 @@ def _resolve(speculation: Any, speculation_config: SpeculationConfig | dict | No
                 f"speculation={speculation!r} but speculation_config is a {speculation_config.method!r} config: "
                 "make them agree, or pass only the config as `speculation=`."
             )
-        return resolve_config(speculation_config)
+        return make_config(speculation_config)
     if speculation_config is not None and not isinstance(speculation_config, dict):
         raise TypeError("`speculation_config` must be a dict of settings or a SpeculationConfig.")
-    return resolve_config(speculation, speculation_config)
+    return make_config(speculation, speculation_config)
 
 
 def speculative_generate(
@@ -113,8 +114,13 @@ def speculative_generate(
     check_generation_config(model, generation_config, input_ids, model_kwargs)
     check_processors(logits_processor)
     do_sample = bool(generation_config.do_sample)
-    verifier = _pick_verifier(call.config, do_sample)
-    config = call.config.prepare(model, call.assistant_model, generation_config, input_ids)
+    verifier = verifier_for(call.config, do_sample)
+    config = call.config
+    request = config.plan_request()
+    if request is not None:  # look the plan up (given, stored, re-sized or calibrated now) before drafting
+        plan, source = plan_for_call(request, model, call.assistant_model, call_temperature(generation_config),
+                                     input_ids)
+        config = config.with_plan(plan, source)
     if call.streamer is not None:
         call.streamer.put(input_ids.cpu())
     if not config.drafts():
@@ -181,22 +187,6 @@ def _decode_plainly(
     )
     fields = {field.name: getattr(out, field.name) for field in dataclasses.fields(out)}
     return SpeculativeDecoderOnlyOutput(**fields, speculation_stats=stats)
-
-
-def _pick_verifier(config: SpeculationConfig, do_sample: bool):
-    name = config.verifier or ("greedy" if not do_sample else config.default_sampling_verifier)
-    if name not in VERIFIERS:
-        raise ValueError(f"Unknown verifier {name!r}. Known verifiers: {', '.join(sorted(VERIFIERS))}.")
-    if name == "greedy" and do_sample:
-        raise ValueError("verifier='greedy' cannot sample: drop `verifier` or pass do_sample=False.")
-    verifier = VERIFIERS[name]()
-    if verifier.child_selection not in config.child_selections:
-        usable = sorted(v for v, cls in VERIFIERS.items() if cls.child_selection in config.child_selections)
-        raise ValueError(
-            f"verifier={name!r} needs children drawn {verifier.child_selection.replace('_', ' ')} from the draft, but "
-            f"speculation={config.method!r} drafts a deterministic tree: use one of {usable}, or drop `verifier`."
-        )
-    return verifier
 
 
 def install() -> None:

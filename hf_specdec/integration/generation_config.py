@@ -13,7 +13,7 @@ from typing import Any
 
 from transformers import GenerationConfig
 
-from ..config import SpeculationConfig, known_methods, resolve_config
+from ..core.config import SpeculationConfig, known_methods, make_config
 
 FIELD = "speculation"
 
@@ -37,7 +37,7 @@ def set_speculation(
     `set_speculation(model.generation_config, "tree", widths=[3, 2])` then `model.save_pretrained(path)`:
     the reloaded model speculates whenever `generate` gets an `assistant_model`.
     """
-    config = resolve_config(method_or_config, settings)
+    config = make_config(method_or_config, settings)
     setattr(generation_config, FIELD, speculation_to_json(config))
     # A generation config derived from the model config drops unknown fields when reloaded (Transformers'
     # `_from_model_config` rule): mark it as a real generation config so the field survives save/load.
@@ -57,7 +57,7 @@ def get_speculation(generation_config: GenerationConfig | None) -> SpeculationCo
     if value is None:
         return None
     try:
-        return resolve_config(value)
+        return make_config(value)
     except (ValueError, TypeError) as exc:
         raise ValueError(
             f"generation_config.json: the `{FIELD}` field holds {value!r}, which hf_specdec cannot use: {exc} "

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from transformers import DynamicCache, GenerationConfig, PreTrainedModel
 
-from ..drafting.draft_model import vocab_size
+from ..core.model_info import vocab_size
 
 if TYPE_CHECKING:
     from .generate import SpeculationCall

@@ -18,8 +18,9 @@ import torch
 from tqdm.auto import tqdm
 from transformers import DynamicCache, PreTrainedModel
 
-from ..decoding.cache import crop
-from ..devices import execution_device, is_offloaded
+from ..core.devices import cpu_model, execution_device, is_offloaded
+from ..core.kv_cache import crop
+from ..core.tree import additive_mask
 
 DEFAULT_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128)
 
@@ -36,18 +37,7 @@ def device_name(device: torch.device) -> str:
     """
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
-    name = "unknown CPU"
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as fh:
-            for line in fh:
-                if line.startswith("model name"):
-                    name = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        import platform
-
-        name = platform.processor() or name
-    return f"{name} ({torch.backends.cpu.get_cpu_capability()})"
+    return f"{cpu_model()} ({torch.backends.cpu.get_cpu_capability()})"
 
 
 def placement(model: PreTrainedModel) -> dict:
@@ -129,8 +119,7 @@ def measure_latency(
             visible = torch.ones(n, past_length + n, dtype=torch.bool)
             visible[:, past_length:] = torch.eye(n, dtype=torch.bool)
             visible[:, past_length] = True  # every node descends from the first one
-            mask = torch.zeros(visible.shape, dtype=dtype).masked_fill_(~visible, torch.finfo(dtype).min)
-            mask = mask[None, None].to(device)
+            mask = additive_mask(visible, dtype).to(device)
             positions = (past_length + (torch.arange(n) > 0).long())[None].to(device)
             times = []
             for _ in range(repeats + 1):

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from ..core.tree import TokenTree, breadth_first_order, renumber_parents, reorder
 from .shapes import validate_parents
 
 
@@ -123,8 +124,7 @@ def _prune_zero_nodes(parents: list[int], acceptance: Sequence[float]) -> list[i
     for i in range(len(parents) - 1, 0, -1):  # siblings are contiguous, walk them last rank first
         later_positive[parents[i]] = later_positive.get(parents[i], False) or probs[i] > 0
         keep[i] = later_positive[parents[i]]
-    new_index = np.cumsum(keep) - 1
-    return [-1] + [int(new_index[parents[i]]) for i in range(1, len(parents)) if keep[i]]
+    return renumber_parents(torch.tensor(parents), torch.nonzero(torch.tensor(keep)).flatten()).tolist()
 
 
 def expected_tokens(parents: Sequence[int], acceptance: Sequence[float]) -> float:
@@ -231,18 +231,9 @@ def _most_probable_nodes(acceptance: list[float], budget: int, max_depth: int) -
 
 def _breadth_first(pop_parents: list[int]) -> list[int]:
     """Renumber popped nodes breadth first; siblings keep their rank order (they were popped in rank order)."""
-    depths = [0] * len(pop_parents)
-    for i in range(1, len(pop_parents)):
-        depths[i] = depths[pop_parents[i]] + 1
-    new_index = [0] * len(pop_parents)
-    order = [0]
-    for depth in range(1, max(depths) + 1):
-        level = [i for i in range(len(pop_parents)) if depths[i] == depth]
-        level.sort(key=lambda i: (new_index[pop_parents[i]], i))
-        for i in level:
-            new_index[i] = len(order)
-            order.append(i)
-    return [-1] + [new_index[pop_parents[i]] for i in order[1:]]
+    tree = TokenTree.from_parents(torch.zeros(len(pop_parents), dtype=torch.long), pop_parents)
+    order = breadth_first_order(tree.parents, tree.depths, priority=-torch.arange(len(pop_parents)))
+    return reorder(tree.parents, order).tolist()
 
 
 class TreePlanner:

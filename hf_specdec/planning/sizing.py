@@ -124,6 +124,11 @@ def choose_plan(
     return SizedPlan(best[1], best[2], candidates)
 
 
+def default_beams(budget: int) -> int:
+    """Nodes a best-first drafter expands per draft pass when none is given: an eighth of the budget, at least 4."""
+    return max(4, budget // 8)
+
+
 def best_first_passes(budget: int, beams: int, max_depth: int) -> int:
     """Draft passes a best-first tree of `budget` nodes takes: about budget / beams expansions, at most one per
     level, plus the root's pass."""
@@ -135,7 +140,7 @@ def choose_budget(
     profile: HardwareProfile,
     budgets: Sequence[int] = (8, 16, 32, 64, 128, 256, 512, 1024, 2048),
     max_depth: int = 12,
-    beams_for=lambda budget: max(4, budget // 8),
+    beams_for=default_beams,
 ) -> tuple[int, list[dict]]:
     """The best-first (SpecExec) budget with the least predicted time per token, and every candidate's figures.
 

@@ -1,19 +1,10 @@
-"""Verifiers: turn target scores on a drafted tree into accepted tokens, registered by name."""
+"""Verifiers: turn target scores on a drafted tree into accepted tokens, registered by name (importing a verifier's
+module registers it)."""
 
-from .base import Verdict, Verifier
+from ..core.verdict import Verdict, Verifier
 from .greedy import GreedyVerifier
-from .processing import process_tree_scores
-from .registry import VERIFIERS, default_verifier_name, register_verifier
-
-register_verifier(GreedyVerifier)
-
-from .sampling import (  # noqa: E402  (registers the sampling verifiers; after the registry is filled)
-    RandomSource,
-    SequoiaVerifier,
-    SpecInferVerifier,
-    TargetSampleVerifier,
-    TorchRandom,
-)
+from .registry import VERIFIERS, register_verifier, verifier_for
+from .sampling import RandomSource, SequoiaVerifier, SpecInferVerifier, TargetSampleVerifier, TorchRandom
 
 __all__ = [
     "VERIFIERS",
@@ -25,7 +16,6 @@ __all__ = [
     "TorchRandom",
     "Verdict",
     "Verifier",
-    "default_verifier_name",
-    "process_tree_scores",
     "register_verifier",
+    "verifier_for",
 ]

@@ -6,10 +6,12 @@ from typing import ClassVar
 
 import torch
 
-from ..tree import TokenTree
+from ..core.tree import TokenTree
 from .base import Verdict, walk_down
+from .registry import register_verifier
 
 
+@register_verifier
 class GreedyVerifier:
     """Accept the longest path whose every token equals the target's argmax at its parent."""
 

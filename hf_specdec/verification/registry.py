@@ -1,6 +1,8 @@
-"""The verifier registry, kept apart from `__init__` so verifier modules can register without circular imports."""
+"""The verifier registry, and the one rule that picks a call's verifier and checks it fits the method's drafter."""
 
 from __future__ import annotations
+
+from ..core.config import SpeculationConfig
 
 VERIFIERS: dict[str, type] = {}
 
@@ -11,13 +13,19 @@ def register_verifier(cls: type) -> type:
     return cls
 
 
-def default_verifier_name(do_sample: bool, drafter_samples: bool = True) -> str:
-    """The verifier to use when the caller names none.
-
-    Greedy decoding: "greedy". Sampling with a drafter that samples its children from a draft model
-    (model-drafted trees): "sequoia", the strongest exact rule for children drawn without replacement.
-    Sampling with a deterministic drafter (top-k trees, best-first/SpecExec, n-gram): "target_sample".
-    """
-    if not do_sample:
-        return "greedy"
-    return "sequoia" if drafter_samples else "target_sample"
+def verifier_for(config: SpeculationConfig, do_sample: bool):
+    """The verifier of a call: the one `config.verifier` names, else greedy when not sampling, else the method's
+    best exact one. Raises when it cannot sample, or needs children drawn in a way the method's drafter cannot."""
+    name = config.verifier or ("greedy" if not do_sample else config.default_sampling_verifier)
+    if name not in VERIFIERS:
+        raise ValueError(f"Unknown verifier {name!r}. Known verifiers: {', '.join(sorted(VERIFIERS))}.")
+    if name == "greedy" and do_sample:
+        raise ValueError("verifier='greedy' cannot sample: drop `verifier` or pass do_sample=False.")
+    verifier = VERIFIERS[name]()
+    if verifier.child_selection not in config.child_selections:
+        usable = sorted(v for v, cls in VERIFIERS.items() if cls.child_selection in config.child_selections)
+        raise ValueError(
+            f"verifier={name!r} needs children drawn {verifier.child_selection.replace('_', ' ')} from the draft, but "
+            f"speculation={config.method!r} drafts a deterministic tree: use one of {usable}, or drop `verifier`."
+        )
+    return verifier

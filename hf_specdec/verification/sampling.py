@@ -13,7 +13,7 @@ from typing import ClassVar, Protocol
 
 import torch
 
-from ..tree import TokenTree
+from ..core.tree import TokenTree
 from .base import Verdict, walk_down
 from .registry import register_verifier
 

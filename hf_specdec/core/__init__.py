@@ -1,0 +1,23 @@
+"""The contracts every layer above shares: the TokenTree value and its operations, the Drafter and Verifier
+interfaces, KV-cache compaction, logits processing per node, where a model runs, and the config registry.
+
+Nothing here runs a drafting or verification algorithm; everything above builds on these.
+"""
+
+from .config import SPECULATION_METHODS, PlanRequest, SpeculationConfig, make_config, register_speculation
+from .drafter import Drafter, first_child_chain
+from .tree import TokenTree
+from .verdict import Verdict, Verifier
+
+__all__ = [
+    "SPECULATION_METHODS",
+    "Drafter",
+    "PlanRequest",
+    "SpeculationConfig",
+    "TokenTree",
+    "Verdict",
+    "Verifier",
+    "first_child_chain",
+    "make_config",
+    "register_speculation",
+]

@@ -1,0 +1,129 @@
+"""Speculation settings as dataclasses, one per method, registered by name (the way peft registers tuners).
+
+A config is plain data: it validates its settings, says whether it needs a plan looked up for the call
+(`plan_request`), takes the plan found (`with_plan`) and builds its drafter. Finding the plan (given, stored,
+re-sized, calibrated) is a step of the integration, never a side effect of a config."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import torch
+from transformers import LogitsProcessorList, PreTrainedModel
+
+from .drafter import Drafter
+
+SPECULATION_METHODS: dict[str, type[SpeculationConfig]] = {}
+
+
+@dataclass(frozen=True)
+class PlanRequest:
+    """A config's request for a plan: the Sequoia tree (and its acceptance vector and latency curves) for this
+    model pair, temperature and hardware, looked up as given -> stored -> re-sized -> calibrated online."""
+
+    given: Any = None  # a plan file path, dict or plan object the user passed; None: look one up
+    max_budget: int = 128  # the largest tree a plan made now may have (nodes, root included)
+    max_depth: int = 12  # the most levels a plan made now may have (root included)
+    calibrate_online: bool = True  # with no stored plan: calibrate on the prompt (True) or raise (False)
+
+
+def register_speculation(cls: type[SpeculationConfig]) -> type[SpeculationConfig]:
+    """Class decorator: `speculation=cls.method` now selects this config and its drafter."""
+    SPECULATION_METHODS[cls.method] = cls
+    return cls
+
+
+@dataclass
+class SpeculationConfig:
+    """Settings shared by every method. Subclasses add their own and build their drafter."""
+
+    method: ClassVar[str] = ""
+    needs_assistant: ClassVar[bool] = True
+    #: how this method's drafter can pick children (see drafting/child_selection.py); sampling verifiers need
+    #: children drawn from the draft distribution, so deterministic drafters accept only greedy and target_sample
+    child_selections: ClassVar[tuple[str, ...]] = ("top_k",)
+    #: the verifier used when sampling and none is named: the best-accepting exact one for this drafter
+    default_sampling_verifier: ClassVar[str] = "target_sample"
+    #: set by `with_plan`: where a plan or size came from (stats and logs say it; never guessed silently)
+    plan_source: ClassVar[str] = ""
+
+    verifier: str | None = field(
+        default=None,
+        metadata={
+            "help": "Verifier name (see hf_specdec.VERIFIERS). Default: greedy when not sampling, else the "
+            "best exact verifier for this drafter."
+        },
+    )
+
+    def make_drafter(
+        self,
+        target: PreTrainedModel,
+        assistant_model: PreTrainedModel | None,
+        logits_processor: LogitsProcessorList,
+        child_selection: str,
+        generator: torch.Generator | None,
+    ) -> Drafter:
+        raise NotImplementedError
+
+    def validate(self) -> None:
+        """Raise ValueError naming a bad setting and its fix."""
+
+    def plan_request(self) -> PlanRequest | None:
+        """What must be looked up for this call before drafting (a tree plan, latency curves), or None."""
+        return None
+
+    def with_plan(self, plan: Any, source: str) -> SpeculationConfig:
+        """The config to draft with, given the plan the integration found for `plan_request()`; `source` says
+        where it came from (stats and logs repeat it)."""
+        raise NotImplementedError(f"{type(self).__name__} asked for a plan but does not take one.")
+
+    def drafts(self) -> bool:
+        """False when the prepared config drafts nothing (a plan that is the root alone: no tree pays on this
+        hardware); generate then decodes exactly as plain `generate` does."""
+        return True
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"method": self.method, **dataclasses.asdict(self)}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> SpeculationConfig:
+        data = dict(data)
+        method = data.pop("method", cls.method or None)
+        return make_config(method, data)
+
+
+def known_methods() -> str:
+    return ", ".join(repr(name) for name in sorted(SPECULATION_METHODS))
+
+
+def make_config(
+    speculation: str | SpeculationConfig | dict, overrides: dict[str, Any] | None = None
+) -> SpeculationConfig:
+    """Turn what the user passed as `speculation=` (a name, a config or a dict) into a validated config."""
+    overrides = dict(overrides or {})
+    if isinstance(speculation, SpeculationConfig):
+        config = dataclasses.replace(speculation, **overrides) if overrides else speculation
+    elif isinstance(speculation, dict):
+        return make_config(
+            speculation.get("method"), {**{k: v for k, v in speculation.items() if k != "method"}, **overrides}
+        )
+    elif isinstance(speculation, str):
+        if speculation not in SPECULATION_METHODS:
+            raise ValueError(f"Unknown speculation {speculation!r}. Known methods: {known_methods()}.")
+        config_cls = SPECULATION_METHODS[speculation]
+        names = {f.name for f in dataclasses.fields(config_cls)}
+        unknown = sorted(set(overrides) - names)
+        if unknown:
+            raise ValueError(
+                f"speculation={speculation!r} has no setting(s) {unknown}. Its settings are: {sorted(names)}."
+            )
+        config = config_cls(**overrides)
+    else:
+        raise TypeError(
+            f"`speculation` must be a method name ({known_methods()}), a SpeculationConfig or a dict, "
+            f"not {type(speculation).__name__}."
+        )
+    config.validate()
+    return config

@@ -1,0 +1,71 @@
+"""Where a model computes, whether accelerate keeps its weights elsewhere, and what the CPU can do.
+
+`model.device` is the device of the first parameter: for a model offloaded with accelerate that is often
+`meta` (the weights live on disk), which is no place to build inputs. The execution device of accelerate's hook
+is where the forward pass really runs.
+"""
+
+from __future__ import annotations
+
+import platform
+from pathlib import Path
+
+import torch
+from transformers import PreTrainedModel
+
+
+def execution_device(model: PreTrainedModel) -> torch.device:
+    """The device the model's forward pass runs on: accelerate's execution device, else `model.device`."""
+    hook_device = getattr(getattr(model, "_hf_hook", None), "execution_device", None)
+    if hook_device is not None:
+        return torch.device(hook_device)  # an int is an accelerator ordinal (GPU machines only)
+    device_map = getattr(model, "hf_device_map", None) or {}
+    for place in device_map.values():  # the first module kept on a compute device
+        if str(place) not in ("disk", "meta"):
+            return torch.device(place)
+    return model.device if model.device.type != "meta" else torch.device("cpu")
+
+
+def is_offloaded(model: PreTrainedModel) -> bool:
+    """True when accelerate keeps some of the model's weights off its compute device (CPU RAM or disk).
+
+    Such a model pays its weight transfer on every pass, whatever the number of tokens: its curve is flat.
+    """
+    device_map = getattr(model, "hf_device_map", None) or {}
+    places = {str(place) for place in device_map.values()}
+    return "disk" in places or ("cpu" in places and execution_device(model).type != "cpu")
+
+
+#: instruction-set extensions that decide CPU matmul speed, reported when /proc/cpuinfo lists them
+CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "neon", "bf16")
+#: flags of CPUs that multiply bfloat16 natively (x86 AVX512-BF16 / AMX, Arm BF16)
+NATIVE_BF16_FLAGS = ("avx512_bf16", "amx_bf16", "bf16")
+
+
+def cpu_model() -> str:
+    """The CPU's marketing name from /proc/cpuinfo, else what `platform` knows."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.lower().startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def cpu_flags() -> list[str]:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.lower().startswith(("flags", "features")):
+                present = set(line.split(":", 1)[1].split())
+                return [flag for flag in CPU_FLAGS if flag in present]
+    except OSError:
+        pass
+    return []
+
+
+def native_bfloat16(cuda: bool) -> bool:
+    """Whether bfloat16 matmuls run natively where the models run: a GPU that supports it, or a CPU flag."""
+    if cuda:
+        return torch.cuda.is_bf16_supported()
+    return any(flag in NATIVE_BF16_FLAGS for flag in cpu_flags())

@@ -1,0 +1,56 @@
+"""The drafter contract: propose a TokenTree, learn what was accepted.
+
+Drafters extend Transformers' `CandidateGenerator` so a chain drafter also runs inside the stock
+assisted-generation loop (`get_candidates` returns the tree's first path as a chain).
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers.generation.candidate_generator import CandidateGenerator
+
+from .tree import TokenTree
+from .verdict import Verdict
+
+
+class Drafter(CandidateGenerator):
+    """Proposes a tree of continuations of `input_ids` rooted at its last token."""
+
+    #: draft-model forward passes so far, and the seconds they took (stats)
+    forward_count: int = 0
+    forward_time: float = 0.0
+
+    def propose(self, input_ids: torch.LongTensor) -> TokenTree:
+        raise NotImplementedError
+
+    def accept(self, input_ids: torch.LongTensor, tree: TokenTree, verdict: Verdict) -> None:
+        """`input_ids` now ends with the accepted path and the bonus token: bring internal state up to date."""
+
+    # --- Transformers' CandidateGenerator contract -------------------------------------------------
+    def get_candidates(self, input_ids: torch.LongTensor, **kwargs) -> tuple[torch.LongTensor, torch.Tensor | None]:
+        """The tree's first-child chain, as assisted generation expects: `(input_ids + chain, chain scores)`."""
+        tree = self.propose(input_ids)
+        chain = first_child_chain(tree)
+        candidates = torch.cat([input_ids, tree.tokens[chain[1:]].to(input_ids.device)[None]], dim=1)
+        chain_scores = self.node_scores(chain[:-1]) if len(chain) > 1 else None
+        return candidates, None if chain_scores is None else chain_scores[None]
+
+    def node_scores(self, nodes: list[int]) -> torch.Tensor | None:
+        """Processed draft scores `(len(nodes), vocab)` at nodes of the last proposed tree, if the drafter has them."""
+        return None
+
+    def update_candidate_strategy(self, input_ids: torch.LongTensor, scores: torch.Tensor, num_matches: int) -> None:
+        pass
+
+
+def first_child_chain(tree: TokenTree) -> list[int]:
+    """Root, its first child, that child's first child, ... (the most likely path of a top-k tree)."""
+    parents = tree.parents.tolist()
+    first_child: dict[int, int] = {}
+    for child, parent in enumerate(parents):
+        if parent >= 0:
+            first_child.setdefault(parent, child)
+    chain = [0]
+    while chain[-1] in first_child:
+        chain.append(first_child[chain[-1]])
+    return chain

@@ -1,0 +1,33 @@
+"""Apply the caller's logits processors to every tree node, each with that node's own prefix."""
+
+from __future__ import annotations
+
+import torch
+from transformers import LogitsProcessorList
+
+from .tree import TokenTree
+
+
+def process_tree_scores(
+    processors: LogitsProcessorList | None,
+    prefix_ids: torch.Tensor,
+    tree: TokenTree,
+    logits: torch.Tensor,
+    nodes: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Return float32 `(len(nodes), vocab)` scores, processed exactly as plain `generate` would at each node.
+
+    `prefix_ids` is `(1, L)` and ends *before* the root; node i's sequence is prefix + root..i.
+    Nodes of equal depth share a sequence length, so they are processed as one batch per depth.
+    """
+    if not processors:
+        return logits.float()  # no copy when already float32: nothing below writes into it
+    nodes = torch.arange(len(tree), device=tree.device) if nodes is None else nodes
+    scores = logits.to(dtype=torch.float32, copy=True)
+    depths = tree.depths[nodes]
+    for depth in depths.unique().tolist():
+        rows = torch.nonzero(depths == depth).flatten()
+        seqs = tree.prefix_tokens(nodes[rows]).to(prefix_ids.device)
+        ids = torch.cat([prefix_ids.expand(len(rows), -1), seqs], dim=1)
+        scores[rows] = processors(ids, scores[rows])
+    return scores

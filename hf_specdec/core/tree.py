@@ -1,0 +1,200 @@
+"""The TokenTree value: drafted tokens, their parents and everything attention needs.
+
+Nodes are stored in breadth-first order (a parent always comes before its children) and node 0
+is the root: the last token already accepted, whose logits propose the first drafted level.
+Siblings keep their drafting order, which verifiers rely on (the first-drafted child is tried first).
+Everything is built with tensor ops whose count grows with depth, never with the node count,
+so trees of thousands of nodes stay cheap.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class TokenTree:
+    """A tree of token ids rooted at the last accepted token.
+
+    Attributes:
+        tokens: `(n,)` long tensor, `tokens[0]` is the root.
+        parents: `(n,)` long tensor, `parents[0] == -1`, `parents[i] < i` otherwise.
+        draft_probs: optional `(n, vocab)` tensor: row i is the (processed) draft distribution the children
+            of node i were drawn from. Sampling verifiers need it; greedy and target-matching do not.
+    """
+
+    tokens: torch.Tensor
+    parents: torch.Tensor
+    draft_probs: torch.Tensor | None = None
+    _depths: torch.Tensor | None = field(default=None, repr=False)
+    _ancestors: torch.Tensor | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.tokens.dim() != 1 or self.parents.shape != self.tokens.shape:
+            raise ValueError("TokenTree wants 1-D `tokens` and `parents` of equal length.")
+        if int(self.parents[0]) != -1:
+            raise ValueError("TokenTree node 0 must be the root (parent -1).")
+        idx = torch.arange(len(self.parents), device=self.parents.device)
+        if len(self.parents) > 1 and not bool((self.parents[1:] < idx[1:]).all() & (self.parents[1:] >= 0).all()):
+            raise ValueError("TokenTree nodes must be in breadth-first order: 0 <= parents[i] < i for i > 0.")
+
+    def __len__(self) -> int:
+        return int(self.tokens.shape[0])
+
+    @property
+    def device(self) -> torch.device:
+        return self.tokens.device
+
+    @property
+    def depths(self) -> torch.Tensor:
+        """Depth of each node, root = 0."""
+        if self._depths is None:
+            self._walk_up()
+        return self._depths
+
+    @property
+    def max_depth(self) -> int:
+        return int(self.depths.max())
+
+    @property
+    def ancestors(self) -> torch.Tensor:
+        """`(n, n)` bool: `ancestors[i, j]` is True when j is i or an ancestor of i."""
+        if self._ancestors is None:
+            self._walk_up()
+        return self._ancestors
+
+    def _walk_up(self) -> None:
+        # Pointer jumping one level per iteration: O(depth) tensor ops.
+        n = len(self)
+        rows = torch.arange(n, device=self.device)
+        ancestors = torch.eye(n, dtype=torch.bool, device=self.device)
+        depths = torch.zeros(n, dtype=torch.long, device=self.device)
+        current = self.parents.clone()
+        while bool((current >= 0).any()):
+            alive = current >= 0
+            ancestors[rows[alive], current[alive]] = True
+            depths += alive.long()
+            current = torch.where(alive, self.parents[current.clamp(min=0)], current)
+        self._depths, self._ancestors = depths, ancestors
+
+    def children(self, node: int) -> torch.Tensor:
+        """Indices of the children of `node`, in drafting order."""
+        return torch.nonzero(self.parents == node).flatten()
+
+    def path_to(self, node: int) -> list[int]:
+        """Node indices from the root down to `node`, both included."""
+        path = []
+        parents = self.parents.tolist()
+        while node >= 0:
+            path.append(node)
+            node = parents[node]
+        return path[::-1]
+
+    def position_ids(self, past_length: int) -> torch.Tensor:
+        """`(1, n)` position ids: each node sits one position after its parent."""
+        return (self.depths + past_length).unsqueeze(0)
+
+    def attention_mask(
+        self, past_length: int, dtype: torch.dtype, past_visible: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Additive `(1, 1, n, past_length + n)` mask: 0 where a node may look, dtype's min elsewhere.
+
+        Every node sees the whole past (or the positions `past_visible` marks) and its own ancestors.
+        """
+        n = len(self)
+        allowed = torch.ones(n, past_length + n, dtype=torch.bool, device=self.device)
+        if past_visible is not None:
+            allowed[:, :past_length] = past_visible
+        allowed[:, past_length:] = self.ancestors
+        return additive_mask(allowed, dtype)
+
+    def prefix_tokens(self, nodes: torch.Tensor) -> torch.Tensor:
+        """`(len(nodes), d + 1)` token ids from the root to each node; all nodes must share depth d."""
+        d = int(self.depths[nodes[0]])
+        out = torch.empty(len(nodes), d + 1, dtype=self.tokens.dtype, device=self.device)
+        current = nodes.clone()
+        for level in range(d, -1, -1):
+            out[:, level] = self.tokens[current]
+            current = self.parents[current].clamp(min=0)
+        return out
+
+    def select(self, keep: torch.Tensor) -> TokenTree:
+        """The nodes `keep` (sorted indices, root included, closed under taking parents), renumbered."""
+        probs = self.draft_probs[keep] if self.draft_probs is not None else None
+        return TokenTree(tokens=self.tokens[keep], parents=renumber_parents(self.parents, keep), draft_probs=probs)
+
+    @classmethod
+    def from_parents(cls, tokens: list[int] | torch.Tensor, parents: list[int] | torch.Tensor, **kwargs) -> TokenTree:
+        tokens = torch.as_tensor(tokens, dtype=torch.long)
+        parents = torch.as_tensor(parents, dtype=torch.long, device=tokens.device)
+        return cls(tokens=tokens, parents=parents, **kwargs)
+
+    @classmethod
+    def from_paths(cls, root: int, paths: list[tuple[int, ...]]) -> TokenTree:
+        """A tree (breadth-first, siblings contiguous, in first-listed order) from root-less token paths.
+
+        Duplicate paths are merged; a path's prefixes must be listed too (in any order).
+        """
+        index: dict[tuple[int, ...], int] = {(): 0}
+        children: dict[tuple[int, ...], list[tuple[int, ...]]] = {}
+        for path in paths:
+            if path not in index:
+                index[path] = -1
+                children.setdefault(path[:-1], []).append(path)
+        tokens, parents, queue = [int(root)], [-1], [()]
+        for path in queue:  # grows while iterated: a breadth-first walk
+            for child in children.get(path, []):
+                index[child] = len(tokens)
+                tokens.append(child[-1])
+                parents.append(index[path])
+                queue.append(child)
+        return cls.from_parents(tokens, parents)
+
+
+# --- operations on (parents, ...) arrays that trees under construction share with TokenTree ---------------------
+
+
+def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """`(1, 1, q, kv)` additive mask from a `(q, kv)` bool matrix: 0 where allowed, dtype's min elsewhere.
+
+    A float mask, not a bool one: eager attention silently misreads bool 4-D masks.
+    """
+    mask = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
+    return mask.masked_fill_(~allowed, torch.finfo(dtype).min)[None, None]
+
+
+def renumber_parents(parents: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """Parents of the nodes `keep` (sorted, closed under taking parents) in the numbering of the kept nodes."""
+    index = torch.full((len(parents),), -1, dtype=torch.long, device=parents.device)
+    index[keep] = torch.arange(len(keep), device=parents.device)
+    kept = parents[keep]
+    return torch.where(kept >= 0, index[kept.clamp(min=0)], -1)
+
+
+def breadth_first_order(parents: torch.Tensor, depths: torch.Tensor, priority: torch.Tensor) -> torch.Tensor:
+    """The permutation that lists nodes breadth first with siblings contiguous, highest `priority` first.
+
+    Nodes may come in any order where parents precede children (creation order). Level by level, a node's
+    children follow the order their parents got; among siblings, higher priority first (ties: earlier node).
+    `order[i]` is the old index of the node that goes to place i; apply it with `reorder`.
+    """
+    new_index = torch.zeros(len(parents), dtype=torch.long)
+    order, placed = [torch.tensor([0])], 1
+    for depth in range(1, int(depths.max()) + 1 if len(depths) else 1):
+        level = torch.nonzero(depths == depth).flatten()
+        level = level[torch.argsort(-priority[level], stable=True)]
+        level = level[torch.argsort(new_index[parents[level]], stable=True)]
+        new_index[level] = torch.arange(placed, placed + len(level))
+        order.append(level)
+        placed += len(level)
+    return torch.cat(order)
+
+
+def reorder(parents: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
+    """Parents after moving node `order[i]` to place i (every node kept)."""
+    index = torch.empty_like(order)
+    index[order] = torch.arange(len(order))
+    moved = parents[order]
+    return torch.where(moved >= 0, index[moved.clamp(min=0)], -1)

@@ -1,0 +1,5 @@
+"""`speculation="chain"`: its config; the drafter is the shared `ModelTreeDrafter` (drafting/shaped_tree.py)."""
+
+from .config import ChainConfig
+
+__all__ = ["ChainConfig"]

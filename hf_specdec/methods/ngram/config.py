@@ -1,0 +1,32 @@
+"""`speculation="ngram"`: prompt-lookup trees, no draft model at all."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ...core.config import SpeculationConfig, register_speculation
+from ...drafting.prompt_lookup import NGramDrafter
+
+
+@register_speculation
+@dataclass
+class NGramConfig(SpeculationConfig):
+    """`speculation="ngram"`: prompt-lookup trees, no draft model at all."""
+
+    method = "ngram"
+    needs_assistant = False
+    max_ngram: int = field(default=3, metadata={"help": "Longest n-gram matched against the context."})
+    min_ngram: int = field(default=1, metadata={"help": "Shortest n-gram tried when longer ones do not recur."})
+    depth: int = field(default=8, metadata={"help": "Tokens taken after each match (tree depth)."})
+    max_nodes: int = field(default=32, metadata={"help": "Tree size including the root."})
+    max_matches: int = field(default=32, metadata={"help": "Most recent matches merged into the tree."})
+
+    def validate(self) -> None:
+        if not 1 <= self.min_ngram <= self.max_ngram:
+            raise ValueError(f"Need 1 <= min_ngram <= max_ngram, got {self.min_ngram} and {self.max_ngram}.")
+        for name in ("depth", "max_nodes", "max_matches"):
+            if int(getattr(self, name)) < 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)!r}.")
+
+    def make_drafter(self, target, assistant_model, logits_processor, child_selection, generator) -> NGramDrafter:
+        return NGramDrafter(self.max_ngram, self.min_ngram, self.depth, self.max_nodes, self.max_matches)

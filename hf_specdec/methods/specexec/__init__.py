@@ -1,0 +1,5 @@
+"""`speculation="specexec"`: its config; the drafter is the shared best-first engine (drafting/best_first.py)."""
+
+from .config import SpecExecConfig
+
+__all__ = ["SpecExecConfig"]

@@ -1,0 +1,213 @@
+"""`hf-specdec bench`: every strategy against Transformers' own options, and `hf-specdec bench report` to redraw
+a results.json (and README's Results section) without models."""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+SCHEMA = "hf_specdec.bench/1"
+DTYPES = ("auto", "bfloat16", "float32", "float16")
+DEFAULT_PROMPTS, QUICK_PROMPTS = "humaneval:8", "humaneval:3"
+DEFAULT_NEW_TOKENS, QUICK_NEW_TOKENS = 128, 48
+#: --quick starts no prompt that would end past this; loading the models and the report take the rest of 10 min
+QUICK_MAX_MINUTES = 8.5
+
+
+def register_cli(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Add the `bench` command (and its `report` sub-command) to the `hf-specdec` sub-command parsers."""
+    parser = subparsers.add_parser(
+        "bench",
+        help="Benchmark every strategy against plain generate and Transformers' assisted / prompt-lookup decoding.",
+        description=(
+            "Runs plain generate, Transformers' assisted generation and prompt lookup, and every registered "
+            "speculation method in one process, interleaved per prompt after a warm-up, and writes results.json "
+            "(every raw number and the machine), results.md and PNG plots. `hf-specdec bench report RESULTS.json` "
+            "redraws them and can rewrite README's Results section."
+        ),
+    )
+    parser.add_argument(
+        "--strategy", action="append", metavar="NAME[:key=value,...]",
+        help="Repeatable. A baseline (plain, hf-assisted, hf-prompt-lookup) or a registered method; settings become "
+        "speculation_config= (e.g. specexec:budget=128,width=4, tree:widths=[4,2,1]). Default: all of them "
+        "(plain is always run). See --list-strategies.",
+    )
+    parser.add_argument("--list-strategies", action="store_true", help="Print the known strategy names and exit.")
+    parser.add_argument("--target", help="Target folder or Hub id (default: the embedded Qwen2.5-Coder-1.5B).")
+    parser.add_argument("--draft", help="Draft folder or Hub id (default: the embedded Qwen2.5-Coder-0.5B).")
+    parser.add_argument(
+        "--dtype", choices=DTYPES, default=None,
+        help="Both models' dtype. auto: bfloat16 where the hardware multiplies it natively (GPUs, CPUs with "
+        "AVX512-BF16/AMX), else float32, which is faster there. Default bfloat16 (auto with --quick).",
+    )
+    parser.add_argument(
+        "--prompts", default=None,
+        help="humaneval (all 164), humaneval:N, rewrite[:N] (chats whose answers repeat their input), or a "
+        ".jsonl/.json/.txt file (chats use the chat template). "
+        f"Default {DEFAULT_PROMPTS} ({QUICK_PROMPTS} with --quick).",
+    )
+    parser.add_argument("--max-new-tokens", type=int, default=None,
+                        help=f"Default {DEFAULT_NEW_TOKENS} ({QUICK_NEW_TOKENS} with --quick).")
+    parser.add_argument("--temperature", type=float, default=0.0,
+                        help="0 (default): greedy, outputs checked token-identical to plain; > 0: sample, "
+                        "seeded per prompt.")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="torch.manual_seed(SEED + prompt index) before each call (default 0).")
+    parser.add_argument("--offload", action="store_true",
+                        help="Load the target with accelerate device_map='auto', most layers on disk (plain too).")
+    parser.add_argument("--offload-max-memory", metavar="SIZE",
+                        help="RAM kept for the offloaded target, e.g. 900MiB (default: half its weight bytes, "
+                        "which keeps about a quarter of its layers in RAM).")
+    parser.add_argument("--int8-draft", action=argparse.BooleanOptionalAction, default=None,
+                        help="Quantize the draft's Linear layers to int8 (hf_specdec.quantize_draft): a cheaper draft "
+                        "on CPUs, same outputs. Transformers' assisted generation gets the same draft. Default: "
+                        "off (on with --quick on a CPU).")
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="Measured calls per prompt and strategy; their median counts (default 1).")
+    parser.add_argument("--warmup", type=int, default=1, help="Unmeasured short calls per strategy first (default 1).")
+    parser.add_argument("--max-minutes", type=float, default=None,
+                        help="Start no prompt that would end past this many minutes (warm-up included); the "
+                        f"prompts measured by then are reported. Default none ({QUICK_MAX_MINUTES:g} with --quick).")
+    parser.add_argument("--threads", type=int, help="torch.set_num_threads (default: torch's choice).")
+    parser.add_argument("--output", type=Path, help="Results folder (default bench-results/<timestamp>).")
+    parser.add_argument(
+        "--quick", action="store_true",
+        help=f"Under 10 minutes on any machine: up to {QUICK_PROMPTS}, {QUICK_NEW_TOKENS} new tokens, the dtype "
+        f"this hardware runs fastest (--dtype auto), an int8 draft on CPUs, and stops after {QUICK_MAX_MINUTES:g} "
+        "minutes; plain, hf-assisted, hf-prompt-lookup, specexec (+ sequoia, staged when registered).",
+    )
+    parser.add_argument("--no-progress", action="store_true", help="No progress bars.")
+    parser.set_defaults(func=run)
+
+    commands = parser.add_subparsers(
+        dest="bench_command", metavar="SUBCOMMAND", title="optional sub-command (without one, the benchmark runs)"
+    )
+    report = commands.add_parser(
+        "report", help="Redraw results.md and plots from a results.json; optionally rewrite README's Results.",
+        description="Redraws results.md and the PNG plots next to RESULTS (no models needed). With --readme, "
+        "replaces the region between <!-- bench-results:start --> and <!-- bench-results:end --> with the table, "
+        "the machine and settings lines and links to the plots.",
+    )
+    report.add_argument("results", type=Path, metavar="RESULTS", help="A results.json written by `hf-specdec bench`.")
+    report.add_argument("--readme", type=Path, metavar="README", help="Markdown file whose results region to rewrite.")
+    report.set_defaults(func=run_report)
+    return parser
+
+
+def _error(message: str) -> int:
+    print(f"hf-specdec bench: error: {message}", file=sys.stderr)
+    return 2
+
+
+def run_report(args: argparse.Namespace) -> int:
+    from .readme import ReadmeError, update_readme
+    from .report import load_json, write_report
+
+    try:
+        results = load_json(args.results)
+        paths = write_report(results, args.results.parent, with_json=False)
+        if args.readme:
+            paths["readme"] = update_readme(args.readme, args.results)
+    except (ValueError, FileNotFoundError, ReadmeError) as error:
+        return _error(str(error))
+    for kind, path in paths.items():
+        print(f"{kind}: {path}")
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    """Resolve everything cheap first (strategies, prompts) so a typo fails before the models load."""
+    import torch
+
+    from .inputs import PromptError, load_prompt_source, tokenize_prompts
+    from .loading import load_models
+    from .runner import BenchSettings
+    from .strategies import StrategyError, known_strategies, resolve_strategies
+
+    if args.list_strategies:
+        print("\n".join(known_strategies()))
+        return 0
+    dtype_name = resolve_dtype(args.dtype or ("auto" if args.quick else "bfloat16"))
+    int8_draft = args.int8_draft if args.int8_draft is not None else args.quick and not torch.cuda.is_available()
+    max_minutes = args.max_minutes if args.max_minutes is not None else QUICK_MAX_MINUTES if args.quick else None
+    settings = BenchSettings(
+        max_new_tokens=args.max_new_tokens or (QUICK_NEW_TOKENS if args.quick else DEFAULT_NEW_TOKENS),
+        temperature=args.temperature,
+        repeats=args.repeats,
+        warmup=args.warmup,
+        seed=args.seed,
+        max_seconds=None if max_minutes is None else max_minutes * 60,
+    )
+    prompt_spec = args.prompts or (QUICK_PROMPTS if args.quick else DEFAULT_PROMPTS)
+    try:
+        settings.validate()
+        strategies = resolve_strategies(args.strategy, quick=args.quick)
+        prompts = load_prompt_source(prompt_spec)
+        if args.threads is not None:
+            if args.threads < 1:
+                raise ValueError(f"--threads must be at least 1, got {args.threads}.")
+            torch.set_num_threads(args.threads)
+        if args.offload_max_memory and not args.offload:
+            raise ValueError("--offload-max-memory needs --offload.")
+    except (StrategyError, PromptError, ValueError, ImportError) as error:
+        return _error(str(error))
+    output = args.output or Path("bench-results") / datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+
+    print(f"Loading models ({dtype_name}{', target offloaded' if args.offload else ''}) ...", file=sys.stderr)
+    try:
+        loaded = load_models(
+            args.target, args.draft, dtype=getattr(torch, dtype_name), need_draft=any(s.uses_draft for s in strategies),
+            offload=args.offload, offload_max_memory=args.offload_max_memory, int8_draft=int8_draft,
+        )
+    except ValueError as error:
+        return _error(str(error))
+    try:
+        try:
+            input_ids = tokenize_prompts(loaded.tokenizer, prompts)
+        except PromptError as error:
+            return _error(str(error))
+        results = benchmark(loaded, input_ids, strategies, settings, not args.no_progress)
+    finally:
+        loaded.cleanup()
+    results["settings"].update(
+        prompts=prompt_spec, dtype=dtype_name, dtype_requested=args.dtype, offload=args.offload,
+        offload_max_memory=args.offload_max_memory, threads=args.threads, quick=args.quick, target=args.target,
+        draft=args.draft, int8_draft=int8_draft,
+        command=" ".join(["hf-specdec", *sys.argv[1:]]) if sys.argv else None,
+    )
+    from .report import markdown_table, write_report
+
+    if results.get("interrupted"):
+        print("Interrupted: writing the prompts every strategy finished.", file=sys.stderr)
+    paths = write_report(results, output)
+    print(markdown_table(results["summary"]))
+    print(f"\nWrote {', '.join(str(p) for p in paths.values())}")
+    return 0
+
+
+def resolve_dtype(name: str) -> str:
+    """`auto` -> bfloat16 where matmuls in it are native (a CUDA GPU that supports it, a CPU with AVX512-BF16 or
+    AMX), else float32: without native support a bfloat16 pass over n tokens costs about n single-token passes."""
+    if name != "auto":
+        return name
+    import torch
+
+    from ...core.devices import native_bfloat16
+
+    return "bfloat16" if native_bfloat16(torch.cuda.is_available()) else "float32"
+
+
+def benchmark(loaded: Any, input_ids: list, strategies: list, settings: Any, progress: bool) -> dict[str, Any]:
+    """The run plus what makes its numbers meaningful: schema, machine (load at start and end) and models."""
+    from .environment import collect_environment
+    from .runner import run_benchmark
+
+    environment = collect_environment()
+    run = run_benchmark(loaded.target, loaded.draft, input_ids, strategies, settings, progress=progress)
+    if hasattr(os, "getloadavg"):
+        environment["load_average_end"] = list(os.getloadavg())
+    return {"schema": SCHEMA, "environment": environment, "models": loaded.info, **run}

@@ -1,0 +1,125 @@
+"""Load the benchmarked target and draft: the embedded pair by default, or folders / Hub ids, the target optionally
+disk-offloaded with accelerate (the setting where SpecExec's large trees pay off)."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
+
+#: RAM given to the offloaded target by default, as a share of its weights. accelerate counts the (tied) embedding
+#: against it and reserves room for the largest layer, so half the bytes keeps about a quarter of the layers in RAM;
+#: the rest are read from disk on every pass. A quarter would put the whole model on disk.
+DEFAULT_OFFLOAD_FRACTION = 0.5
+
+
+@dataclass
+class LoadedModels:
+    target: PreTrainedModel
+    draft: PreTrainedModel | None
+    tokenizer: Any
+    info: dict[str, Any] = field(default_factory=dict)  # names, parameter counts, offload settings (results.json)
+    cleanup: Callable[[], None] = lambda: None  # removes the offload folder
+
+
+def parameter_count(model: torch.nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def _source(name: str | None, role: str) -> tuple[str, str]:
+    """(folder or Hub id to load, human name); None means the embedded default model of `role`."""
+    if name is not None:
+        return name, name
+    from .. import models
+
+    spec = models.DEFAULT_TARGET if role == "target" else models.DEFAULT_DRAFT
+    return str(models.fetch(spec)), spec.title
+
+
+def weight_bytes(source: str, dtype: torch.dtype) -> int:
+    """Bytes of the model's weights in `dtype`, from its config alone (no weights loaded)."""
+    from accelerate import init_empty_weights
+
+    with init_empty_weights():
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(source))
+    return parameter_count(model) * torch.tensor([], dtype=dtype).element_size()
+
+
+def parse_memory(text: str) -> int:
+    """`900MiB`, `1.5GB`, `2GiB` or a byte count -> bytes (accelerate's own parser)."""
+    from accelerate.utils import convert_file_size_to_int
+
+    try:
+        value = int(text) if text.strip().isdigit() else convert_file_size_to_int(text.strip())
+    except ValueError:
+        raise ValueError(
+            f"--offload-max-memory {text!r} is not a size: write e.g. 900MiB, 2GiB or a number of bytes."
+        ) from None
+    if value <= 0:
+        raise ValueError(f"--offload-max-memory must be positive, got {text!r}.")
+    return value
+
+
+def offload_kwargs(source: str, dtype: torch.dtype, max_memory: str | None) -> tuple[dict[str, Any], str]:
+    """from_pretrained kwargs that keep `max_memory` of the target in RAM and the rest on disk; (kwargs, folder)."""
+    budget = parse_memory(max_memory) if max_memory else int(weight_bytes(source, dtype) * DEFAULT_OFFLOAD_FRACTION)
+    folder = tempfile.mkdtemp(prefix="hf-specdec-offload-")
+    return {"device_map": "auto", "max_memory": {"cpu": budget}, "offload_folder": folder}, folder
+
+
+def load_models(
+    target: str | None = None,
+    draft: str | None = None,
+    *,
+    dtype: torch.dtype = torch.bfloat16,
+    need_draft: bool = True,
+    offload: bool = False,
+    offload_max_memory: str | None = None,
+    int8_draft: bool = False,
+) -> LoadedModels:
+    """Target, draft (when a strategy needs one; with `int8_draft`, dynamically quantized) and the tokenizer."""
+    if (target is None) != (draft is None) and need_draft:
+        raise ValueError(
+            "Give both --target and --draft (a draft sharing the target's tokenizer), or neither for the embedded "
+            "Qwen2.5-Coder 1.5B/0.5B pair."
+        )
+    target_source, target_name = _source(target, "target")
+    kwargs: dict[str, Any] = {}
+    folder = None
+    if offload:
+        kwargs, folder = offload_kwargs(target_source, dtype, offload_max_memory)
+    try:
+        target_model = AutoModelForCausalLM.from_pretrained(target_source, dtype=dtype, **kwargs).eval()
+        draft_model, draft_name = None, None
+        if need_draft:
+            draft_source, draft_name = _source(draft, "draft")
+            draft_model = AutoModelForCausalLM.from_pretrained(draft_source, dtype=dtype).eval()
+            if int8_draft:
+                from ...drafting.quantize import quantize_draft
+
+                draft_model = quantize_draft(draft_model)
+        tokenizer = AutoTokenizer.from_pretrained(target_source)
+    except Exception:
+        if folder:
+            shutil.rmtree(folder, ignore_errors=True)
+        raise
+    info: dict[str, Any] = {
+        "target": {"name": target_name, "source": target_source, "parameters": parameter_count(target_model)},
+        "draft": None
+        if draft_model is None
+        else {"name": draft_name, "source": draft_source, "parameters": parameter_count(draft_model)},
+        "dtype": str(dtype).removeprefix("torch."),
+        "draft_quantization": "dynamic-int8" if int8_draft and draft_model is not None else None,
+        "offload": None,
+    }
+    if offload:
+        places = Counter(str(place) for place in (getattr(target_model, "hf_device_map", None) or {}).values())
+        info["offload"] = {"max_memory_bytes": kwargs["max_memory"]["cpu"], "modules_per_place": dict(places)}
+    cleanup = (lambda: shutil.rmtree(folder, ignore_errors=True)) if folder else (lambda: None)
+    return LoadedModels(target_model, draft_model, tokenizer, info, cleanup)
