@@ -14,10 +14,11 @@ import json
 from pathlib import Path
 
 import torch
-from hf_specdec.bench.environment import collect_environment
 
-from hf_specdec import models, quantize_draft
+from hf_specdec import quantize_draft
 from hf_specdec.planning.latency import measure_latency
+from hf_specdec.tools import models
+from hf_specdec.tools.bench.environment import collect_environment
 
 SIZES = (1, 2, 4, 8, 16, 32, 64)
 

@@ -17,6 +17,7 @@ from .decoding import SpeculationStats, SpeculativeDecoderOnlyOutput
 from .drafting import BestFirstDrafter, ModelTreeDrafter, NGramDrafter, quantize_draft
 from .integration import install, uninstall
 from .integration.generation_config import set_speculation
+from .kernels import prepack, unpack
 from .methods import (
     ChainConfig,
     NGramConfig,
@@ -58,9 +59,11 @@ __all__ = [
     "calibrate",
     "install",
     "plan_tree",
+    "prepack",
     "quantize_draft",
     "register_speculation",
     "register_verifier",
     "set_speculation",
     "uninstall",
+    "unpack",
 ]

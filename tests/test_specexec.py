@@ -46,15 +46,22 @@ def test_best_first_tree_holds_the_most_probable_nodes():
                     assert logp[node] + value <= worst_kept + 1e-5
 
 
-def test_automatic_budget_is_chosen_from_the_latency_curve():
+def test_default_sizes_trees_every_step_from_the_latency_curve():
+    """No budget: lossless, says where its latency curves came from, and grows deeper trees for a draft the target
+    agrees with (the target itself) than for an unrelated one."""
     target, draft = tiny_model("qwen2", 0), tiny_model("qwen2", 1)
     ids = random_prompt(torch.Generator().manual_seed(1), 6)
     expected = target.generate(ids, max_new_tokens=20, do_sample=False)
-    out = target.generate(ids, assistant_model=draft, speculation="specexec", max_new_tokens=20, do_sample=False,
-                          return_dict_in_generate=True)
-    assert torch.equal(out.sequences, expected)
-    assert out.speculation_stats.plan_source.startswith("budget ")
-    assert "chosen from the latency curves" in out.speculation_stats.plan_source
+    sizes = {}
+    for name, assistant in (("unrelated", draft), ("same", copy.deepcopy(target))):
+        out = target.generate(ids, assistant_model=assistant, speculation="specexec", max_new_tokens=20,
+                              do_sample=False, return_dict_in_generate=True)
+        assert torch.equal(out.sequences, expected)
+        assert out.speculation_stats.plan_source.startswith("trees sized every step with the latency curves of ")
+        stats = out.speculation_stats
+        sizes[name] = (stats.drafted_tokens / stats.target_forwards, stats.mean_tokens_per_step)
+    assert sizes["same"][1] > sizes["unrelated"][1]
+    assert sizes["same"][0] > 1.0
 
 
 @pytest.fixture(params=["most-layers-on-disk", "all-on-disk"])

@@ -13,6 +13,14 @@ from pathlib import Path
 import torch
 from transformers import PreTrainedModel
 
+#: set on a model whose kernels were swapped (see hf_specdec.kernels): its latency curves differ from the default's
+KERNELS_ATTRIBUTE = "_hf_specdec_kernels"
+
+
+def kernels(model: PreTrainedModel) -> str:
+    """Which kernels the model's passes use: "default" or what hf_specdec.kernels put in."""
+    return str(getattr(model, KERNELS_ATTRIBUTE, "default"))
+
 
 def execution_device(model: PreTrainedModel) -> torch.device:
     """The device the model's forward pass runs on: accelerate's execution device, else `model.device`."""

@@ -20,6 +20,9 @@ from __future__ import annotations
 
 import itertools
 import math
+import time
+import weakref
+from collections.abc import Hashable
 
 import torch
 from transformers import LogitsProcessorList, PreTrainedModel
@@ -29,6 +32,7 @@ from ..core.processing import process_tree_scores
 from ..core.tree import TokenTree, breadth_first_order, renumber_parents, reorder
 from ..core.verdict import Verdict
 from ..planning.sizing import default_beams
+from ..planning.step_sizing import OnlineAcceptance, StepSizer
 from .draft_model import DraftModelCounts, DraftModelRunner, forwarded_prefix
 
 
@@ -39,7 +43,8 @@ class GrowingTree:
         self.tokens = torch.tensor([root])
         self.parents = torch.tensor([-1])
         self.depths = torch.tensor([0])
-        self.logp = torch.tensor([0.0])  # cumulative draft log-probability of the path to the node
+        self.logp = torch.tensor([0.0])  # rank of the node: cumulative log-probability (draft's, or calibrated)
+        self.logq = torch.tensor([0.0])  # the draft's log-probability of the node's token under its parent
         self.expanded = torch.tensor([False])
         self.slots = torch.tensor([-1])  # draft-cache slot of forwarded nodes, -1 otherwise (the root is committed)
         self.ancestors = torch.ones(1, 1, dtype=torch.bool)
@@ -50,8 +55,11 @@ class GrowingTree:
     def as_tree(self) -> TokenTree:
         return TokenTree(tokens=self.tokens, parents=self.parents, _depths=self.depths, _ancestors=self.ancestors)
 
-    def add_children(self, rows: torch.Tensor, tokens: torch.Tensor, logp: torch.Tensor) -> torch.Tensor:
-        """Append `tokens[i, j]` (cumulative log-prob `logp[i, j]`) under node `rows[i]`; the new indices `(i, j)`."""
+    def add_children(
+        self, rows: torch.Tensor, tokens: torch.Tensor, logp: torch.Tensor, logq: torch.Tensor
+    ) -> torch.Tensor:
+        """Append `tokens[i, j]` (rank `logp[i, j]`, draft log-probability `logq[i, j]`) under node `rows[i]`;
+        returns the new indices `(i, j)`."""
         n, k = len(self), tokens.numel()
         parents = rows.repeat_interleave(tokens.shape[1])
         ancestors = torch.zeros(n + k, n + k, dtype=torch.bool)
@@ -63,6 +71,7 @@ class GrowingTree:
         self.parents = torch.cat([self.parents, parents])
         self.depths = torch.cat([self.depths, self.depths[parents] + 1])
         self.logp = torch.cat([self.logp, logp.flatten()])
+        self.logq = torch.cat([self.logq, logq.flatten()])
         self.expanded = torch.cat([self.expanded, torch.zeros(k, dtype=torch.bool)])
         self.slots = torch.cat([self.slots, torch.full((k,), -1, dtype=torch.long)])
         self.ancestors = ancestors
@@ -75,7 +84,7 @@ class GrowingTree:
         index = torch.full((len(self),), -1, dtype=torch.long)
         index[keep] = torch.arange(len(keep))
         self.parents = renumber_parents(self.parents, keep)
-        for name in ("tokens", "depths", "logp", "expanded", "slots"):
+        for name in ("tokens", "depths", "logp", "logq", "expanded", "slots"):
             setattr(self, name, getattr(self, name)[keep])
         self.ancestors = self.ancestors[keep][:, keep]
         return index
@@ -90,6 +99,21 @@ class GrowingTree:
         """The TokenTree (breadth first, siblings contiguous, most probable sibling first) and its node order."""
         order = breadth_first_order(self.parents, self.depths, self.logp)
         return TokenTree(tokens=self.tokens[order], parents=reorder(self.parents, order)), order
+
+
+_LEARNED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def learned_acceptance(draft_model: PreTrainedModel, key: Hashable) -> OnlineAcceptance:
+    """The acceptance curve learned so far for this draft and `key` (its target and logits processors): calls that
+    follow one another keep learning instead of starting from the prior."""
+    return _LEARNED.setdefault(draft_model, {}).setdefault(key, OnlineAcceptance())
+
+
+def processors_key(processors: LogitsProcessorList | None) -> tuple:
+    """What of the logits processors changes acceptance: their types and sampling settings."""
+    names = ("temperature", "top_k", "top_p", "min_p", "penalty")
+    return tuple((type(p).__name__, *(getattr(p, n, None) for n in names)) for p in processors or [])
 
 
 class BestFirstDrafter(DraftModelCounts, Drafter):
@@ -112,8 +136,10 @@ class BestFirstDrafter(DraftModelCounts, Drafter):
         max_passes: int | None = None,
         lower_leaves: int = 1,
         min_prob: float = 0.0,
+        sizer: StepSizer | None = None,
     ) -> None:
         self.runner = DraftModelRunner(draft_model)
+        self.sizer = sizer  # None: grow to `budget`; else size every step by its cost model (`budget` is a cap)
         self.budget, self.max_depth, self.width = budget, max_depth, width
         self.beams = beams or default_beams(budget)
         self.logits_processor = logits_processor
@@ -130,6 +156,7 @@ class BestFirstDrafter(DraftModelCounts, Drafter):
         return [here, *(self.lower.stage_counts() if isinstance(self.lower, BestFirstDrafter) else [])]
 
     def propose(self, input_ids: torch.LongTensor) -> TokenTree:
+        start = time.perf_counter()
         ids = input_ids[0].cpu()
         nodes = GrowingTree(int(ids[-1]))
         self._slot_nodes = torch.empty(0, dtype=torch.long)  # node held by each forwarded slot (-1: none)
@@ -137,19 +164,34 @@ class BestFirstDrafter(DraftModelCounts, Drafter):
         for step in itertools.count():
             ready, lower = self._pass(ids, nodes, frontier, hangs, first=step == 0)
             self._grow(ids, nodes, ready, lower)
-            index = nodes.prune(self.budget)
-            self._slot_nodes = torch.where(self._slot_nodes >= 0, index[self._slot_nodes.clamp(min=0)], -1)
+            self._prune(nodes, self.budget)
             open_nodes = nodes.open_nodes(self.budget, self.max_depth)
             if not bool(open_nodes.any()) or float(nodes.logp[open_nodes].max()) < self.min_logp:
                 break  # nothing can grow, or not likely enough to be worth a draft pass
             if self.max_passes is not None and step + 1 >= self.max_passes:
                 break
             pool = torch.nonzero(open_nodes).flatten()
-            frontier = pool[torch.argsort(-nodes.logp[pool], stable=True)[: self.beams]]
+            pool = pool[torch.argsort(-nodes.logp[pool], stable=True)]
+            beams = self.beams
+            if self.sizer is not None:  # another pass only if the cost model predicts it pays, and over how many
+                values = nodes.logp[1:].exp().sort(descending=True).values
+                spent = time.perf_counter() - start
+                beams = min(beams, self.sizer.next_frontier(values, nodes.logp[pool].exp(), spent))
+                if beams == 0:
+                    break
+            frontier = pool[:beams]
             hangs = frontier[: self.lower_leaves].tolist()
+        if self.sizer is not None:  # hand the target the prefix that minimises the predicted time per token
+            values = nodes.logp[1:].exp().sort(descending=True).values
+            size, _ = self.sizer.best_size(values, time.perf_counter() - start)
+            self._prune(nodes, size)
         tree, order = nodes.breadth_first()
-        self._slots = nodes.slots[order]
+        self._slots, self._logq = nodes.slots[order], nodes.logq[order]
         return tree
+
+    def _prune(self, nodes: GrowingTree, size: int) -> None:
+        index = nodes.prune(size)
+        self._slot_nodes = torch.where(self._slot_nodes >= 0, index[self._slot_nodes.clamp(min=0)], -1)
 
     def _lower_tree(self, ids: torch.Tensor, nodes: GrowingTree, hang: int) -> TokenTree | None:
         """The lower stage's continuations after the path to `hang`, cut to the nodes whose logits can be used."""
@@ -211,8 +253,13 @@ class BestFirstDrafter(DraftModelCounts, Drafter):
             rows = torch.tensor(list(ready))
             raw = torch.stack(list(ready.values()))
             scores = process_tree_scores(self.logits_processor, prefix, nodes.as_tree(), raw, rows)
-            child_logp, child_tokens = scores.log_softmax(-1).topk(self.width, dim=-1)
-            new = nodes.add_children(rows, child_tokens, child_logp + nodes.logp[rows, None])
+            child_logq, child_tokens = scores.log_softmax(-1).topk(self.width, dim=-1)
+            # rank by the draft's own probability, or by the calibrated chance the target keeps the node
+            child_logp = child_logq if self.sizer is None else self.sizer.acceptance(child_logq)
+            child_logp = child_logp + nodes.logp[rows, None]
+            new = nodes.add_children(rows, child_tokens, child_logp, child_logq)
+            if self.sizer is not None:
+                self.sizer.observe_expansion(nodes.logp[rows].exp(), child_logp.exp())
             ready = {}
             for i, parent in enumerate(rows.tolist()):
                 if parent not in lower:
@@ -221,7 +268,7 @@ class BestFirstDrafter(DraftModelCounts, Drafter):
                 kids = {int(tree.tokens[c]): int(c) for c in tree.children(at)}
                 for j, token in enumerate(child_tokens[i].tolist()):
                     c = kids.get(token)
-                    if c is None or not bool(torch.isfinite(child_logp[i, j])):
+                    if c is None or not bool(torch.isfinite(child_logq[i, j])):
                         continue
                     node, slot = int(new[i, j]), base + c - 1
                     nodes.slots[node] = slot
@@ -232,8 +279,14 @@ class BestFirstDrafter(DraftModelCounts, Drafter):
                         ready[node] = tree_logits[c - 1]
 
     def accept(self, input_ids: torch.LongTensor, tree: TokenTree, verdict: Verdict) -> None:
-        """Keep the committed prefix plus the accepted nodes already forwarded; drop every other slot."""
+        """Keep the committed prefix plus the accepted nodes already forwarded; drop every other slot. With a sizer,
+        learn how often the target kept a child against the draft's probability of it."""
         self.runner.commit(input_ids[0], forwarded_prefix(self._slots[verdict.path[1:]]))
+        if self.sizer is not None and len(tree) > 1:
+            reached = torch.zeros(len(tree), dtype=torch.bool)
+            reached[verdict.path] = True
+            children = torch.nonzero(reached[tree.parents[1:]]).flatten() + 1
+            self.sizer.acceptance.update(self._logq[children], reached[children])
 
 
 def step_memory_bound(

@@ -18,7 +18,7 @@ import torch
 from tqdm.auto import tqdm
 from transformers import DynamicCache, PreTrainedModel
 
-from ..core.devices import cpu_model, execution_device, is_offloaded
+from ..core.devices import cpu_model, execution_device, is_offloaded, kernels
 from ..core.kv_cache import crop
 from ..core.tree import additive_mask
 
@@ -49,6 +49,7 @@ def placement(model: PreTrainedModel) -> dict:
         "threads": torch.get_num_threads() if device.type == "cpu" else None,
         "dtype": dtype_name(model),
         "offloaded": is_offloaded(model),
+        "kernels": kernels(model),
     }
 
 

@@ -127,36 +127,3 @@ def choose_plan(
 def default_beams(budget: int) -> int:
     """Nodes a best-first drafter expands per draft pass when none is given: an eighth of the budget, at least 4."""
     return max(4, budget // 8)
-
-
-def best_first_passes(budget: int, beams: int, max_depth: int) -> int:
-    """Draft passes a best-first tree of `budget` nodes takes: about budget / beams expansions, at most one per
-    level, plus the root's pass."""
-    return 1 + min(max_depth, -(-max(budget - 1, 0) // beams))
-
-
-def choose_budget(
-    acceptance: Sequence[float],
-    profile: HardwareProfile,
-    budgets: Sequence[int] = (8, 16, 32, 64, 128, 256, 512, 1024, 2048),
-    max_depth: int = 12,
-    beams_for=default_beams,
-) -> tuple[int, list[dict]]:
-    """The best-first (SpecExec) budget with the least predicted time per token, and every candidate's figures.
-
-    Expected tokens come from the most probable nodes under the acceptance vector (sorted: a best-first tree
-    takes the likeliest continuations whatever their rank), so this ranks budgets, it does not promise figures.
-    """
-    planner = TreePlanner(sorted(acceptance, reverse=True), max(budgets), max_depth + 1)
-    table = planner.table[:, max_depth + 1]
-    rows = []
-    for budget in budgets:
-        beams = beams_for(budget)
-        drafting = profile.draft(ROOT_PASS_TOKENS) + (best_first_passes(budget, beams, max_depth) - 1) * profile.draft(
-            beams
-        )
-        seconds = drafting + profile.target(budget) + profile.step_overhead
-        rows.append({"budget": budget, "expected_tokens": float(table[budget]), "seconds_per_step": seconds,
-                     "seconds_per_token": seconds / float(table[budget])})
-    best = min(rows, key=lambda r: r["seconds_per_token"])
-    return best["budget"], rows

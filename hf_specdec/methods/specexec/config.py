@@ -7,10 +7,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ...core.config import PlanRequest, SpeculationConfig, register_speculation
-from ...drafting.best_first import BestFirstDrafter
-from ...planning.sizing import choose_budget, default_beams
-
-BUDGETS = (8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
+from ...drafting.best_first import BestFirstDrafter, learned_acceptance, processors_key
+from ...planning.step_sizing import FRONTIER_SIZES, StepSizer
 
 
 @register_speculation
@@ -18,20 +16,23 @@ BUDGETS = (8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 class SpecExecConfig(SpeculationConfig):
     """`speculation="specexec"`: best-first trees of the draft's most probable continuations (SpecExec).
 
-    Without a `budget`, the budget is chosen from this pair's measured latency curves and acceptance vector (the
-    plan store shared with `speculation="sequoia"`: stored, re-sized for this hardware, or calibrated at first use):
-    a few dozen nodes for a target in memory, hundreds when accelerate offloads it and every pass costs the same.
+    Without a `budget`, the tree is sized every step by a cost model (planning/step_sizing.py): the pair's latency
+    curves (from the plan store shared with `speculation="sequoia"`: stored, re-sized for this hardware, or measured
+    at first use) and the draft's probabilities mapped to how often the target agrees, learned while generating.
+    It keeps drafting while another pass is predicted to lower the time per token (deep trees when the draft is
+    sure, none beyond the root's children when it is not; hundreds of nodes when accelerate offloads the target and
+    every pass costs the same) and verifies the best prefix. With a `budget`, every step grows a tree of that size.
     """
 
     method = "specexec"
     budget: int | None = field(
         default=None,
-        metadata={"help": "Tree size incl. the root (2 to 4096). Default: chosen from the measured latency curve."},
+        metadata={"help": "Tree size incl. the root (2 to 4096). Default: sized every step by the cost model."},
     )
     max_depth: int = field(default=12, metadata={"help": "Deepest drafted token (levels below the root)."})
     width: int = field(default=8, metadata={"help": "Children considered per expanded node."})
     beams: int | None = field(default=None, metadata={"help": "Nodes expanded per draft pass (default budget/8)."})
-    max_budget: int = field(default=2048, metadata={"help": "Largest budget the automatic choice considers."})
+    max_budget: int = field(default=2048, metadata={"help": "Largest tree the per-step sizing may grow."})
 
     def validate(self) -> None:
         if self.budget is not None and not 2 <= int(self.budget) <= 4096:
@@ -41,20 +42,24 @@ class SpecExecConfig(SpeculationConfig):
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)!r}.")
 
     def plan_request(self) -> PlanRequest | None:
-        """Without a budget: the pair's acceptance vector and latency curves, to choose one."""
+        """Without a budget: the pair's latency curves (and acceptance), to size trees every step."""
         return None if self.budget is not None else PlanRequest(max_budget=128, max_depth=self.max_depth + 1)
 
     def with_plan(self, plan: Any, source: str) -> SpecExecConfig:
-        budgets = [b for b in BUDGETS if b <= self.max_budget]
-        budget, _ = choose_budget(plan.acceptance, plan.profile, budgets, self.max_depth,
-                                  beams_for=lambda b: self.beams or default_beams(b))
-        resolved = dataclasses.replace(self, budget=budget)
-        resolved.plan_source = f"budget {budget} chosen from the latency curves and acceptance of {source}"
+        resolved = dataclasses.replace(self)
+        resolved.profile = plan.profile
+        resolved.plan_source = f"trees sized every step with the latency curves of {source}"
         return resolved
 
     def make_drafter(self, target, assistant_model, logits_processor, child_selection, generator) -> BestFirstDrafter:
-        if self.budget is None:
-            raise RuntimeError("SpecExecConfig.make_drafter needs a budget: the integration passes a plan to "
-                               "`with_plan` first (see `plan_request`).")
-        return BestFirstDrafter(assistant_model, int(self.budget), self.max_depth, self.width, self.beams,
-                                logits_processor)
+        if self.budget is not None:
+            return BestFirstDrafter(assistant_model, int(self.budget), self.max_depth, self.width, self.beams,
+                                    logits_processor)
+        profile = getattr(self, "profile", None)
+        if profile is None:
+            raise RuntimeError("SpecExecConfig without a budget needs latency curves: the integration passes a plan "
+                               "to `with_plan` first (see `plan_request`).")
+        acceptance = learned_acceptance(assistant_model, (id(target), processors_key(logits_processor)))
+        return BestFirstDrafter(assistant_model, self.max_budget, self.max_depth, self.width,
+                                self.beams or max(FRONTIER_SIZES), logits_processor,
+                                sizer=StepSizer(profile, acceptance))

@@ -66,6 +66,10 @@ def register_cli(subparsers: argparse._SubParsersAction) -> argparse.ArgumentPar
                         help="Quantize the draft's Linear layers to int8 (hf_specdec.quantize_draft): a cheaper draft "
                         "on CPUs, same outputs. Transformers' assisted generation gets the same draft. Default: "
                         "off (on with --quick on a CPU).")
+    parser.add_argument("--prepack", action=argparse.BooleanOptionalAction, default=None,
+                        help="Prepack both models' Linear weights for this CPU (hf_specdec.prepack), kept only where "
+                        "measured faster; every strategy, plain generate included, runs on the prepared models "
+                        "(default: on a CPU).")
     parser.add_argument("--repeats", type=int, default=1,
                         help="Measured calls per prompt and strategy; their median counts (default 1).")
     parser.add_argument("--warmup", type=int, default=1, help="Unmeasured short calls per strategy first (default 1).")
@@ -133,6 +137,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     dtype_name = resolve_dtype(args.dtype or ("auto" if args.quick else "bfloat16"))
     int8_draft = args.int8_draft if args.int8_draft is not None else args.quick and not torch.cuda.is_available()
+    prepack = args.prepack if args.prepack is not None else not torch.cuda.is_available()
     max_minutes = args.max_minutes if args.max_minutes is not None else QUICK_MAX_MINUTES if args.quick else None
     settings = BenchSettings(
         max_new_tokens=args.max_new_tokens or (QUICK_NEW_TOKENS if args.quick else DEFAULT_NEW_TOKENS),
@@ -162,6 +167,7 @@ def run(args: argparse.Namespace) -> int:
         loaded = load_models(
             args.target, args.draft, dtype=getattr(torch, dtype_name), need_draft=any(s.uses_draft for s in strategies),
             offload=args.offload, offload_max_memory=args.offload_max_memory, int8_draft=int8_draft,
+            prepack=prepack,
         )
     except ValueError as error:
         return _error(str(error))
@@ -176,7 +182,7 @@ def run(args: argparse.Namespace) -> int:
     results["settings"].update(
         prompts=prompt_spec, dtype=dtype_name, dtype_requested=args.dtype, offload=args.offload,
         offload_max_memory=args.offload_max_memory, threads=args.threads, quick=args.quick, target=args.target,
-        draft=args.draft, int8_draft=int8_draft,
+        draft=args.draft, int8_draft=int8_draft, prepack=prepack,
         command=" ".join(["hf-specdec", *sys.argv[1:]]) if sys.argv else None,
     )
     from .report import markdown_table, write_report

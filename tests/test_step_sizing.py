@@ -1,0 +1,63 @@
+"""Per-step tree sizing: the online acceptance curve and the cost model that decides how far to grow a tree."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from hf_specdec.planning.latency import LatencyCurve
+from hf_specdec.planning.sizing import HardwareProfile
+from hf_specdec.planning.step_sizing import OnlineAcceptance, StepSizer
+
+SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+
+
+def profile(target_ms, draft_ms) -> HardwareProfile:
+    """Latency curves from two functions of n (milliseconds)."""
+    curve = lambda f: LatencyCurve(SIZES, tuple(f(n) / 1000 for n in SIZES))  # noqa: E731
+    return HardwareProfile(target=curve(target_ms), draft=curve(draft_ms))
+
+
+def test_acceptance_curve_starts_at_q_and_learns_what_the_target_keeps():
+    curve = OnlineAcceptance()
+    q = torch.tensor([0.02, 0.3, 0.9]).log()
+    start = curve(q).exp()
+    assert torch.allclose(start, torch.tensor([0.02, 0.3, 0.9]), rtol=0.6)  # the prior: a calibrated draft
+    for _ in range(200):  # the target keeps every token the draft gives 0.3, none of those it gives 0.9
+        curve.update(torch.tensor([0.3, 0.9]).log(), torch.tensor([True, False]))
+    learned = curve(q).exp()
+    assert learned[1] > 0.9
+    assert learned[2] >= learned[1]  # read as non-decreasing in q: a likelier token never rates lower
+    assert curve(torch.tensor([-math.inf])).item() == -math.inf  # a banned token stays impossible
+
+
+def test_best_prefix_trades_expected_tokens_against_target_time():
+    values = torch.tensor([0.9, 0.8, 0.7, 0.1, 0.05, 0.01])
+    flat = StepSizer(profile(lambda n: 100.0, lambda n: 10.0))
+    assert flat.best_size(values, 0.0)[0] == 7  # every node is free: take them all (root included)
+    steep = StepSizer(profile(lambda n: 100.0 * n, lambda n: 10.0))
+    assert steep.best_size(values, 0.0)[0] == 1  # each node costs a whole pass: the root alone
+    mild = StepSizer(profile(lambda n: 100.0 + 10.0 * n, lambda n: 10.0))
+    size, per_token = mild.best_size(values, 0.0)
+    assert size == 4  # the three likely nodes pay for their 10 ms, the unlikely ones do not
+    assert per_token == pytest.approx((0.1 + 0.01 * 4) / (1 + 0.9 + 0.8 + 0.7))
+
+
+def test_another_pass_only_when_it_is_predicted_to_pay():
+    values = torch.tensor([0.9])
+    open_values = torch.tensor([0.9, 0.05])
+    cheap_draft = StepSizer(profile(lambda n: 100.0, lambda n: 5.0), expansion_gain=0.8)
+    assert cheap_draft.next_frontier(values, open_values, 0.01) >= 1
+    costly_draft = StepSizer(profile(lambda n: 100.0, lambda n: 500.0), expansion_gain=0.8)
+    assert costly_draft.next_frontier(values, open_values, 0.01) == 0
+    unsure = StepSizer(profile(lambda n: 100.0, lambda n: 5.0), expansion_gain=0.8)
+    assert unsure.next_frontier(torch.tensor([0.02]), torch.tensor([0.02, 0.01]), 0.01) == 0
+
+
+def test_expansion_gain_follows_what_expansions_add():
+    sizer = StepSizer(profile(lambda n: 100.0, lambda n: 5.0), expansion_gain=0.5)
+    for _ in range(100):
+        sizer.observe_expansion(torch.tensor([0.5, 0.25]), torch.tensor([[0.4, 0.05], [0.2, 0.025]]))
+    assert abs(sizer.expansion_gain - 0.9) < 1e-3
