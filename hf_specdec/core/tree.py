@@ -96,10 +96,8 @@ class TokenTree:
         """`(1, n)` position ids: each node sits one position after its parent."""
         return (self.depths + past_length).unsqueeze(0)
 
-    def attention_mask(
-        self, past_length: int, dtype: torch.dtype, past_visible: torch.Tensor | None = None
-    ) -> torch.Tensor:
-        """Additive `(1, 1, n, past_length + n)` mask: 0 where a node may look, dtype's min elsewhere.
+    def visibility(self, past_length: int, past_visible: torch.Tensor | None = None) -> torch.Tensor:
+        """`(n, past_length + n)` bool: True where a node may look.
 
         Every node sees the whole past (or the positions `past_visible` marks) and its own ancestors.
         """
@@ -108,7 +106,17 @@ class TokenTree:
         if past_visible is not None:
             allowed[:, :past_length] = past_visible
         allowed[:, past_length:] = self.ancestors
-        return additive_mask(allowed, dtype)
+        return allowed
+
+    def attention_mask(
+        self, past_length: int, dtype: torch.dtype, past_visible: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Additive `(1, 1, n, past_length + n)` mask of `visibility`: 0 where a node may look, dtype's min elsewhere.
+
+        For a model with full attention in every layer; `core.attention.AttentionLayout.tree_masks` adds
+        sliding windows where a model has them.
+        """
+        return additive_mask(self.visibility(past_length, past_visible), dtype)
 
     def prefix_tokens(self, nodes: torch.Tensor) -> torch.Tensor:
         """`(len(nodes), d + 1)` token ids from the root to each node; all nodes must share depth d."""

@@ -9,11 +9,13 @@ import torch
 from transformers import Cache, LogitsProcessorList, PreTrainedModel, StoppingCriteriaList
 from transformers.generation.streamers import BaseStreamer
 
+from ..core.attention import AttentionLayout
 from ..core.devices import execution_device
 from ..core.drafter import Drafter
 from ..core.kv_cache import cache_length, keep_positions
 from ..core.processing import process_tree_scores
-from ..core.verdict import Verifier
+from ..core.tree import TokenTree
+from ..core.verdict import Verdict, Verifier
 from .stats import SpeculationStats
 
 
@@ -41,7 +43,8 @@ def speculative_loop(
 ) -> LoopResult:
     """Decode until a stopping criterion fires on some token; batch size 1.
 
-    The target cache always holds every committed token but the last one, which is the next tree's root.
+    The target cache always holds every committed token but the last one, which is the next tree's root, and keeps
+    all its rows (`core.kv_cache.full_length_cache`): sliding windows are applied by the tree masks.
     """
     stats = stats or SpeculationStats()
     start = time.perf_counter()
@@ -53,20 +56,16 @@ def speculative_loop(
     scores_out, logits_out = [], []
     finished = False
     dtype, device = target.dtype, execution_device(target)  # fixed for the call: not looked up every step
+    layout = AttentionLayout.of(target)
     while not finished:
         t0 = time.perf_counter()
-        tree = drafter.propose(input_ids)
+        drafted = drafter.propose(input_ids)
         t1 = time.perf_counter()
 
         past = input_ids.shape[1] - 1
+        tree, kept = fit_positions(drafted, layout, past, target)
         t_forward = time.perf_counter()
-        logits = target(
-            input_ids=tree.tokens[None].to(device),
-            attention_mask=tree.attention_mask(past, dtype).to(device),
-            position_ids=tree.position_ids(past).to(device),
-            past_key_values=cache,
-            use_cache=True,
-        ).logits[0]
+        logits = tree_logits(target, tree, past, cache, layout, dtype, device)
         stats.time_target_forward += time.perf_counter() - t_forward
         scores = process_tree_scores(logits_processor, input_ids[:, :-1], tree, logits.to(input_ids.device))
         verdict = verifier.verify(tree, scores, generator)
@@ -89,7 +88,7 @@ def speculative_loop(
         if streamer is not None:
             streamer.put(input_ids[0, -emitted:].cpu())
         if not finished:
-            drafter.accept(input_ids, tree, verdict)
+            drafter.accept(input_ids, drafted, verdict if kept is None else _renumbered(verdict, kept))
         _record(stats, tree, verdict, emitted)
         stats.time_drafting += t1 - t0
         stats.time_verifying += t2 - t1
@@ -99,6 +98,53 @@ def speculative_loop(
     if streamer is not None:
         streamer.end()
     return LoopResult(sequences=input_ids, scores=scores_out, logits=logits_out, stats=stats)
+
+
+def tree_logits(
+    target: PreTrainedModel,
+    tree: TokenTree,
+    past: int,
+    cache: Cache,
+    layout: AttentionLayout,
+    dtype: torch.dtype,
+    device: torch.device,
+) -> torch.Tensor:
+    """Logits `(n, vocab)` of one target pass over `tree` after `past` cached tokens: each node sees its ancestors
+    (and, in sliding-window layers, only keys less than a window behind it) at position past + its depth."""
+    return target(
+        input_ids=tree.tokens[None].to(device),
+        attention_mask=layout.tree_masks(tree, past, dtype, device),
+        position_ids=tree.position_ids(past).to(device),
+        past_key_values=cache,
+        use_cache=True,
+    ).logits[0]
+
+
+def fit_positions(
+    tree: TokenTree, layout: AttentionLayout, past: int, target: PreTrainedModel
+) -> tuple[TokenTree, torch.Tensor | None]:
+    """`tree` without the nodes past the end of a learned position table, and the kept nodes (None: all kept).
+
+    Dropping whole levels leaves every kept node's children intact or empty, so any verifier stays exact.
+    At the table's very end nothing fits, as in plain `generate`, which fails on the same token.
+    """
+    deepest = layout.deepest_node(past)
+    if deepest is None or tree.max_depth <= deepest:
+        return tree, None
+    if deepest < 0:
+        raise IndexError(
+            f"{type(target).__name__} has learned positions 0..{layout.position_limit - 1} only, and the next token "
+            f"needs position {past}: plain generate fails here too. Ask for at most "
+            f"max_length={layout.position_limit + 1} tokens (prompt included)."
+        )
+    kept = torch.nonzero(tree.depths <= deepest).flatten()
+    return tree.select(kept), kept
+
+
+def _renumbered(verdict: Verdict, kept: torch.Tensor) -> Verdict:
+    """A verdict on `tree.select(kept)` in the numbering of the whole tree (what the drafter proposed)."""
+    return Verdict(path=kept[verdict.path].tolist(), bonus_token=verdict.bonus_token,
+                   accepted_ranks=verdict.accepted_ranks)
 
 
 def _record(stats: SpeculationStats, tree, verdict, emitted: int) -> None:

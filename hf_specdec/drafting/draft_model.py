@@ -6,6 +6,9 @@ attention (each sees the committed tokens, the earlier slots and in-pass nodes i
 given the new context, first brings the committed part up to date in the same pass; `sync` is that catch-up alone
 (it returns the root's logits); `commit` keeps the slots of the accepted path and drops every other node. No model
 ever re-reads a token it has already seen.
+
+The cache keeps every row (no sliding-window layers: compaction moves rows) and remembers each node slot's position,
+so sliding-window layers get their window by position in the masks (`core.attention`).
 """
 
 from __future__ import annotations
@@ -15,9 +18,9 @@ import time
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
+from ..core.attention import AttentionLayout
 from ..core.devices import execution_device
 from ..core.kv_cache import keep_positions
-from ..core.tree import additive_mask
 
 
 class DraftModelCounts:
@@ -39,9 +42,11 @@ class DraftModelRunner:
 
     def __init__(self, model: PreTrainedModel) -> None:
         self.model = model
-        self.cache = DynamicCache(config=model.config)
+        self.layout = AttentionLayout.of(model)
+        self.cache = DynamicCache()  # full-length layers, whatever the model's window
         self.committed = torch.empty(0, dtype=torch.long)  # token id at each committed cache position
         self.num_nodes = 0  # tree-node slots after the committed positions
+        self.node_positions = torch.empty(0, dtype=torch.long)  # position of each tree-node slot
         self.forward_count = 0
         self.forward_time = 0.0
         self.device = execution_device(model)  # where inputs go: accelerate's execution device if offloaded
@@ -56,7 +61,7 @@ class DraftModelRunner:
                 past_key_values=self.cache,
                 use_cache=True,
                 logits_to_keep=logits_to_keep,
-                **{name: value.to(device) for name, value in kwargs.items()},
+                **{name: _to(value, device) for name, value in kwargs.items()},
             )
         logits = out.logits[0].float().cpu()
         self.forward_count += 1
@@ -73,6 +78,7 @@ class DraftModelRunner:
         common = int((self.committed[:n] == ids[:n]).long().cumprod(0).sum()) if n else 0
         keep_positions(self.cache, common, [])
         self.committed, self.num_nodes = ids[:common], 0
+        self.node_positions = self.node_positions[:0]
         return ids[common:]
 
     def sync(self, ids: torch.Tensor) -> torch.Tensor:
@@ -93,8 +99,9 @@ class DraftModelRunner:
         """
         fresh = self._catch_up(ids.cpu()) if ids is not None else torch.empty(0, dtype=torch.long)
         past, old, m, k = len(self.committed), self.num_nodes, len(fresh), len(tokens)
-        if k == 0:  # catching up only: a plain causal pass, the last row's logits
-            logits = self._forward(fresh, logits_to_keep=1)
+        positions = torch.cat([torch.arange(past, past + m), past + m - 1 + depths])
+        if k == 0:  # catching up only: a plain causal pass (the model applies any window), the last row's logits
+            logits = self._forward(fresh, logits_to_keep=1, position_ids=self.layout.model_positions(positions)[None])
         else:
             allowed = torch.zeros(m + k, past + old + m + k, dtype=torch.bool)
             allowed[:, :past] = True
@@ -102,13 +109,14 @@ class DraftModelRunner:
             allowed[m:, past + old : past + old + m] = True
             allowed[m:, past : past + old] = sees[:, :old]
             allowed[m:, past + old + m :] = sees[:, old:] | torch.eye(k, dtype=torch.bool)
-            positions = torch.cat([torch.arange(past, past + m), past + m - 1 + depths])
-            mask = additive_mask(allowed, self.model.dtype)
+            keys = torch.cat([torch.arange(past), self.node_positions, positions])
+            mask = self.layout.masks(allowed, positions, keys, self.model.dtype, self.device)
             logits = self._forward(torch.cat([fresh, tokens]), logits_to_keep=k + (1 if m else 0),
-                                   attention_mask=mask, position_ids=positions[None])
+                                   attention_mask=mask, position_ids=self.layout.model_positions(positions)[None])
         if ids is not None:
             self.committed = ids.cpu().clone()
         self.num_nodes = old + k
+        self.node_positions = torch.cat([self.node_positions, positions[m:]])
         return (logits[0] if m else None), logits[len(logits) - k :]
 
     def commit(self, ids: torch.Tensor, slots: list[int] | torch.Tensor) -> None:
@@ -120,6 +128,14 @@ class DraftModelRunner:
         keep_positions(self.cache, past, [past + int(s) for s in slots])
         self.committed = ids[: past + len(slots)].cpu().clone()
         self.num_nodes = 0
+        self.node_positions = self.node_positions[:0]
+
+
+def _to(value: torch.Tensor | dict[str, torch.Tensor], device: torch.device):
+    """A tensor, or a dict of masks by layer type, on `device`."""
+    if isinstance(value, dict):
+        return {name: mask.to(device) for name, mask in value.items()}
+    return value.to(device)
 
 
 def forwarded_prefix(slots: torch.Tensor) -> torch.Tensor:

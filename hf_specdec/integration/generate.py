@@ -16,11 +16,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from transformers import DynamicCache, GenerationConfig, LogitsProcessorList, PreTrainedModel, StoppingCriteriaList
+from transformers import GenerationConfig, LogitsProcessorList, PreTrainedModel, StoppingCriteriaList
 from transformers.generation.utils import GenerationMixin
 
 from ..calibration.plan_lookup import call_temperature, plan_for_call
 from ..core.config import SpeculationConfig, make_config
+from ..core.kv_cache import full_length_cache
 from ..decoding.loop import speculative_loop
 from ..decoding.outputs import SpeculativeDecoderOnlyOutput
 from ..decoding.stats import SpeculationStats
@@ -126,9 +127,7 @@ def speculative_generate(
     if not config.drafts():
         return _decode_plainly(model, input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus,
                                call, config, verifier.name, model_kwargs)
-    cache = model_kwargs.get("past_key_values")
-    if cache is None:
-        cache = DynamicCache(config=model.config)
+    cache = full_length_cache(model_kwargs.get("past_key_values"))  # sliding windows go into the tree masks
     drafter = config.make_drafter(
         model, call.assistant_model, logits_processor, verifier.child_selection, call.generator
     )

@@ -7,6 +7,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from transformers import DynamicCache, GenerationConfig, PreTrainedModel
 
+from ..core.attention import check_supported
+from ..core.kv_cache import dropped_rows
 from ..core.model_info import vocab_size
 
 if TYPE_CHECKING:
@@ -21,6 +23,7 @@ def check_call(model: PreTrainedModel, call: SpeculationCall, kwargs: dict[str, 
             f"speculation={method!r} supports decoder-only models; {type(model).__name__} is an encoder-decoder. "
             "Drop `speculation` to use Transformers' own assisted generation for it."
         )
+    check_supported(model, "target")
     draft = call.assistant_model
     if call.config.needs_assistant and draft is None:
         raise ValueError(
@@ -30,12 +33,19 @@ def check_call(model: PreTrainedModel, call: SpeculationCall, kwargs: dict[str, 
     if draft is not None:
         if draft.config.is_encoder_decoder:
             raise ValueError("The assistant_model must be a decoder-only causal LM.")
+        check_supported(draft, "assistant_model")
         if vocab_size(draft) != vocab_size(model):
             raise ValueError(
                 f"The assistant_model's vocabulary ({vocab_size(draft)} tokens) differs from the target's "
                 f"({vocab_size(model)}): speculation needs both models to share one tokenizer. Pick a draft from "
                 "the target's family."
             )
+    if dropped_rows(kwargs.get("past_key_values")):
+        raise ValueError(
+            "The past_key_values passed has sliding-window layers that already dropped their oldest rows, and "
+            "speculation must keep every row to compact the cache: pass a DynamicCache() built without a config "
+            "(speculation applies the window itself), or no cache."
+        )
     if kwargs.get("assistant_tokenizer") is not None or kwargs.get("prompt_lookup_num_tokens") is not None:
         raise ValueError(
             "`speculation` replaces assistant_tokenizer / prompt_lookup_num_tokens: pass only one of them."

@@ -18,9 +18,10 @@ import torch
 from tqdm.auto import tqdm
 from transformers import DynamicCache, PreTrainedModel
 
+from ..core.attention import AttentionLayout
 from ..core.devices import cpu_model, execution_device, is_offloaded, kernels
 from ..core.kv_cache import crop
-from ..core.tree import additive_mask
+from ..core.tree import TokenTree
 
 DEFAULT_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128)
 
@@ -108,20 +109,22 @@ def measure_latency(
     """
     sizes = sorted({int(s) for s in sizes})
     device, dtype = execution_device(model), model.dtype
+    layout = AttentionLayout.of(model)
+    if layout.position_limit is not None:  # a learned position table: the star's leaves must still have a row
+        past_length = min(past_length, layout.position_limit - 2)
     vocab = int(model.config.get_text_config().vocab_size)
     generator = torch.Generator().manual_seed(0)
     prompt = torch.randint(vocab // 4, vocab // 2, (1, past_length), generator=generator)
-    cache = DynamicCache(config=model.config)
+    cache = DynamicCache()  # full-length layers, so `crop` can restore the past whatever the model's window
     seconds = []
     with torch.no_grad():
         model(input_ids=prompt.to(device), past_key_values=cache, use_cache=True, logits_to_keep=1)
         for n in tqdm(sizes, desc=desc or f"latency {type(model).__name__}", unit="size", disable=not progress):
-            tokens = torch.randint(vocab // 4, vocab // 2, (1, n), generator=generator).to(device)
-            visible = torch.ones(n, past_length + n, dtype=torch.bool)
-            visible[:, past_length:] = torch.eye(n, dtype=torch.bool)
-            visible[:, past_length] = True  # every node descends from the first one
-            mask = additive_mask(visible, dtype).to(device)
-            positions = (past_length + (torch.arange(n) > 0).long())[None].to(device)
+            star = TokenTree.from_parents(torch.randint(vocab // 4, vocab // 2, (n,), generator=generator),
+                                          [-1] + [0] * (n - 1))  # every node descends from the first one
+            tokens = star.tokens[None].to(device)
+            mask = layout.tree_masks(star, past_length, dtype, device)
+            positions = star.position_ids(past_length).to(device)
             times = []
             for _ in range(repeats + 1):
                 start = time.perf_counter()

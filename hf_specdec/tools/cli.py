@@ -7,7 +7,7 @@ import sys
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from . import calibrate_cli, demo, ngram_cli, plan_cli
+    from . import calibrate_cli, demo, families_cli, ngram_cli, plan_cli
     from .bench import cli as bench_cli
     from .models import cli as models_cli
 
@@ -21,6 +21,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.register_cli(subparsers)
     bench_cli.register_cli(subparsers)
     ngram_cli.register_cli(subparsers)
+    families_cli.register_cli(subparsers)
     return parser
 
 

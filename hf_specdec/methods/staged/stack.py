@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from transformers import LogitsProcessorList, PreTrainedModel
 
+from ...core.attention import check_supported
 from ...core.drafter import Drafter
 from ...core.model_info import vocab_size
 from ...drafting.best_first import BestFirstDrafter
@@ -84,6 +85,7 @@ def parse_stage(spec: Any, where: str) -> StageSpec:
     if isinstance(spec, Drafter):
         return StageSpec("drafter", spec)
     if _is_model(spec):
+        check_supported(spec, where)
         return StageSpec("model", spec)
     if isinstance(spec, dict):
         kinds = [k for k in KINDS if k in spec]
@@ -103,6 +105,8 @@ def parse_stage(spec: Any, where: str) -> StageSpec:
             raise ValueError(f"{where}: 'model' takes a causal LM object (sharing the target's vocabulary), got "
                              f"{type(source).__name__}.")
         _check_options(where, kind, options)
+        if kind == "model":
+            check_supported(source, where)
         if kind == "ngram":
             _check_ngram(where, {**NGRAM_DEFAULTS, **options})
         if kind == "ngram_model" and not isinstance(source, NGramModel) and not Path(source).is_file():

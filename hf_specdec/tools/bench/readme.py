@@ -16,19 +16,22 @@ class ReadmeError(ValueError):
     """The README cannot take generated results: the message says which marker is wrong and how to fix it."""
 
 
-def replace_region(text: str, body: str, where: str = "README") -> str:
-    """`text` with everything between START and END replaced by `body` (markers kept, the rest untouched)."""
-    starts, ends = text.count(START), text.count(END)
+def replace_region(
+    text: str, body: str, where: str = "README", start: str = START, end: str = END,
+    section: str = "the README's `## Results` section",
+) -> str:
+    """`text` with everything between `start` and `end` replaced by `body` (markers kept, the rest untouched)."""
+    starts, ends = text.count(start), text.count(end)
     if starts != 1 or ends != 1:
         raise ReadmeError(
-            f"{where} must hold exactly one `{START}` and one `{END}` line (found {starts} and {ends}): put both, "
-            "each on its own line, where the generated results belong (the README's `## Results` section)."
+            f"{where} must hold exactly one `{start}` and one `{end}` line (found {starts} and {ends}): put both, "
+            f"each on its own line, where the generated text belongs ({section})."
         )
-    head, rest = text.split(START, 1)
-    if END not in rest:
-        raise ReadmeError(f"In {where}, `{END}` comes before `{START}`: swap them.")
-    _, tail = rest.split(END, 1)
-    return f"{head}{START}\n{body.strip()}\n{END}{tail}"
+    head, rest = text.split(start, 1)
+    if end not in rest:
+        raise ReadmeError(f"In {where}, `{end}` comes before `{start}`: swap them.")
+    _, tail = rest.split(end, 1)
+    return f"{head}{start}\n{body.strip()}\n{end}{tail}"
 
 
 def readme_block(results: dict[str, Any], results_path: Path, readme_path: Path, command: str) -> str:

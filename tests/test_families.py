@@ -1,0 +1,333 @@
+"""Every model family a user may bring: lossless speculation, or a clear refusal before anything runs.
+
+The families are `hf_specdec.tools.families.FAMILIES` (README's matrix is generated from the same list): tiny random
+float32 models, sliding windows of 8 tokens that generation crosses many times, learned position tables that
+generation runs to the end of. Supported families must be greedy token-identical to plain `generate` with every
+tree method and really speculate (a draft equal to the target accepts whole paths); refused ones must raise with the
+reason before touching the model, its generation config or Transformers. The sampling section enumerates one
+verification step exactly on the families whose masks or positions differ from Llama's.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import DynamicCache, GenerationMixin
+from transformers.generation.streamers import BaseStreamer
+
+from hf_specdec import plan_tree
+from hf_specdec.core.attention import AttentionLayout
+from hf_specdec.core.kv_cache import full_length_cache
+from hf_specdec.core.tree import TokenTree
+from hf_specdec.decoding.loop import tree_logits
+from hf_specdec.drafting.draft_model import DraftModelRunner
+from hf_specdec.planning.latency import measure_latency
+from hf_specdec.tools import families_cli
+from hf_specdec.tools.families import FAMILIES, POSITIONS, WINDOW, Family, family
+from hf_specdec.verification import SequoiaVerifier, TargetSampleVerifier
+from tests.test_sampling_exact import Case, speculative_joint, target_joint, total_variation
+
+SUPPORTED = [f for f in FAMILIES if f.supported]
+REFUSED = [f for f in FAMILIES if not f.supported]
+PROMPT = 10
+NEW_TOKENS = 40
+METHODS = {
+    "tree": {},  # default widths [4, 2, 1, 1]
+    "sequoia": {"plan": plan_tree([0.7, 0.15, 0.05], 16, 6)},
+    "specexec": {"budget": 16, "max_depth": 6},
+    "staged": {},  # prompt lookup under the draft, budget 32
+}
+
+
+def names(families):
+    return [f.name for f in families]
+
+
+@functools.cache
+def tiny(name: str, seed: int = 0, vocab_size: int | None = None):
+    return family(name).build(seed, vocab_size)
+
+
+def prompt(length: int = PROMPT, vocab: int = 96, seed: int = 0) -> torch.LongTensor:
+    return torch.randint(3, vocab, (1, length), generator=torch.Generator().manual_seed(seed))
+
+
+def new_tokens(entry: Family) -> int:
+    """Long enough to cross the window many times; for learned positions, up to the last position there is."""
+    return NEW_TOKENS if entry.position_limit is None else entry.position_limit + 1 - PROMPT
+
+
+# --------------------------------------------------------------------------- supported: lossless and speculating
+
+
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("entry", SUPPORTED, ids=names(SUPPORTED))
+def test_identical_to_plain_and_speculating(entry, method):
+    target = tiny(entry.name)
+    assert type(target).__name__ == entry.model
+    ids, n = prompt(), new_tokens(entry)
+    expected = target.generate(ids, do_sample=False, max_new_tokens=n)
+    assert expected.shape[1] == PROMPT + n
+    out = target.generate(ids, assistant_model=copy.deepcopy(target), speculation=method,
+                          speculation_config=METHODS[method], do_sample=False, max_new_tokens=n,
+                          return_dict_in_generate=True)
+    assert torch.equal(out.sequences, expected)
+    stats = out.speculation_stats
+    assert stats.new_tokens == n and stats.target_forwards / n <= 0.5, stats.tokens_per_step
+
+
+@pytest.mark.parametrize("entry", SUPPORTED, ids=names(SUPPORTED))
+def test_identical_with_a_different_draft(entry):
+    """Rejections at every depth: a differently seeded draft of the family, greedy, a wide tree."""
+    target, draft = tiny(entry.name), tiny(entry.name, seed=1)
+    ids, n = prompt(seed=1), new_tokens(entry)
+    expected = target.generate(ids, do_sample=False, max_new_tokens=n)
+    out = target.generate(ids, assistant_model=draft, speculation="tree", speculation_config={"widths": [3, 2, 2]},
+                          do_sample=False, max_new_tokens=n)
+    assert torch.equal(out, expected)
+
+
+def test_layouts_of_the_sliding_families():
+    """The mask rule reads Transformers' own layer types: mixed families get a dict of masks, others one."""
+    for entry in SUPPORTED:
+        layout = AttentionLayout.of(tiny(entry.name))
+        assert (layout.window == WINDOW) == ("sliding" in entry.traits), entry.name
+        assert (len(set(layout.layer_types)) > 1) == ("mixed" in entry.traits), entry.name
+        assert layout.position_limit == entry.position_limit, entry.name
+
+
+def test_a_cache_given_before_the_window_is_reached_is_used():
+    """A user's cache still holding every row is converted in place; one past its window is refused up front."""
+    target = tiny("Mistral (sliding window)")
+    ids = prompt(12)
+    expected = target.generate(ids, do_sample=False, max_new_tokens=30)
+    cache = DynamicCache(config=target.config)
+    with torch.no_grad():
+        target(ids[:, :5], past_key_values=cache, use_cache=True)
+    out = target.generate(ids, past_key_values=cache, assistant_model=target, speculation="tree", do_sample=False,
+                          max_new_tokens=30, return_dict_in_generate=True)
+    assert torch.equal(out.sequences, expected) and out.past_key_values is cache
+    full = DynamicCache(config=target.config)
+    with torch.no_grad():
+        target(ids, past_key_values=full, use_cache=True)
+    rows = [layer.keys.shape[-2] for layer in full.layers]
+    with pytest.raises(ValueError, match="dropped their oldest rows"):
+        target.generate(ids, past_key_values=full, assistant_model=target, speculation="tree", max_new_tokens=4)
+    assert [layer.keys.shape[-2] for layer in full.layers] == rows
+
+
+def test_full_length_cache_keeps_rows_and_the_object():
+    target = tiny("Gemma 3 (text)")
+    cache = DynamicCache(config=target.config)
+    with torch.no_grad():
+        target(prompt(5), past_key_values=cache, use_cache=True)
+    keys = [layer.keys.clone() for layer in cache.layers]
+    assert full_length_cache(cache) is cache
+    assert not any(layer.is_sliding for layer in cache.layers)
+    assert all(torch.equal(a, layer.keys) for a, layer in zip(keys, cache.layers))
+
+
+@pytest.mark.parametrize("name", ["Mistral (sliding window)", "Gemma 3 (text)", "GPT-2"])
+def test_draft_runner_logits_equal_causal_passes(name):
+    """The draft's cache across passes (catch-up, tree slots, slots of an earlier pass, commit) past the window."""
+    model = tiny(name)
+    ids = prompt(3 * WINDOW)[0]
+
+    def causal(tokens):
+        with torch.no_grad():
+            return model(torch.as_tensor(tokens)[None]).logits[0, -1]
+
+    runner = DraftModelRunner(model)
+    torch.testing.assert_close(runner.sync(ids[:-6]), causal(ids[:-6]), atol=1e-4, rtol=1e-4)
+    tree = TokenTree.from_paths(int(ids[-1]), [(10,), (11,), (10, 12), (11, 13), (10, 12, 14)])
+    root, logits = runner.forward_tree(tree.tokens[1:], tree.depths[1:], tree.ancestors[1:, 1:], ids)
+    torch.testing.assert_close(root, causal(ids), atol=1e-4, rtol=1e-4)
+    for node in range(1, len(tree)):
+        path = tree.tokens[tree.path_to(node)[1:]]
+        torch.testing.assert_close(logits[node - 1], causal(torch.cat([ids, path])), atol=1e-4, rtol=1e-4)
+    sees = torch.zeros(2, runner.num_nodes + 2, dtype=torch.bool)
+    sees[:, [0, 2, 4]] = True  # the slots of (10,), (10, 12), (10, 12, 14)
+    sees[1, runner.num_nodes] = True
+    _, more = runner.forward_tree(torch.tensor([15, 16]), torch.tensor([4, 5]), sees)
+    deep = torch.cat([ids, torch.tensor([10, 12, 14, 15, 16])])
+    torch.testing.assert_close(more[1], causal(deep), atol=1e-4, rtol=1e-4)
+    runner.commit(deep[:-1], [0, 2, 4, 5])  # (10, 12, 14, 15) accepted
+    torch.testing.assert_close(runner.sync(deep), causal(deep), atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("name", ["Mistral (sliding window)", "Gemma 2", "GPT-2"])
+def test_latency_timing_past_the_window_and_the_table(name):
+    model = tiny(name)
+    curve = measure_latency(model, sizes=(1, 4), past_length=64, repeats=1, progress=False, stop_ratio=None)
+    assert curve.sizes == (1, 4) and curve.past_length == (POSITIONS - 2 if name == "GPT-2" else 64)
+
+
+# --------------------------------------------------------------------------- learned positions: up to the end
+
+
+class Collector(BaseStreamer):
+    def __init__(self) -> None:
+        self.tokens: list[int] = []
+
+    def put(self, value):
+        self.tokens += value.flatten().tolist()
+
+    def end(self):
+        pass
+
+
+LEARNED = [f for f in SUPPORTED if f.position_limit]
+
+
+@pytest.mark.parametrize("entry", LEARNED, ids=names(LEARNED))
+def test_past_the_last_position_fails_where_plain_generate_fails(entry):
+    target = tiny(entry.name)
+    ids = prompt()
+    plain, ours = Collector(), Collector()
+    too_many = new_tokens(entry) + 3
+    with pytest.raises(IndexError):
+        target.generate(ids, do_sample=False, max_new_tokens=too_many, streamer=plain)
+    with pytest.raises(IndexError, match=f"at most max_length={POSITIONS + 1}"):
+        target.generate(ids, assistant_model=target, speculation="tree", do_sample=False, max_new_tokens=too_many,
+                        streamer=ours)
+    assert ours.tokens == plain.tokens and len(plain.tokens) == POSITIONS + 1
+
+
+@pytest.mark.parametrize("entry", LEARNED, ids=names(LEARNED))
+def test_a_draft_with_a_shorter_position_table(entry):
+    """The draft's positions run out first: it drafts from its last row on (weaker drafts), never crashes."""
+    shorter = Family(entry.name, entry.model, entry.config, _shorter_table(entry.kwargs), entry.attn, entry.traits)
+    target, draft = tiny(entry.name), shorter.build(seed=0)
+    ids, n = prompt(), new_tokens(entry)
+    expected = target.generate(ids, do_sample=False, max_new_tokens=n)
+    for method in ("tree", "specexec"):
+        out = target.generate(ids, assistant_model=draft, speculation=method, speculation_config=METHODS[method],
+                              do_sample=False, max_new_tokens=n)
+        assert torch.equal(out, expected)
+
+
+def _shorter_table(kwargs: dict) -> dict:
+    key = "n_positions" if "n_positions" in kwargs else "max_position_embeddings"
+    return {**kwargs, key: POSITIONS // 2}
+
+
+# --------------------------------------------------------------------------- refused: before anything changes
+
+
+def _state(model) -> tuple:
+    """What a refused call must leave alone: generation config, config, the model's attributes, Transformers."""
+    return (copy.deepcopy(model.generation_config.to_dict()), model.config.to_dict(), sorted(vars(model)),
+            GenerationMixin.generate)
+
+
+@pytest.mark.parametrize("role", ["target", "assistant_model"])
+@pytest.mark.parametrize("entry", REFUSED, ids=names(REFUSED))
+def test_refused_up_front(entry, role):
+    model, llama = tiny(entry.name), tiny("Llama")
+    assert type(model).__name__ == entry.model
+    target, draft = (model, llama) if role == "target" else (llama, model)
+    before = (_state(target), _state(draft))
+    with pytest.raises(ValueError, match=entry.refused) as error:
+        target.generate(prompt(), assistant_model=draft, speculation="tree", max_new_tokens=4)
+    assert (_state(target), _state(draft)) == before
+    message = str(error.value)
+    if not model.config.is_encoder_decoder:  # one sentence: the class, the family, the reason, the fix
+        assert entry.model in message and role in message and "speculation=" in message
+        assert message.count(". ") == 0 and message.endswith(".")
+
+
+def test_refused_stage_model_of_a_staged_stack():
+    target, mamba = tiny("Llama"), tiny("Mamba")
+    with pytest.raises(ValueError, match=r"stages\[0\] MambaForCausalLM \(mamba\)"):
+        target.generate(prompt(), assistant_model=target, speculation="staged",
+                        speculation_config={"stages": [mamba, "ngram"]}, max_new_tokens=4)
+
+
+# --------------------------------------------------------------------------- sampling: one step, enumerated exactly
+
+SAMPLING_VOCAB = 5
+TEMPERATURE = 0.7
+
+
+class ModelCase(Case):
+    """A tiny-vocabulary target and draft of one family after a fixed context: the reference scores are plain causal
+    passes over context + prefix; `tree_scores` is the real verification pass (full-length cache, tree masks)."""
+
+    def __init__(self, entry: Family, context_length: int):
+        super().__init__(seed=0, vocab=SAMPLING_VOCAB)
+        self.target = tiny(entry.name, 0, SAMPLING_VOCAB)
+        self.draft = tiny(entry.name, 1, SAMPLING_VOCAB)
+        self.context = torch.randint(0, SAMPLING_VOCAB, (context_length,), generator=torch.Generator().manual_seed(3))
+        self.prompt = (int(self.context[-1]),)
+        self.layout = AttentionLayout.of(self.target)
+        self._memo: dict = {}
+
+    def _causal(self, model, prefix) -> torch.Tensor:
+        key = (id(model), prefix)
+        if key not in self._memo:
+            ids = torch.cat([self.context[:-1], torch.tensor(prefix)])[None]
+            with torch.no_grad():
+                self._memo[key] = model(ids).logits[0, -1].float()
+        return self._memo[key]
+
+    def target_scores(self, prefix) -> torch.Tensor:
+        return self._causal(self.target, prefix) / TEMPERATURE
+
+    def draft_q(self, prefix) -> torch.Tensor:
+        return self._causal(self.draft, prefix).softmax(-1)
+
+    def tree_scores(self, tree) -> torch.Tensor:
+        past = len(self.context) - 1
+        cache = full_length_cache(None)
+        with torch.no_grad():
+            self.target(self.context[None, :-1], past_key_values=cache, use_cache=True)
+            logits = tree_logits(self.target, tree, past, cache, self.layout, torch.float32, torch.device("cpu"))
+        return logits.float() / TEMPERATURE
+
+
+SAMPLING_FAMILIES = {
+    "Mistral (sliding window)": 3 * WINDOW,  # one mask, keys far behind the window
+    "Gemma 3 (text)": 3 * WINDOW,  # a dict of masks: full and sliding layers
+    "GPT-2": POSITIONS - 2,  # the tree's deepest nodes sit at the table's last position
+    "OPT": POSITIONS - 2,
+}
+
+
+@pytest.mark.parametrize("verifier_cls", [SequoiaVerifier, TargetSampleVerifier])
+@pytest.mark.parametrize("name", SAMPLING_FAMILIES)
+def test_one_sampled_step_is_exact(name, verifier_cls):
+    case = ModelCase(family(name), SAMPLING_FAMILIES[name])
+    spec = [[[]], []]  # two children, the first with a child: depth 2, siblings in the mask
+    got, accepted = speculative_joint(case, spec, verifier_cls(), 3, tree_scores=case.tree_scores)
+    want = target_joint(case, case.prompt, 3)
+    assert abs(sum(got.values()) - 1) < 1e-9
+    assert total_variation(got, want) < 1e-5
+    assert accepted > 0.05  # the draft's children are accepted often enough for the tree to matter
+
+
+# --------------------------------------------------------------------------- README's matrix
+
+
+def test_readme_matrix_is_generated_from_this_list():
+    readme = Path(__file__).resolve().parents[1] / "README.md"
+    text = readme.read_text(encoding="utf-8")
+    assert families_cli.rewritten(text) == text, "run `hf-specdec families --readme README.md`"
+    for entry in FAMILIES:
+        assert f"| {entry.name} | `{entry.model}` |" in text
+
+
+def test_families_command(tmp_path, capsys):
+    from hf_specdec.tools.cli import main
+
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# x\n{families_cli.START}\nold\n{families_cli.END}\ntail\n")
+    assert main(["families", "--readme", str(readme), "--check"]) == 1
+    assert main(["families", "--readme", str(readme)]) == 0
+    assert main(["families", "--readme", str(readme), "--check"]) == 0
+    assert "| Gemma 2 |" in readme.read_text() and readme.read_text().endswith("tail\n")
+    assert main(["families"]) == 0 and "| Mamba |" in capsys.readouterr().out
+    assert main(["families", "--readme", str(tmp_path / "none.md")]) == 2
