@@ -3,10 +3,18 @@
 from __future__ import annotations
 
 import copy
+import types
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, GenerationMixin, T5Config, T5ForConditionalGeneration
+from transformers import (
+    AutoModelForCausalLM,
+    GenerationConfig,
+    GenerationMixin,
+    SynthIDTextWatermarkingConfig,
+    T5Config,
+    T5ForConditionalGeneration,
+)
 
 import hf_specdec
 from tests.conftest import TINY_CONFIGS, random_prompt
@@ -22,7 +30,17 @@ def _ids(length: int = 5, batch: int = 1) -> torch.LongTensor:
 
 
 def _state(model) -> tuple:
-    return (copy.deepcopy(model.generation_config.to_dict()), GenerationMixin.generate)
+    """What a refusal must leave as it was: the model's attributes and generation config, Transformers' patches."""
+    return (
+        sorted(vars(model)),
+        copy.deepcopy(model.generation_config.to_dict()),
+        GenerationMixin.generate,
+        GenerationConfig.__dict__["from_dict"],
+    )
+
+
+def _embeds(model) -> torch.Tensor:
+    return model.get_input_embeddings()(_ids()).detach()
 
 
 CASES = [
@@ -30,7 +48,6 @@ CASES = [
     ("missing draft", dict(speculation="tree", assistant_model=None), "pass `assistant_model=`"),
     ("beam search", dict(speculation="tree", num_beams=2), "beam search"),
     ("several sequences", dict(speculation="chain", num_return_sequences=2, do_sample=True), "num_return_sequences=1"),
-    ("static cache", dict(speculation="tree", cache_implementation="static"), "DynamicCache"),
     ("unknown setting", dict(speculation="tree", speculation_config={"width": [2]}), "has no setting"),
     ("bad widths", dict(speculation="tree", speculation_config={"widths": [2, 0]}), "positive integers"),
     ("unknown verifier", dict(speculation="tree", speculation_config={"verifier": "nope"}), "Known verifiers"),
@@ -38,18 +55,26 @@ CASES = [
     ("verifier unfit for the drafter", dict(speculation="specexec", do_sample=True,
                                             speculation_config={"verifier": "sequoia", "budget": 8}), "deterministic"),
     ("stateful processor", dict(speculation="tree", guidance_scale=1.5), "UnbatchedClassifierFreeGuidance"),
+    ("SynthID watermark", dict(speculation="tree", watermarking_config=SynthIDTextWatermarkingConfig(
+        keys=list(range(8)), ngram_len=3)), "SynthIDTextWatermarkLogitsProcessor cannot be used that way"),
     ("config without method", dict(speculation_config={"widths": [2]}), "given without `speculation`"),
     ("missing plan file", dict(speculation="sequoia", speculation_config={"plan": "nope.json"}), "not found"),
+    *[
+        (f"{name} verifier, greedy call", dict(speculation="tree", speculation_config={"verifier": name}),
+         f"verifier='{name}' samples, but this call decodes greedily")
+        for name in ("sequoia", "specinfer", "target_sample")
+    ],
 ]
 
 
 @pytest.mark.parametrize("kwargs,message", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
 def test_clear_error_and_no_state_left(pair, kwargs, message):
     target, draft = pair
-    kwargs = {"assistant_model": draft, "max_new_tokens": 5, **kwargs}
+    kwargs = {"inputs": _ids(), "assistant_model": draft, "max_new_tokens": 5, **kwargs}
+    kwargs = {name: value(target) if isinstance(value, types.FunctionType) else value for name, value in kwargs.items()}
     before = _state(target)
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace("`", ".").replace("[", r"\[")):
-        target.generate(_ids(), **kwargs)
+        target.generate(**kwargs)
     assert _state(target) == before
     # The model still generates normally afterwards.
     assert target.generate(_ids(), max_new_tokens=3, do_sample=False).shape[1] == 8
