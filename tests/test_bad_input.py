@@ -17,7 +17,8 @@ from transformers import (
 )
 
 import hf_specdec
-from tests.conftest import TINY_CONFIGS, random_prompt
+from hf_specdec.core.model_info import MAX_PADDING_ROWS
+from tests.conftest import TINY_CONFIGS, VOCAB, random_prompt
 
 
 @pytest.fixture
@@ -96,12 +97,15 @@ def test_padded_prompt(pair):
 
 
 def test_different_vocabularies(pair):
+    """More than padding apart (see tests/test_vocab_padding.py for what counts as padding)."""
     target, _ = pair
-    config = TINY_CONFIGS["llama"]()
-    config.vocab_size = 80
+    config = TINY_CONFIGS[target.config.model_type]()
+    config.vocab_size = VOCAB + MAX_PADDING_ROWS + 1
     other = AutoModelForCausalLM.from_config(config).eval()
+    before = _state(target)
     with pytest.raises(ValueError, match="share one tokenizer"):
         target.generate(_ids(), assistant_model=other, speculation="chain", max_new_tokens=4)
+    assert _state(target) == before
 
 
 def test_encoder_decoder_model():

@@ -97,7 +97,7 @@ class BestFirstDrafter(DraftModelCounts, Drafter):
 
     `lower` is any drafter (n-gram lookup, an n-gram model, another `BestFirstDrafter` over a smaller model) or
     None; its trees are never verified by the target, so its `accept` is never called. Deterministic: verify with
-    greedy or target sampling.
+    greedy or target sampling. `vocab`: the target's output rows (see `DraftModelRunner`).
     """
 
     def __init__(
@@ -112,8 +112,9 @@ class BestFirstDrafter(DraftModelCounts, Drafter):
         max_passes: int | None = None,
         lower_leaves: int = 1,
         min_prob: float = 0.0,
+        vocab: int | None = None,
     ) -> None:
-        self.runner = DraftModelRunner(draft_model)
+        self.runner = DraftModelRunner(draft_model, vocab)
         self.budget, self.max_depth, self.width = budget, max_depth, width
         self.beams = beams or default_beams(budget)
         self.logits_processor = logits_processor

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from transformers import DynamicCache, GenerationConfig, PreTrainedModel
 
-from ..core.model_info import vocab_size
+from ..core.model_info import vocabulary_mismatch
 
 if TYPE_CHECKING:
     from .generate import SpeculationCall
@@ -30,11 +30,13 @@ def check_call(model: PreTrainedModel, call: SpeculationCall, kwargs: dict[str, 
     if draft is not None:
         if draft.config.is_encoder_decoder:
             raise ValueError("The assistant_model must be a decoder-only causal LM.")
-        if vocab_size(draft) != vocab_size(model):
+        tokenizer = kwargs.get("tokenizer")
+        mismatch = vocabulary_mismatch(model, draft, len(tokenizer) if tokenizer is not None else None)
+        if mismatch is not None:
             raise ValueError(
-                f"The assistant_model's vocabulary ({vocab_size(draft)} tokens) differs from the target's "
-                f"({vocab_size(model)}): speculation needs both models to share one tokenizer. Pick a draft from "
-                "the target's family."
+                f"The assistant_model's vocabulary differs from the target's: {mismatch}. Speculation needs both "
+                "models to share one tokenizer: pick a draft from the target's family, or pass `tokenizer=` so "
+                "the output layers are checked against its vocabulary."
             )
     if kwargs.get("assistant_tokenizer") is not None or kwargs.get("prompt_lookup_num_tokens") is not None:
         raise ValueError(

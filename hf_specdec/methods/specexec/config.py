@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ...core.config import PlanRequest, SpeculationConfig, register_speculation
+from ...core.model_info import vocab_size
 from ...drafting.best_first import BestFirstDrafter
 from ...planning.sizing import choose_budget, default_beams
 
@@ -57,4 +58,4 @@ class SpecExecConfig(SpeculationConfig):
             raise RuntimeError("SpecExecConfig.make_drafter needs a budget: the integration passes a plan to "
                                "`with_plan` first (see `plan_request`).")
         return BestFirstDrafter(assistant_model, int(self.budget), self.max_depth, self.width, self.beams,
-                                logits_processor)
+                                logits_processor, vocab=vocab_size(target))
