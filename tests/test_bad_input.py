@@ -49,6 +49,7 @@ CASES = [
     ("missing draft", dict(speculation="tree", assistant_model=None), "pass `assistant_model=`"),
     ("beam search", dict(speculation="tree", num_beams=2), "beam search"),
     ("several sequences", dict(speculation="chain", num_return_sequences=2, do_sample=True), "num_return_sequences=1"),
+    ("static cache", dict(speculation="tree", cache_implementation="static"), "DynamicCache"),
     ("unknown setting", dict(speculation="tree", speculation_config={"width": [2]}), "has no setting"),
     ("bad widths", dict(speculation="tree", speculation_config={"widths": [2, 0]}), "positive integers"),
     ("unknown verifier", dict(speculation="tree", speculation_config={"verifier": "nope"}), "Known verifiers"),
@@ -60,11 +61,20 @@ CASES = [
         keys=list(range(8)), ngram_len=3)), "SynthIDTextWatermarkLogitsProcessor cannot be used that way"),
     ("config without method", dict(speculation_config={"widths": [2]}), "given without `speculation`"),
     ("missing plan file", dict(speculation="sequoia", speculation_config={"plan": "nope.json"}), "not found"),
+    ("inputs_embeds and input_ids", dict(speculation="tree", inputs_embeds=_embeds), "start from `inputs_embeds"),
+    ("inputs_embeds alone", dict(speculation="tree", inputs=None, inputs_embeds=_embeds), "pass the prompt as"),
     *[
         (f"{name} verifier, greedy call", dict(speculation="tree", speculation_config={"verifier": name}),
          f"verifier='{name}' samples, but this call decodes greedily")
         for name in ("sequoia", "specinfer", "target_sample")
     ],
+    ("hidden states", dict(speculation="tree", output_hidden_states=True, return_dict_in_generate=True),
+     "cannot return per-token output_hidden_states"),
+    ("attentions", dict(speculation="chain", output_attentions=True), "per-token output_attentions"),
+    ("synced GPUs", dict(speculation="tree", synced_gpus=True), "synced_gpus"),
+    ("a draft for ngram", dict(speculation="ngram"), "would ignore assistant_model"),
+    ("stop strings without a tokenizer", dict(speculation="tree", stop_strings=["w9"]), "pass `tokenizer="),
+    ("token healing without a tokenizer", dict(speculation="tree", token_healing=True), "token_healing needs"),
 ]
 
 
