@@ -156,13 +156,17 @@ def target_joint(case: Case, prefix: tuple[int, ...], length: int, head=(), prob
     return out
 
 
-def speculative_joint(case: Case, spec: list, verifier, length: int, trees=None) -> tuple[dict, float]:
-    """Exact distribution of the next `length` tokens when this step is speculative; and P(any draft accepted)."""
+def speculative_joint(
+    case: Case, spec: list, verifier, length: int, trees=None, build=to_token_tree
+) -> tuple[dict, float]:
+    """Exact distribution of the next `length` tokens when this step is speculative; and P(any draft accepted).
+
+    `build(case, nested)` gives the TokenTree of a drafted tree and the target scores of its nodes."""
     out, accepted = defaultdict(float), 0.0
     for tree_prob, nested in (
         trees if trees is not None else draft_trees(case, case.prompt, spec, verifier.child_selection)
     ):
-        tree, scores = to_token_tree(case, nested)
+        tree, scores = build(case, nested)
         tokens = tree.tokens.tolist()
         for run_prob, verdict in all_runs(
             lambda src, tree=tree, scores=scores: verifier.verify(tree, scores, source=src)
