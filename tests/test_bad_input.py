@@ -3,13 +3,22 @@
 from __future__ import annotations
 
 import copy
+import types
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, GenerationMixin, T5Config, T5ForConditionalGeneration
+from transformers import (
+    AutoModelForCausalLM,
+    GenerationConfig,
+    GenerationMixin,
+    SynthIDTextWatermarkingConfig,
+    T5Config,
+    T5ForConditionalGeneration,
+)
 
 import hf_specdec
-from tests.conftest import TINY_CONFIGS, random_prompt
+from hf_specdec.core.model_info import MAX_PADDING_ROWS
+from tests.conftest import TINY_CONFIGS, VOCAB, random_prompt
 
 
 @pytest.fixture
@@ -22,7 +31,17 @@ def _ids(length: int = 5, batch: int = 1) -> torch.LongTensor:
 
 
 def _state(model) -> tuple:
-    return (copy.deepcopy(model.generation_config.to_dict()), GenerationMixin.generate)
+    """What a refusal must leave as it was: the model's attributes and generation config, Transformers' patches."""
+    return (
+        sorted(vars(model)),
+        copy.deepcopy(model.generation_config.to_dict()),
+        GenerationMixin.generate,
+        GenerationConfig.__dict__["from_dict"],
+    )
+
+
+def _embeds(model) -> torch.Tensor:
+    return model.get_input_embeddings()(_ids()).detach()
 
 
 CASES = [
@@ -38,18 +57,35 @@ CASES = [
     ("verifier unfit for the drafter", dict(speculation="specexec", do_sample=True,
                                             speculation_config={"verifier": "sequoia", "budget": 8}), "deterministic"),
     ("stateful processor", dict(speculation="tree", guidance_scale=1.5), "UnbatchedClassifierFreeGuidance"),
+    ("SynthID watermark", dict(speculation="tree", watermarking_config=SynthIDTextWatermarkingConfig(
+        keys=list(range(8)), ngram_len=3)), "SynthIDTextWatermarkLogitsProcessor cannot be used that way"),
     ("config without method", dict(speculation_config={"widths": [2]}), "given without `speculation`"),
     ("missing plan file", dict(speculation="sequoia", speculation_config={"plan": "nope.json"}), "not found"),
+    ("inputs_embeds and input_ids", dict(speculation="tree", inputs_embeds=_embeds), "start from `inputs_embeds"),
+    ("inputs_embeds alone", dict(speculation="tree", inputs=None, inputs_embeds=_embeds), "pass the prompt as"),
+    *[
+        (f"{name} verifier, greedy call", dict(speculation="tree", speculation_config={"verifier": name}),
+         f"verifier='{name}' samples, but this call decodes greedily")
+        for name in ("sequoia", "specinfer", "target_sample")
+    ],
+    ("hidden states", dict(speculation="tree", output_hidden_states=True, return_dict_in_generate=True),
+     "cannot return per-token output_hidden_states"),
+    ("attentions", dict(speculation="chain", output_attentions=True), "per-token output_attentions"),
+    ("synced GPUs", dict(speculation="tree", synced_gpus=True), "synced_gpus"),
+    ("a draft for ngram", dict(speculation="ngram"), "would ignore assistant_model"),
+    ("stop strings without a tokenizer", dict(speculation="tree", stop_strings=["w9"]), "pass `tokenizer="),
+    ("token healing without a tokenizer", dict(speculation="tree", token_healing=True), "token_healing needs"),
 ]
 
 
 @pytest.mark.parametrize("kwargs,message", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
 def test_clear_error_and_no_state_left(pair, kwargs, message):
     target, draft = pair
-    kwargs = {"assistant_model": draft, "max_new_tokens": 5, **kwargs}
+    kwargs = {"inputs": _ids(), "assistant_model": draft, "max_new_tokens": 5, **kwargs}
+    kwargs = {name: value(target) if isinstance(value, types.FunctionType) else value for name, value in kwargs.items()}
     before = _state(target)
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace("`", ".").replace("[", r"\[")):
-        target.generate(_ids(), **kwargs)
+        target.generate(**kwargs)
     assert _state(target) == before
     # The model still generates normally afterwards.
     assert target.generate(_ids(), max_new_tokens=3, do_sample=False).shape[1] == 8
@@ -71,12 +107,15 @@ def test_padded_prompt(pair):
 
 
 def test_different_vocabularies(pair):
+    """More than padding apart (see tests/test_vocab_padding.py for what counts as padding)."""
     target, _ = pair
-    config = TINY_CONFIGS["llama"]()
-    config.vocab_size = 80
+    config = TINY_CONFIGS[target.config.model_type]()
+    config.vocab_size = VOCAB + MAX_PADDING_ROWS + 1
     other = AutoModelForCausalLM.from_config(config).eval()
+    before = _state(target)
     with pytest.raises(ValueError, match="share one tokenizer"):
         target.generate(_ids(), assistant_model=other, speculation="chain", max_new_tokens=4)
+    assert _state(target) == before
 
 
 def test_encoder_decoder_model():

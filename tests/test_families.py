@@ -29,7 +29,7 @@ from hf_specdec.planning.latency import measure_latency
 from hf_specdec.tools import families_cli
 from hf_specdec.tools.families import FAMILIES, POSITIONS, WINDOW, Family, family
 from hf_specdec.verification import SequoiaVerifier, TargetSampleVerifier
-from tests.test_sampling_exact import Case, speculative_joint, target_joint, total_variation
+from tests.test_sampling_exact import Case, speculative_joint, target_joint, to_token_tree, total_variation
 
 SUPPORTED = [f for f in FAMILIES if f.supported]
 REFUSED = [f for f in FAMILIES if not f.supported]
@@ -255,7 +255,8 @@ TEMPERATURE = 0.7
 
 class ModelCase(Case):
     """A tiny-vocabulary target and draft of one family after a fixed context: the reference scores are plain causal
-    passes over context + prefix; `tree_scores` is the real verification pass (full-length cache, tree masks)."""
+    passes over context + prefix; `build` scores a drafted tree by the real verification pass (full-length cache, tree
+    masks)."""
 
     def __init__(self, entry: Family, context_length: int):
         super().__init__(seed=0, vocab=SAMPLING_VOCAB)
@@ -280,6 +281,10 @@ class ModelCase(Case):
     def draft_q(self, prefix) -> torch.Tensor:
         return self._causal(self.draft, prefix).softmax(-1)
 
+    def build(self, case, nested):
+        tree, _ = to_token_tree(case, nested)
+        return tree, self.tree_scores(tree)
+
     def tree_scores(self, tree) -> torch.Tensor:
         past = len(self.context) - 1
         cache = full_length_cache(None)
@@ -302,7 +307,7 @@ SAMPLING_FAMILIES = {
 def test_one_sampled_step_is_exact(name, verifier_cls):
     case = ModelCase(family(name), SAMPLING_FAMILIES[name])
     spec = [[[]], []]  # two children, the first with a child: depth 2, siblings in the mask
-    got, accepted = speculative_joint(case, spec, verifier_cls(), 3, tree_scores=case.tree_scores)
+    got, accepted = speculative_joint(case, spec, verifier_cls(), 3, build=case.build)
     want = target_joint(case, case.prompt, 3)
     assert abs(sum(got.values()) - 1) < 1e-9
     assert total_variation(got, want) < 1e-5

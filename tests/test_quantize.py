@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from transformers import AutoModelForCausalLM
 
 from hf_specdec import quantize_draft
 from hf_specdec.drafting.quantize import is_quantized
@@ -26,3 +27,45 @@ def test_quantized_draft_is_lossless_and_still_accepted(method):
         assert torch.equal(out.sequences, expected)
         if method != "sequoia":  # sequoia may rightly size a tree-less plan for a draft as slow as the target
             assert out.speculation_stats.mean_tokens_per_step > 2  # int8 noise rarely changes the draft's choice
+
+
+def write_gguf(model, path) -> None:
+    """`model` (a Qwen2) as a float32 GGUF file, tensors named as llama.cpp names them (no permutation for qwen2)."""
+    import gguf
+
+    config = model.config
+    writer = gguf.GGUFWriter(str(path), "qwen2")
+    writer.add_context_length(config.max_position_embeddings)
+    writer.add_embedding_length(config.hidden_size)
+    writer.add_feed_forward_length(config.intermediate_size)
+    writer.add_block_count(config.num_hidden_layers)
+    writer.add_head_count(config.num_attention_heads)
+    writer.add_head_count_kv(config.num_key_value_heads)
+    writer.add_rope_freq_base(float(config.rope_parameters["rope_theta"]))
+    writer.add_layer_norm_rms_eps(config.rms_norm_eps)
+    writer.add_vocab_size(config.vocab_size)
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.QWEN2, config.num_hidden_layers)
+    for name, tensor in model.state_dict().items():
+        writer.add_tensor(names.get_name(name, try_suffixes=(".weight", ".bias")), tensor.numpy())
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def test_quantize_a_draft_loaded_from_gguf(tmp_path):
+    """`from_pretrained(..., gguf_file=...)` flags the model quantized (PreTrainedModel.float() refuses it), though
+    its weights are plain floats: quantize_draft still makes an int8 copy, and decoding stays lossless."""
+    source = tiny_model("qwen2", 1)
+    write_gguf(source, tmp_path / "draft.gguf")
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path, gguf_file="draft.gguf").eval()
+    ids = random_prompt(torch.Generator().manual_seed(0), 6)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(ids).logits, source(ids).logits)  # the file holds this model
+    assert loaded.is_quantized
+    draft = quantize_draft(loaded)
+    assert is_quantized(draft) and loaded.is_quantized  # the loaded model is left as it was
+    target = tiny_model("qwen2", 0)
+    expected = target.generate(ids, max_new_tokens=24, do_sample=False)
+    assert torch.equal(target.generate(ids, assistant_model=draft, speculation="tree", max_new_tokens=24,
+                                       do_sample=False), expected)

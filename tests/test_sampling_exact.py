@@ -157,20 +157,16 @@ def target_joint(case: Case, prefix: tuple[int, ...], length: int, head=(), prob
 
 
 def speculative_joint(
-    case: Case, spec: list, verifier, length: int, trees=None, tree_scores=None
+    case: Case, spec: list, verifier, length: int, trees=None, build=to_token_tree
 ) -> tuple[dict, float]:
     """Exact distribution of the next `length` tokens when this step is speculative; and P(any draft accepted).
 
-    `tree_scores(tree)`, when given, computes the target scores the verifier sees (e.g. a real tree pass) in place
-    of the case's own per-prefix scores, which stay the reference the result is compared with.
-    """
+    `build(case, nested)` gives the TokenTree of a drafted tree and the target scores of its nodes."""
     out, accepted = defaultdict(float), 0.0
     for tree_prob, nested in (
         trees if trees is not None else draft_trees(case, case.prompt, spec, verifier.child_selection)
     ):
-        tree, scores = to_token_tree(case, nested)
-        if tree_scores is not None:
-            scores = tree_scores(tree)
+        tree, scores = build(case, nested)
         tokens = tree.tokens.tolist()
         for run_prob, verdict in all_runs(
             lambda src, tree=tree, scores=scores: verifier.verify(tree, scores, source=src)

@@ -119,3 +119,27 @@ def test_sampling_frequencies_match_plain_sampling(models, exact, method, verifi
     # ~50 cells at 600 samples: sampling noise alone gives a total variation near 0.12; a biased sampler far more.
     assert total_variation({k: c / SAMPLES for k, c in counts.items()}, exact) < 0.2
     assert accepted_drafts > SAMPLES // 10  # speculation happened: drafted tokens were accepted
+
+
+PADDED = [("tree", "sequoia", VOCAB + 3), ("tree", "specinfer", VOCAB - 2), ("specexec", None, VOCAB + 3)]
+
+
+@pytest.mark.parametrize("method,verifier,rows", PADDED, ids=[f"{m}-{v or 'default'}-{r}rows" for m, v, r in PADDED])
+def test_sampling_exact_with_a_draft_padded_differently(models, exact, method, verifier, rows):
+    """Draft rows the target lacks (made the draft's favourites) are never proposed; target rows the draft lacks
+    have q = 0: sampling stays exact (the chi-square test above), and drafts are still accepted."""
+    from tests.test_vocab_padding import padded
+
+    target, draft = models
+    draft = padded(draft, rows)
+    settings = {"budget": 8} if method == "specexec" else _config(method, verifier)  # no calibration here
+    torch.manual_seed(99)
+    counts, accepted_drafts = Counter(), 0
+    for _ in range(SAMPLES):
+        out = target.generate(PROMPT, assistant_model=draft, speculation=method, speculation_config=settings,
+                              max_new_tokens=2, return_dict_in_generate=True, **SAMPLING)
+        counts[tuple(out.sequences[0, PROMPT.shape[1] :].tolist())] += 1
+        accepted_drafts += out.speculation_stats.target_forwards == 1
+    assert chi_square_pvalue(counts, exact, SAMPLES) > 1e-3
+    assert total_variation({k: c / SAMPLES for k, c in counts.items()}, exact) < 0.2
+    assert accepted_drafts > SAMPLES // 10

@@ -19,6 +19,7 @@ from transformers import (
 )
 
 from hf_specdec import NGramModel, NGramModelDrafter, StagedConfig, TokenTree
+from hf_specdec.core.model_info import MAX_PADDING_ROWS
 from hf_specdec.core.processing import process_tree_scores
 from hf_specdec.core.verdict import Verdict
 from hf_specdec.drafting.best_first import BestFirstDrafter
@@ -273,7 +274,7 @@ def test_model_in_merged_stage_and_wrong_vocab_are_errors(trio):
     with pytest.raises(ValueError, match="merged stage can only hold n-gram"):
         _staged(target, draft, ids, [[small, "ngram"]], max_new_tokens=2)
     other = tiny_model(target.config.model_type, 3)
-    other.resize_token_embeddings(VOCAB + 8)
+    other.resize_token_embeddings(VOCAB + MAX_PADDING_ROWS + 1)  # more than padding apart (tests/test_vocab_padding.py)
     with pytest.raises(ValueError, match=r"stages\[0\]: this model's vocabulary"):
         _staged(target, draft, ids, [other], max_new_tokens=2)
     with pytest.raises(ValueError, match="assistant_model"):

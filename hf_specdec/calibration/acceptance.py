@@ -18,6 +18,7 @@ from tqdm.auto import tqdm
 from transformers import LogitsProcessorList, PreTrainedModel
 
 from ..core.devices import execution_device
+from ..core.model_info import embeddable
 from ..drafting.child_selection import select_children
 
 SUPPORT = 1024  # draft tokens simulated per position: q's mass beyond its top 1024 tokens is negligible
@@ -107,8 +108,10 @@ def teacher_forced_scores(
     model: PreTrainedModel, sequence: torch.Tensor, start: int, processors: LogitsProcessorList | None
 ) -> torch.Tensor:
     """Processed scores `(len(sequence) - start, V)` predicting tokens `start ..` of `sequence` `(L,)`, one pass."""
+    rows = getattr(model.get_input_embeddings(), "num_embeddings", None)  # a draft padded to fewer rows
     with torch.no_grad():
-        logits = model(input_ids=sequence[None].to(execution_device(model))).logits[0, start - 1 : -1].float().cpu()
+        logits = model(input_ids=embeddable(sequence, rows)[None].to(execution_device(model))).logits
+    logits = logits[0, start - 1 : -1].float().cpu()
     if processors:
         for i in range(len(logits)):  # each position with its own prefix, as generate would
             logits[i] = processors(sequence[None, : start + i], logits[i][None])[0]

@@ -22,6 +22,7 @@ from transformers import (
 )
 
 from ..core.devices import execution_device
+from ..core.model_info import vocab_size
 from ..planning.latency import DEFAULT_SIZES, measure_latency
 from ..planning.sequoia import TreePlanner
 from ..planning.sizing import HardwareProfile, choose_plan, step_seconds
@@ -88,15 +89,18 @@ def reference_sequences(
 
 
 def draft_sequences(
-    draft: PreTrainedModel, prompts: Sequence[torch.Tensor], max_new_tokens: int
+    draft: PreTrainedModel, prompts: Sequence[torch.Tensor], max_new_tokens: int, vocab: int | None = None
 ) -> list[tuple[torch.Tensor, int]]:
-    """Cheap stand-in continuations from the draft alone (greedy), for the short online calibration."""
+    """Cheap stand-in continuations from the draft alone (greedy), for the short online calibration; with `vocab`
+    (the target's rows), never a token past them (a draft padded to more rows than the target)."""
     out = []
+    beyond = list(range(vocab, vocab_size(draft))) if vocab is not None else []
     for ids in prompts:
         ids = ids.reshape(1, -1).to(execution_device(draft))
         pad = draft.generation_config.pad_token_id or draft.generation_config.eos_token_id
         generated = draft.generate(ids, max_new_tokens=max_new_tokens, do_sample=False,
-                                   attention_mask=torch.ones_like(ids), pad_token_id=pad)
+                                   attention_mask=torch.ones_like(ids), pad_token_id=pad,
+                                   suppress_tokens=beyond or None)
         out.append((generated[0].cpu(), ids.shape[1]))
     return out
 
@@ -126,7 +130,7 @@ def calibrate(
     start = time.perf_counter()
     verifier = verifier or default_verifier(temperature)
     if online:
-        sequences = draft_sequences(draft, prompts, max_new_tokens)
+        sequences = draft_sequences(draft, prompts, max_new_tokens, vocab_size(target))
     else:
         sequences = reference_sequences(target, prompts, max_new_tokens, temperature, progress=progress)
     processors = sampling_processors(temperature, top_k, top_p)

@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import torch
-from transformers import LogitsProcessorList
+from transformers import LogitsProcessorList, PrefixConstrainedLogitsProcessor
 
 from .tree import TokenTree
+
+# Processors that read a row's batch index, not only its tokens: `prefix_allowed_tokens_fn(batch_id, sentence)`.
+# Nodes batched as rows would show up as batch ids 0..k-1 of a batch of k, while each node is the one real sequence
+# (batch id 0): these see one node at a time.
+ONE_ROW_AT_A_TIME = (PrefixConstrainedLogitsProcessor,)
 
 
 def process_tree_scores(
@@ -29,5 +34,17 @@ def process_tree_scores(
         rows = torch.nonzero(depths == depth).flatten()
         seqs = tree.prefix_tokens(nodes[rows]).to(prefix_ids.device)
         ids = torch.cat([prefix_ids.expand(len(rows), -1), seqs], dim=1)
-        scores[rows] = processors(ids, scores[rows])
+        scores[rows] = _apply(processors, ids, scores[rows])
+    return scores
+
+
+def _apply(processors: LogitsProcessorList, ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+    """`processors(ids, scores)`, with the processors of ONE_ROW_AT_A_TIME called once per row (batch id 0)."""
+    if not any(isinstance(processor, ONE_ROW_AT_A_TIME) for processor in processors):
+        return processors(ids, scores)
+    for processor in processors:
+        if isinstance(processor, ONE_ROW_AT_A_TIME):
+            scores = torch.cat([processor(ids[i : i + 1], scores[i : i + 1]) for i in range(len(ids))])
+        else:
+            scores = LogitsProcessorList([processor])(ids, scores)
     return scores

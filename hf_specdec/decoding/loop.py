@@ -69,7 +69,6 @@ def speculative_loop(
         stats.time_target_forward += time.perf_counter() - t_forward
         scores = process_tree_scores(logits_processor, input_ids[:, :-1], tree, logits.to(input_ids.device))
         verdict = verifier.verify(tree, scores, generator)
-        keep_positions(cache, past, [past + node for node in verdict.path])
         t2 = time.perf_counter()
 
         path = verdict.path
@@ -85,6 +84,10 @@ def speculative_loop(
             if bool(stopping_criteria(input_ids, scores[node][None]).any()):
                 finished = True
                 break
+        # Keep the path up to the last emitted token's parent: when a stop fires inside the accepted block, the
+        # cache (returned with return_dict_in_generate) then holds exactly the sequence but its last token, as
+        # plain generate's does, and a chat continued from it sees no token past the stop.
+        keep_positions(cache, past, [past + node for node in path[:emitted]])
         if streamer is not None:
             streamer.put(input_ids[0, -emitted:].cpu())
         if not finished:

@@ -121,7 +121,7 @@ class BestFirstDrafter(DraftModelCounts, Drafter):
 
     `lower` is any drafter (n-gram lookup, an n-gram model, another `BestFirstDrafter` over a smaller model) or
     None; its trees are never verified by the target, so its `accept` is never called. Deterministic: verify with
-    greedy or target sampling.
+    greedy or target sampling. `vocab`: the target's output rows (see `DraftModelRunner`).
     """
 
     def __init__(
@@ -137,8 +137,9 @@ class BestFirstDrafter(DraftModelCounts, Drafter):
         lower_leaves: int = 1,
         min_prob: float = 0.0,
         sizer: StepSizer | None = None,
+        vocab: int | None = None,
     ) -> None:
-        self.runner = DraftModelRunner(draft_model)
+        self.runner = DraftModelRunner(draft_model, vocab)
         self.sizer = sizer  # None: grow to `budget`; else size every step by its cost model (`budget` is a cap)
         self.budget, self.max_depth, self.width = budget, max_depth, width
         self.beams = beams or default_beams(budget)

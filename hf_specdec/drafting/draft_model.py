@@ -21,6 +21,7 @@ from transformers import DynamicCache, PreTrainedModel
 from ..core.attention import AttentionLayout
 from ..core.devices import execution_device
 from ..core.kv_cache import keep_positions
+from ..core.model_info import embeddable, fit_vocabulary
 
 
 class DraftModelCounts:
@@ -38,10 +39,16 @@ class DraftModelCounts:
 
 
 class DraftModelRunner:
-    """Runs `model` over committed tokens and tree nodes, keeping its KV cache between steps."""
+    """Runs `model` over committed tokens and tree nodes, keeping its KV cache between steps.
 
-    def __init__(self, model: PreTrainedModel) -> None:
+    With `vocab` (the target's output rows), logits come over the target's vocabulary (`fit_vocabulary`), and ids
+    the draft cannot embed are fed as a stand-in (`embeddable`): pairs whose vocabularies differ by padding work.
+    """
+
+    def __init__(self, model: PreTrainedModel, vocab: int | None = None) -> None:
         self.model = model
+        self.vocab = vocab
+        self.input_rows = getattr(model.get_input_embeddings(), "num_embeddings", None)
         self.layout = AttentionLayout.of(model)
         self.cache = DynamicCache()  # full-length layers, whatever the model's window
         self.committed = torch.empty(0, dtype=torch.long)  # token id at each committed cache position
@@ -57,13 +64,13 @@ class DraftModelRunner:
         device = self.device
         with torch.no_grad():
             out = self.model(
-                input_ids=input_ids[None].to(device),
+                input_ids=embeddable(input_ids, self.input_rows)[None].to(device),
                 past_key_values=self.cache,
                 use_cache=True,
                 logits_to_keep=logits_to_keep,
                 **{name: _to(value, device) for name, value in kwargs.items()},
             )
-        logits = out.logits[0].float().cpu()
+        logits = fit_vocabulary(out.logits[0].float().cpu(), self.vocab)
         self.forward_count += 1
         self.forward_time += time.perf_counter() - start
         return logits

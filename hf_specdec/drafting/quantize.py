@@ -32,7 +32,9 @@ def quantize_draft(model: PreTrainedModel) -> PreTrainedModel:
         raise ImportError(
             "This PyTorch build has no torch.ao.quantization.quantize_dynamic: keep the draft unquantized."
         ) from exc
-    draft = copy.deepcopy(model).float().eval()
+    # nn.Module's float(), not PreTrainedModel's: that one refuses every model Transformers flags as quantized, which
+    # includes GGUF loads (`from_pretrained(..., gguf_file=...)`) whose weights its loader already made plain floats.
+    draft = torch.nn.Module.float(copy.deepcopy(model)).eval()
     with warnings.catch_warnings():  # torch marks the eager API as deprecated in favour of torchao; it still works
         warnings.simplefilter("ignore", DeprecationWarning)
         warnings.filterwarnings("ignore", message=".*quantize_per_tensor.*")

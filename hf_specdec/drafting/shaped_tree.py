@@ -11,6 +11,7 @@ from transformers import LogitsProcessorList, PreTrainedModel
 
 from ..core.config import SpeculationConfig
 from ..core.drafter import Drafter
+from ..core.model_info import vocab_size
 from ..core.processing import process_tree_scores
 from ..core.tree import TokenTree
 from ..core.verdict import Verdict
@@ -22,7 +23,8 @@ class ModelTreeDrafter(DraftModelCounts, Drafter):
     """Grows `shape` (a parents list, BFS order) level by level with `draft_model`: one draft pass per level.
 
     The draft keeps its own KV cache across steps (see `DraftModelRunner`): after verification `accept` keeps
-    only the accepted path, so the draft never re-reads a token.
+    only the accepted path, so the draft never re-reads a token. `vocab`: the target's output rows (see
+    `DraftModelRunner`), so a draft padded differently never proposes a token the target lacks.
     """
 
     def __init__(
@@ -32,8 +34,9 @@ class ModelTreeDrafter(DraftModelCounts, Drafter):
         logits_processor: LogitsProcessorList | None = None,
         child_selection: str = "top_k",
         generator: torch.Generator | None = None,
+        vocab: int | None = None,
     ) -> None:
-        self.runner = DraftModelRunner(draft_model)
+        self.runner = DraftModelRunner(draft_model, vocab)
         self.shape = TokenTree.from_parents(torch.zeros(len(shape), dtype=torch.long), shape)
         self.logits_processor = logits_processor
         self.child_selection = child_selection
@@ -126,4 +129,5 @@ class StaticShapeConfig(SpeculationConfig):
         child_selection: str,
         generator: torch.Generator | None,
     ) -> ModelTreeDrafter:
-        return ModelTreeDrafter(assistant_model, self.shape(), logits_processor, child_selection, generator)
+        return ModelTreeDrafter(assistant_model, self.shape(), logits_processor, child_selection, generator,
+                                vocab_size(target))

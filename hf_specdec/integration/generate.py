@@ -2,8 +2,9 @@
 
 The wrapper leaves every call without `speculation` untouched. With it, the call goes through
 Transformers' own `generate` (input preparation, processors, stopping criteria, cache) with a
-`custom_generate` callable: the speculative loop. Transformers hands a callable neither the assistant
-nor the streamer, so both travel inside one `SpeculationCall` argument.
+`custom_generate` callable: the speculative loop. Transformers hands a callable neither the assistant, the
+streamer nor the tokenizer, so they travel inside one `SpeculationCall` argument. Every refusal comes first,
+on the call's settings merged as `generate` will merge them, before Transformers prepares anything.
 """
 
 from __future__ import annotations
@@ -16,7 +17,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from transformers import GenerationConfig, LogitsProcessorList, PreTrainedModel, StoppingCriteriaList
+from transformers import (
+    GenerationConfig,
+    LogitsProcessorList,
+    PreTrainedModel,
+    StoppingCriteriaList,
+    StopStringCriteria,
+)
 from transformers.generation.utils import GenerationMixin
 
 from ..calibration.plan_lookup import call_temperature, plan_for_call
@@ -26,12 +33,14 @@ from ..decoding.loop import speculative_loop
 from ..decoding.outputs import SpeculativeDecoderOnlyOutput
 from ..decoding.stats import SpeculationStats
 from ..verification import verifier_for
-from .generation_config import get_speculation
-from .validation import check_call, check_generation_config, check_processors
+from .generation_config import FIELD, get_speculation, keep_field_on_load
+from .validation import check_generation_config, check_processors, check_speculation
 
 _ORIGINAL_GENERATE = GenerationMixin.generate
 _SIGNATURE = inspect.signature(_ORIGINAL_GENERATE)
 SPECULATION_KWARGS = ("speculation", "speculation_config", "speculation_generator")
+# What Transformers' generate takes out of **kwargs before merging the rest into the generation config.
+_NOT_SETTINGS = {*_SIGNATURE.parameters, "trust_remote_code", "tokenizer", "assistant_tokenizer"}
 
 
 @dataclass
@@ -42,25 +51,25 @@ class SpeculationCall:
     assistant_model: PreTrainedModel | None
     streamer: Any
     generator: torch.Generator | None
+    tokenizer: Any = None  # for stop strings (Transformers drops `tokenizer` before calling a callable)
+    stop_strings: str | list[str] | None = None  # the call's, or its generation config's
 
 
-def speculation_requested(model: PreTrainedModel, kwargs: dict[str, Any]) -> Any:
-    """The `speculation` setting of this call: the kwarg, else the generation config's `speculation` field.
-
-    A stored setting applies only when it can run: a method that drafts with a model needs `assistant_model`,
-    so a saved model without one keeps generating plainly (pipelines included).
-    """
-    if kwargs.get("speculation") is not None:
-        return kwargs["speculation"]
-    stored = get_speculation(kwargs.get("generation_config") or getattr(model, "generation_config", None))
-    if stored is None or (stored.needs_assistant and kwargs.get("assistant_model") is None):
-        return None
-    return stored
+def stored_speculation(model: PreTrainedModel, kwargs: dict[str, Any]) -> SpeculationConfig | None:
+    """The `speculation` field of the call's generation config, else of the model's (Transformers' precedence)."""
+    for config in (kwargs.get("generation_config"), getattr(model, "generation_config", None)):
+        if getattr(config, FIELD, None) is not None:
+            return get_speculation(config)
+    return None
 
 
 @functools.wraps(_ORIGINAL_GENERATE)
 def generate(self, *args, **kwargs):
-    """`GenerationMixin.generate`, plus `speculation=` (see hf_specdec's README)."""
+    """`GenerationMixin.generate`, plus `speculation=` (see hf_specdec's README).
+
+    `speculation=None` means plain `generate`. A setting stored in the generation config is a default: it applies
+    to the calls it can run, and any other call (a batch, beam search, no draft, ...) generates plainly.
+    """
     if kwargs.get("custom_generate") is not None:
         # Someone else's decoding loop (or hf_specdec's own Hub folder, which calls back into this function):
         # hand it every argument, `speculation` included.
@@ -68,22 +77,59 @@ def generate(self, *args, **kwargs):
     if args:
         kwargs = {**_SIGNATURE.bind_partial(self, *args).arguments, **kwargs}
         kwargs.pop("self")
-    speculation = speculation_requested(self, kwargs)
+    explicit = "speculation" in kwargs
     options = {name: kwargs.pop(name, None) for name in SPECULATION_KWARGS}
+    speculation = options["speculation"] if explicit else stored_speculation(self, kwargs)
+    given = [name for name, value in options.items() if value is not None]
     if speculation is None:
-        given = [name for name, value in options.items() if value is not None]
         if given:
             raise ValueError(f"{', '.join(given)} given without `speculation`: pass speculation=<method name> too.")
         return _ORIGINAL_GENERATE(self, **kwargs)
     config = _config_for_call(speculation, options["speculation_config"])
+    try:
+        call, generation_config = _checked_call(self, config, kwargs, options["speculation_generator"])
+    except ValueError:
+        if given:  # asked for in this call: the refusal is the answer
+            raise
+        return _ORIGINAL_GENERATE(self, **kwargs)  # a stored default this call cannot run: plain generate
+    kwargs = _for_transformers(self, kwargs, call, generation_config)
+    return _ORIGINAL_GENERATE(self, custom_generate=speculative_generate, speculation_call=call, **kwargs)
+
+
+def _checked_call(
+    model: PreTrainedModel, config: SpeculationConfig, kwargs: dict[str, Any], generator: torch.Generator | None
+) -> tuple[SpeculationCall, GenerationConfig]:
+    """The call's `SpeculationCall` and merged generation config, once every refusal is out of the way: checked on
+    the settings merged exactly as `generate` will merge them, before Transformers prepares (or changes) anything."""
+    settings = {name: value for name, value in kwargs.items() if name not in _NOT_SETTINGS}
+    generation_config, model_kwargs = model._prepare_generation_config(kwargs.get("generation_config"), **settings)
     call = SpeculationCall(
         config=config,
-        assistant_model=kwargs.pop("assistant_model", None),
-        streamer=kwargs.pop("streamer", None),
-        generator=options["speculation_generator"],
+        assistant_model=kwargs.get("assistant_model"),
+        streamer=kwargs.get("streamer"),
+        generator=generator,
+        tokenizer=kwargs.get("tokenizer"),
+        stop_strings=generation_config.stop_strings,
     )
-    check_call(self, call, kwargs)
-    return _ORIGINAL_GENERATE(self, custom_generate=speculative_generate, speculation_call=call, **kwargs)
+    check_speculation(model, call, kwargs, generation_config, model_kwargs)
+    return call, generation_config
+
+
+def _for_transformers(
+    model: PreTrainedModel, kwargs: dict[str, Any], call: SpeculationCall, generation_config: GenerationConfig
+) -> dict[str, Any]:
+    """The arguments Transformers gets: what travels in `call` taken out, stop strings and token healing (which
+    need the tokenizer it would drop) handled here."""
+    kwargs = {k: v for k, v in kwargs.items() if k not in ("assistant_model", "streamer", "tokenizer")}
+    if call.stop_strings is not None:
+        kwargs["stop_strings"] = None  # checked by the loop (StopStringCriteria), with the tokenizer
+    if generation_config.token_healing:  # as generate does it: heal the prompt first, then decode from it
+        name = "inputs" if kwargs.get("inputs") is not None else "input_ids"
+        kwargs[name] = model.heal_tokens(kwargs[name], call.tokenizer)
+        kwargs["token_healing"] = False
+        if kwargs.get("attention_mask") is not None:  # all ones (padded prompts are refused): the healed length
+            kwargs["attention_mask"] = torch.ones_like(kwargs[name])
+    return kwargs
 
 
 def _config_for_call(speculation: Any, speculation_config: SpeculationConfig | dict | None) -> SpeculationConfig:
@@ -112,8 +158,9 @@ def speculative_generate(
 ):
     """The `custom_generate` callable: Transformers has prepared everything; run the speculative loop."""
     call = speculation_call
-    check_generation_config(model, generation_config, input_ids, model_kwargs)
+    check_generation_config(model, generation_config, input_ids, model_kwargs)  # again, on the prepared inputs
     check_processors(logits_processor)
+    stopping_criteria = with_stop_strings(stopping_criteria, call)
     do_sample = bool(generation_config.do_sample)
     verifier = verifier_for(call.config, do_sample)
     config = call.config
@@ -157,6 +204,13 @@ def speculative_generate(
     )
 
 
+def with_stop_strings(criteria: StoppingCriteriaList, call: SpeculationCall) -> StoppingCriteriaList:
+    """The call's stop strings as Transformers would add them (a StopStringCriteria you passed takes precedence)."""
+    if call.stop_strings is None or any(isinstance(criterion, StopStringCriteria) for criterion in criteria):
+        return criteria
+    return StoppingCriteriaList([*criteria, StopStringCriteria(call.tokenizer, call.stop_strings)])
+
+
 def _decode_plainly(
     model: PreTrainedModel,
     input_ids: torch.LongTensor,
@@ -189,10 +243,13 @@ def _decode_plainly(
 
 
 def install() -> None:
-    """Route `generate(..., speculation=...)` through hf_specdec. Idempotent."""
+    """Route `generate(..., speculation=...)` through hf_specdec, and keep `speculation` in loaded generation
+    configs. Idempotent."""
     GenerationMixin.generate = generate
+    keep_field_on_load(True)
 
 
 def uninstall() -> None:
-    """Restore Transformers' own `generate`."""
+    """Restore Transformers' own `generate` and `GenerationConfig.from_dict`."""
     GenerationMixin.generate = _ORIGINAL_GENERATE
+    keep_field_on_load(False)

@@ -1,9 +1,13 @@
 """`speculation` as a `GenerationConfig` field, so a saved model speculates by default once given a draft.
 
 The field holds JSON: a method name (`"tree"`) or a dict of one method's settings
-(`{"method": "tree", "widths": [3, 2]}`). It round-trips through `generation_config.json` untouched, but
-nothing of Transformers reads it, so a bad value would only surface at `generate` time: these helpers
-validate it when it is set and, at `generate` time, name the file's field and the fix in the error.
+(`{"method": "tree", "widths": [3, 2]}`). It round-trips through `generation_config.json` (saving writes every
+attribute), but nothing of Transformers reads it, so a bad value would only surface at `generate` time: these
+helpers validate it when it is set and, at `generate` time, name the file's field and the fix in the error.
+
+Loading drops unknown fields of a file that says `"_from_model_config": true` (what a model's default generation
+config saves as), so `model.generation_config.speculation = "tree"` alone would not survive a reload:
+`keep_field_on_load` makes `GenerationConfig.from_dict` keep this one field (installed with `speculation=`).
 """
 
 from __future__ import annotations
@@ -65,3 +69,20 @@ def get_speculation(generation_config: GenerationConfig | None) -> SpeculationCo
             '{"method": "tree", "widths": [4, 2]} (hf_specdec.integration.generation_config.set_speculation checks '
             "it before you save_pretrained), or delete the field to generate without speculation."
         ) from exc
+
+
+_ORIGINAL_FROM_DICT = GenerationConfig.__dict__["from_dict"]  # the classmethod itself, put back as it was
+
+
+def _from_dict_keeping_speculation(cls, config_dict: dict[str, Any], **kwargs: Any):
+    """`GenerationConfig.from_dict`, then the `speculation` field of `config_dict` where Transformers dropped it."""
+    result = _ORIGINAL_FROM_DICT.__func__(cls, config_dict, **kwargs)
+    config = result[0] if isinstance(result, tuple) else result  # (config, unused kwargs) when asked for
+    if config_dict.get(FIELD) is not None and getattr(config, FIELD, None) is None:
+        setattr(config, FIELD, config_dict[FIELD])
+    return result
+
+
+def keep_field_on_load(keep: bool) -> None:
+    """Make loaded generation configs keep `speculation` whatever `_from_model_config` says (False: undo it)."""
+    GenerationConfig.from_dict = classmethod(_from_dict_keeping_speculation) if keep else _ORIGINAL_FROM_DICT

@@ -9,10 +9,34 @@ from transformers import DynamicCache, GenerationConfig, PreTrainedModel
 
 from ..core.attention import check_supported
 from ..core.kv_cache import dropped_rows
-from ..core.model_info import vocab_size
+from ..core.model_info import vocabulary_mismatch
+from ..verification import verifier_for
 
 if TYPE_CHECKING:
     from .generate import SpeculationCall
+
+
+def check_speculation(
+    model: PreTrainedModel,
+    call: SpeculationCall,
+    kwargs: dict[str, Any],
+    config: GenerationConfig,
+    model_kwargs: dict[str, Any],
+) -> None:
+    """Every refusal, before Transformers prepares anything: `config` and `model_kwargs` are the call's settings as
+    `generate` will merge them (`_prepare_generation_config`), `kwargs` the call's own arguments."""
+    check_call(model, call, kwargs)
+    check_options(call, kwargs, config)
+    check_generation_config(model, config, prompt_of(kwargs), model_kwargs)
+    verifier_for(call.config, bool(config.do_sample))
+
+
+def prompt_of(kwargs: dict[str, Any]) -> torch.Tensor:
+    """The prompt's token ids as given; with none, Transformers starts from one BOS token (a batch of one)."""
+    for name in ("inputs", "input_ids"):
+        if kwargs.get(name) is not None:
+            return kwargs[name]
+    return torch.ones(1, 1, dtype=torch.long)
 
 
 def check_call(model: PreTrainedModel, call: SpeculationCall, kwargs: dict[str, Any]) -> None:
@@ -30,15 +54,22 @@ def check_call(model: PreTrainedModel, call: SpeculationCall, kwargs: dict[str, 
             f"speculation={method!r} drafts with a smaller model: pass `assistant_model=` (a causal LM sharing the "
             "target's tokenizer), or choose a method that needs none."
         )
+    if draft is not None and not call.config.needs_assistant:
+        raise ValueError(
+            f"speculation={method!r} drafts without a model, so it would ignore assistant_model: drop "
+            "`assistant_model`, or pick a method that drafts with it (e.g. 'tree', 'sequoia', 'specexec')."
+        )
     if draft is not None:
         if draft.config.is_encoder_decoder:
             raise ValueError("The assistant_model must be a decoder-only causal LM.")
         check_supported(draft, "assistant_model")
-        if vocab_size(draft) != vocab_size(model):
+        tokenizer = kwargs.get("tokenizer")
+        mismatch = vocabulary_mismatch(model, draft, len(tokenizer) if tokenizer is not None else None)
+        if mismatch is not None:
             raise ValueError(
-                f"The assistant_model's vocabulary ({vocab_size(draft)} tokens) differs from the target's "
-                f"({vocab_size(model)}): speculation needs both models to share one tokenizer. Pick a draft from "
-                "the target's family."
+                f"The assistant_model's vocabulary differs from the target's: {mismatch}. Speculation needs both "
+                "models to share one tokenizer: pick a draft from the target's family, or pass `tokenizer=` so "
+                "the output layers are checked against its vocabulary."
             )
     if dropped_rows(kwargs.get("past_key_values")):
         raise ValueError(
@@ -50,6 +81,35 @@ def check_call(model: PreTrainedModel, call: SpeculationCall, kwargs: dict[str, 
         raise ValueError(
             "`speculation` replaces assistant_tokenizer / prompt_lookup_num_tokens: pass only one of them."
         )
+    if kwargs.get("inputs_embeds") is not None:
+        raise ValueError(
+            "Speculation drafts from token ids, so it cannot start from `inputs_embeds`: pass the prompt as "
+            "`input_ids` (without inputs_embeds), or drop `speculation`."
+        )
+    if kwargs.get("synced_gpus"):
+        raise ValueError(
+            "Speculation runs one process's decoding loop and cannot keep GPUs in step (synced_gpus=True, for "
+            "DeepSpeed ZeRO-3 / FSDP): drop synced_gpus, or drop `speculation`."
+        )
+
+
+def check_options(call: SpeculationCall, kwargs: dict[str, Any], config: GenerationConfig) -> None:
+    """Generate options the speculative loop cannot honour exactly, or that need what the call lacks."""
+    if config.is_assistant:  # its generation config is the target's copy, stored `speculation` included
+        raise ValueError("This is the draft's call inside Transformers' own assisted generation: it runs plainly.")
+    asked = [name for name in ("output_attentions", "output_hidden_states") if getattr(config, name, False)]
+    if asked:
+        raise ValueError(
+            f"Speculation verifies a whole tree per target pass, so it cannot return per-token "
+            f"{' / '.join(asked)}: drop {' and '.join(f'{name}=True' for name in asked)}, or drop `speculation`."
+        )
+    for option, value in (("stop_strings", config.stop_strings), ("token_healing", config.token_healing)):
+        if value and call.tokenizer is None:
+            raise ValueError(
+                f"{option} needs the model's tokenizer: pass `tokenizer=` to generate (or drop {option})."
+            )
+    if config.token_healing and kwargs.get("inputs") is None and kwargs.get("input_ids") is None:
+        raise ValueError("token_healing heals the end of a prompt: pass the prompt's token ids as `input_ids`.")
 
 
 def check_generation_config(

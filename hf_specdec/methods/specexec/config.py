@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ...core.config import PlanRequest, SpeculationConfig, register_speculation
+from ...core.model_info import vocab_size
 from ...drafting.best_first import BestFirstDrafter, learned_acceptance, processors_key
 from ...planning.step_sizing import FRONTIER_SIZES, StepSizer
 
@@ -54,7 +55,7 @@ class SpecExecConfig(SpeculationConfig):
     def make_drafter(self, target, assistant_model, logits_processor, child_selection, generator) -> BestFirstDrafter:
         if self.budget is not None:
             return BestFirstDrafter(assistant_model, int(self.budget), self.max_depth, self.width, self.beams,
-                                    logits_processor)
+                                    logits_processor, vocab=vocab_size(target))
         profile = getattr(self, "profile", None)
         if profile is None:
             raise RuntimeError("SpecExecConfig without a budget needs latency curves: the integration passes a plan "
@@ -62,4 +63,4 @@ class SpecExecConfig(SpeculationConfig):
         acceptance = learned_acceptance(assistant_model, (id(target), processors_key(logits_processor)))
         return BestFirstDrafter(assistant_model, self.max_budget, self.max_depth, self.width,
                                 self.beams or max(FRONTIER_SIZES), logits_processor,
-                                sizer=StepSizer(profile, acceptance))
+                                sizer=StepSizer(profile, acceptance), vocab=vocab_size(target))

@@ -58,7 +58,7 @@ class StagedConfig(SpeculationConfig):
         return {"method": self.method, **{f.name: getattr(self, f.name) for f in dataclasses.fields(self)}}
 
     def make_drafter(self, target, assistant_model, logits_processor, child_selection, generator) -> BestFirstDrafter:
-        below = build_stack(self.stages, vocab_size(target), logits_processor)
+        below = build_stack(self.stages, target, logits_processor)
         return BestFirstDrafter(assistant_model, self.budget, self.max_depth, self.width, self.beams, logits_processor,
                                 lower=below, max_passes=self.max_passes, lower_leaves=self.lower_leaves,
-                                min_prob=self.min_prob)
+                                min_prob=self.min_prob, vocab=vocab_size(target))

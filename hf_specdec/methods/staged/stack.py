@@ -23,7 +23,7 @@ from transformers import LogitsProcessorList, PreTrainedModel
 
 from ...core.attention import check_supported
 from ...core.drafter import Drafter
-from ...core.model_info import vocab_size
+from ...core.model_info import vocab_size, vocabulary_mismatch
 from ...drafting.best_first import BestFirstDrafter
 from ...drafting.prompt_lookup import NGramDrafter
 from .merged import MergedDrafter
@@ -157,8 +157,8 @@ def load_ngram_model(source: str | Path | NGramModel) -> NGramModel:
     return _load_ngram_model(str(Path(source).resolve()), stat.st_mtime_ns, stat.st_size)
 
 
-def build_stage(spec: StageSpec, below: Drafter | None, vocab: int, processors: LogitsProcessorList | None,
-                where: str) -> Drafter:
+def build_stage(spec: StageSpec, below: Drafter | None, target: PreTrainedModel,
+                processors: LogitsProcessorList | None, where: str) -> Drafter:
     """The drafter of one stage; `below` is the stage under it (model stages only)."""
     if spec.kind == "ngram":
         return NGramDrafter(**{**NGRAM_DEFAULTS, **spec.options})
@@ -167,18 +167,20 @@ def build_stage(spec: StageSpec, below: Drafter | None, vocab: int, processors: 
     if spec.kind == "drafter":
         return spec.source
     if spec.kind == "merged":
-        return MergedDrafter([build_stage(p, None, vocab, processors, f"{where}[{i}]")
+        return MergedDrafter([build_stage(p, None, target, processors, f"{where}[{i}]")
                               for i, p in enumerate(spec.parts)], MERGED_MAX_NODES)
-    if vocab_size(spec.source) != vocab:
-        raise ValueError(f"{where}: this model's vocabulary ({vocab_size(spec.source)} tokens) differs from the "
-                         f"target's ({vocab}): every model of a stack must share the target's tokenizer.")
-    return BestFirstDrafter(spec.source, lower=below, logits_processor=processors, **{**MODEL_DEFAULTS, **spec.options})
+    mismatch = vocabulary_mismatch(target, spec.source)
+    if mismatch is not None:
+        raise ValueError(f"{where}: this model's vocabulary differs from the target's ({mismatch}): every model of a "
+                         "stack must share the target's tokenizer.")
+    return BestFirstDrafter(spec.source, lower=below, logits_processor=processors, vocab=vocab_size(target),
+                            **{**MODEL_DEFAULTS, **spec.options})
 
 
-def build_stack(stages: Any, vocab: int, processors: LogitsProcessorList | None) -> Drafter | None:
+def build_stack(stages: Any, target: PreTrainedModel, processors: LogitsProcessorList | None) -> Drafter | None:
     """The drafter stack under the draft model (None for `stages=[]`), bottom stage built first."""
     specs = parse_stages(stages)
     below = None
     for i in range(len(specs) - 1, -1, -1):
-        below = build_stage(specs[i], below, vocab, processors, f"stages[{i}]")
+        below = build_stage(specs[i], below, target, processors, f"stages[{i}]")
     return below

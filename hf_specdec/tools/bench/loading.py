@@ -107,6 +107,8 @@ def load_models(
 
                 draft_model = quantize_draft(draft_model)
         tokenizer = AutoTokenizer.from_pretrained(target_source)
+        counts = {role: parameter_count(model) for role, model in (("target", target_model), ("draft", draft_model))
+                  if model is not None}  # before prepacking, which moves weights into buffers
         kernels = {}
         if prepack:
             from ...kernels import prepack as prepack_model
@@ -121,10 +123,10 @@ def load_models(
             shutil.rmtree(folder, ignore_errors=True)
         raise
     info: dict[str, Any] = {
-        "target": {"name": target_name, "source": target_source, "parameters": parameter_count(target_model)},
+        "target": {"name": target_name, "source": target_source, "parameters": counts["target"]},
         "draft": None
         if draft_model is None
-        else {"name": draft_name, "source": draft_source, "parameters": parameter_count(draft_model)},
+        else {"name": draft_name, "source": draft_source, "parameters": counts["draft"]},
         "dtype": str(dtype).removeprefix("torch."),
         "draft_quantization": "dynamic-int8" if int8_draft and draft_model is not None else None,
         "offload": None,

@@ -1,0 +1,58 @@
+"""hf_specdec.prepack: Linear weights prepacked in oneDNN's layout: same outputs, undoable, skipped where it can't."""
+
+from __future__ import annotations
+
+import copy
+import importlib
+
+import pytest
+import torch
+
+import hf_specdec
+from hf_specdec.core.devices import kernels
+from hf_specdec.kernels import PackedLinear, is_prepacked
+from hf_specdec.kernels.prepack import can_prepack
+from hf_specdec.planning.latency import placement
+from tests.conftest import random_prompt, tiny_model
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_prepacked_model_decodes_like_itself_and_speculation_stays_lossless(dtype):
+    target, draft = tiny_model("qwen2", 0).to(dtype), tiny_model("qwen2", 1).to(dtype)
+    ids = random_prompt(torch.Generator().manual_seed(3), 10)
+    before = target.generate(ids, max_new_tokens=24, do_sample=False)
+    weights = {name: p.detach().clone() for name, p in target.state_dict().items()}
+    report = hf_specdec.prepack(target, measure=False)
+    assert report.packed and is_prepacked(target) and isinstance(target.lm_head, PackedLinear)
+    assert kernels(target) == "onednn-prepacked" and placement(target)["kernels"] == "onednn-prepacked"
+    plain = target.generate(ids, max_new_tokens=24, do_sample=False)
+    if dtype == torch.bfloat16:  # the same oneDNN kernel, packed once instead of per call: bit for bit
+        assert torch.equal(plain, before)
+    for method in ("tree", "specexec", "chain"):
+        out = target.generate(ids, assistant_model=draft, speculation=method, max_new_tokens=24, do_sample=False)
+        assert torch.equal(out, plain), method
+    saved = target.state_dict()  # what save_pretrained writes: the plain weights, under their usual names
+    assert saved.keys() == weights.keys() and all(torch.equal(saved[k], v) for k, v in weights.items())
+    assert hf_specdec.unpack(target) > 0 and not is_prepacked(target) and kernels(target) == "default"
+    assert all(torch.equal(target.state_dict()[k], v) for k, v in weights.items())
+    assert torch.equal(target.generate(ids, max_new_tokens=24, do_sample=False), before)
+
+
+def test_prepack_keeps_packing_only_when_it_measures_faster(monkeypatch):
+    module = importlib.import_module("hf_specdec.kernels.prepack")
+    model = tiny_model("llama", 0)
+    times = iter([{1: 10.0, 16: 20.0}, {1: 10.0, 16: 19.9}])  # before, after: not 5% faster
+    monkeypatch.setattr(module, "_time", lambda model, sizes: next(times))
+    report = hf_specdec.prepack(model)
+    assert not report.packed and not is_prepacked(model) and "not faster" in report.reason
+    times = iter([{1: 10.0, 16: 20.0}, {1: 5.0, 16: 12.0}])
+    report = hf_specdec.prepack(model)
+    assert report.packed and is_prepacked(model) and report.after_ms == {1: 5.0, 16: 12.0}
+
+
+def test_models_that_cannot_be_prepacked_are_left_alone():
+    model = tiny_model("llama", 0)
+    quantized = hf_specdec.quantize_draft(copy.deepcopy(model))
+    assert "no float32/bfloat16 nn.Linear" in can_prepack(quantized)
+    report = hf_specdec.prepack(quantized)
+    assert not report.packed and not is_prepacked(quantized)

@@ -1,0 +1,134 @@
+"""Exact sampling when the logits processors depend on the prefix (repetition_penalty, no_repeat_ngram_size).
+
+One speculative step is enumerated exactly, as in tests/test_sampling_exact.py, but the target's node scores are
+raw toy logits processed by the real `process_tree_scores` with real Transformers processors, while the reference
+applies the same processors to each full sequence alone, as plain `generate` does. Enumeration is exact, so the
+tolerance (1e-6) is far below the errors that matter: a verifier wrong with probability 0.002 is caught, and so is
+a mutant `process_tree_scores` that processes every node with the root's prefix.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import (
+    LogitsProcessorList,
+    NoRepeatNGramLogitsProcessor,
+    RepetitionPenaltyLogitsProcessor,
+    TemperatureLogitsWarper,
+)
+
+from hf_specdec.core import processing
+from hf_specdec.verification import SequoiaVerifier, SpecInferVerifier, TargetSampleVerifier, Verdict
+from tests.test_sampling_exact import (
+    SHAPES,
+    Case,
+    depth,
+    speculative_joint,
+    target_joint,
+    to_token_tree,
+    total_variation,
+    toy_logits,
+)
+
+TOLERANCE = 1e-6
+PROCESSORS = {
+    "repetition_penalty": lambda: LogitsProcessorList(
+        [RepetitionPenaltyLogitsProcessor(1.8), TemperatureLogitsWarper(0.8)]
+    ),
+    "no_repeat_ngram_size": lambda: LogitsProcessorList(
+        [NoRepeatNGramLogitsProcessor(2), RepetitionPenaltyLogitsProcessor(1.3)]
+    ),
+}
+VERIFIERS = [SequoiaVerifier, SpecInferVerifier, TargetSampleVerifier]
+
+
+class ProcessedCase(Case):
+    """Toy target logits for a prefix, processed by `processors` with that prefix (the reference: plain generate)."""
+
+    def __init__(self, seed: int, vocab: int, processors: LogitsProcessorList, prompt: tuple[int, ...], same: bool):
+        super().__init__(seed, vocab, banned=0.0, same=same)  # same: the draft is the processed target (all accepted)
+        self.processors, self.prompt = processors, prompt
+        self._scores: dict[tuple[int, ...], torch.Tensor] = {}
+
+    def raw(self, prefix: tuple[int, ...]) -> torch.Tensor:
+        return toy_logits(self.seed, prefix, self.vocab, 0.0, temperature=0.7)
+
+    def target_scores(self, prefix: tuple[int, ...]) -> torch.Tensor:
+        if prefix not in self._scores:
+            self._scores[prefix] = self.processors(torch.tensor([prefix]), self.raw(prefix)[None])[0]
+        return self._scores[prefix]
+
+
+def processed_tree(case: ProcessedCase, nested) -> tuple:
+    """The drafted tree, and its node scores as the loop computes them: raw logits through process_tree_scores."""
+    tree, _ = to_token_tree(case, nested)
+    tokens = tree.tokens.tolist()
+    raw = torch.stack([case.raw(case.prompt + tuple(tokens[i] for i in tree.path_to(n)[1:])) for n in range(len(tree))])
+    prefix_ids = torch.tensor([case.prompt[:-1]])  # the loop's prefix ends before the root
+    return tree, processing.process_tree_scores(case.processors, prefix_ids, tree, raw)
+
+
+def step_error(processors: str, shape: str, verifier, draft: str = "toy") -> float:
+    """Total variation between what one speculative step (extended by target samples) emits and plain sampling."""
+    case = ProcessedCase(17, 4, PROCESSORS[processors](), prompt=(1, 2, 1), same=draft == "target")
+    spec = SHAPES[shape]
+    length = depth(spec) + 1
+    got, _ = speculative_joint(case, spec, verifier, length, build=processed_tree)
+    assert abs(sum(got.values()) - 1) < 1e-9
+    return total_variation(got, target_joint(case, case.prompt, length))
+
+
+def check_exact(processors: str, shape: str, verifier, draft: str = "toy") -> None:
+    assert step_error(processors, shape, verifier, draft) < TOLERANCE
+
+
+GRID = [(p, s, d) for p in sorted(PROCESSORS) for s in ("chain2", "star3") for d in ("toy", "target")]
+
+
+@pytest.mark.parametrize("verifier_cls", VERIFIERS)
+@pytest.mark.parametrize("processors,shape,draft", GRID)
+def test_exact_with_prefix_dependent_processors(processors, shape, draft, verifier_cls):
+    check_exact(processors, shape, verifier_cls(), draft)
+
+
+@pytest.mark.parametrize("verifier_cls", [SequoiaVerifier, TargetSampleVerifier])
+def test_exact_on_an_irregular_tree(verifier_cls):
+    """Two levels, nodes of one depth under different parents: processed as one batch, each with its own prefix."""
+    check_exact("repetition_penalty", "irregular", verifier_cls())
+
+
+def root_prefix_for_every_node(processors, prefix_ids, tree, logits, nodes=None):
+    """A mutant process_tree_scores: every node processed as if it were the root (the bug this file guards)."""
+    rows = len(tree) if nodes is None else len(nodes)
+    ids = torch.cat([prefix_ids, tree.tokens[:1][None]], dim=1).expand(rows, -1)
+    return processors(ids, logits.to(dtype=torch.float32, copy=True))
+
+
+@pytest.mark.parametrize("verifier_cls", VERIFIERS)
+def test_a_mutant_processing_every_node_with_the_roots_prefix_fails(monkeypatch, verifier_cls):
+    monkeypatch.setattr(processing, "process_tree_scores", root_prefix_for_every_node)
+    for processors, shape, draft in GRID:
+        with pytest.raises(AssertionError):
+            check_exact(processors, shape, verifier_cls(), draft)
+    assert step_error("no_repeat_ngram_size", "chain2", verifier_cls(), "target") > 0.002
+
+
+class Leaky:
+    """A verifier that, with probability 0.002, emits token 0 whatever the target says."""
+
+    def __init__(self, inner) -> None:
+        self.inner, self.name, self.child_selection = inner, inner.name, inner.child_selection
+
+    def verify(self, tree, target_scores, generator=None, *, source):
+        if source.accept(0.002):
+            return Verdict(path=[0], bonus_token=0, accepted_ranks=[])
+        return self.inner.verify(tree, target_scores, source=source)
+
+
+@pytest.mark.parametrize("verifier_cls", VERIFIERS)
+def test_an_error_of_0_002_is_caught(verifier_cls):
+    error = step_error("repetition_penalty", "star3", Leaky(verifier_cls()))
+    assert 0.001 < error <= 0.002
+    with pytest.raises(AssertionError):
+        check_exact("repetition_penalty", "star3", Leaky(verifier_cls()))
