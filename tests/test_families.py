@@ -180,7 +180,7 @@ class Collector(BaseStreamer):
         pass
 
 
-LEARNED = [f for f in SUPPORTED if f.position_limit]
+LEARNED = [f for f in SUPPORTED if "learned" in f.traits]  # GPT-J's fixed table raises other errors at its end
 
 
 @pytest.mark.parametrize("entry", LEARNED, ids=names(LEARNED))

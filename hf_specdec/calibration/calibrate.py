@@ -21,6 +21,7 @@ from transformers import (
     TopPLogitsWarper,
 )
 
+from ..core.attention import AttentionLayout
 from ..core.devices import execution_device
 from ..core.model_info import vocab_size
 from ..planning.latency import DEFAULT_SIZES, measure_latency
@@ -82,10 +83,17 @@ def reference_sequences(
         torch.manual_seed(seed + i)
         sampling = {"do_sample": True, "temperature": temperature} if temperature > 0 else {"do_sample": False}
         pad = target.generation_config.pad_token_id or target.generation_config.eos_token_id
-        out = target.generate(ids, max_new_tokens=max_new_tokens, attention_mask=torch.ones_like(ids),
-                              pad_token_id=pad, **sampling)
+        out = target.generate(ids, max_new_tokens=room(target, ids, max_new_tokens),
+                              attention_mask=torch.ones_like(ids), pad_token_id=pad, **sampling)
         sequences.append((out[0].cpu(), ids.shape[1]))
     return sequences
+
+
+def room(model: PreTrainedModel, ids: torch.Tensor, max_new_tokens: int) -> int:
+    """`max_new_tokens`, or fewer where a learned position table ends first (GPT-2, OPT): calibration must not
+    decode past the last position the model has."""
+    limit = AttentionLayout.of(model).position_limit
+    return max_new_tokens if limit is None else max(min(max_new_tokens, limit - ids.shape[-1]), 1)
 
 
 def draft_sequences(
@@ -98,7 +106,7 @@ def draft_sequences(
     for ids in prompts:
         ids = ids.reshape(1, -1).to(execution_device(draft))
         pad = draft.generation_config.pad_token_id or draft.generation_config.eos_token_id
-        generated = draft.generate(ids, max_new_tokens=max_new_tokens, do_sample=False,
+        generated = draft.generate(ids, max_new_tokens=room(draft, ids, max_new_tokens), do_sample=False,
                                    attention_mask=torch.ones_like(ids), pad_token_id=pad,
                                    suppress_tokens=beyond or None)
         out.append((generated[0].cpu(), ids.shape[1]))

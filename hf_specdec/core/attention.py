@@ -85,8 +85,9 @@ class AttentionLayout:
 
 
 def learned_position_limit(model: PreTrainedModel) -> int | None:
-    """`max_position_embeddings` when a learned position table holds that many rows (GPT-2's `wpe`, OPT's
-    `embed_positions` with its offset of 2); None for rotary, ALiBi or no positions, which go on past it."""
+    """`max_position_embeddings` when a position table holds that many rows (GPT-2's `wpe`, OPT's learned
+    `embed_positions` with its offset of 2, GPT-J's fixed sinusoid buffer); None for rotary embeddings computed on the
+    fly, ALiBi or no positions, which go on past it."""
     limit = getattr(model.config.get_text_config(decoder=True), "max_position_embeddings", None)
     if not isinstance(limit, int):
         return None
@@ -94,8 +95,9 @@ def learned_position_limit(model: PreTrainedModel) -> int | None:
         tokens = model.get_input_embeddings()
     except (NotImplementedError, AttributeError):
         tokens = None
-    tables = (m for m in model.modules() if isinstance(m, torch.nn.Embedding) and m is not tokens)
-    return limit if any(limit <= table.num_embeddings <= limit + 2 for table in tables) else None
+    rows = [m.num_embeddings for m in model.modules() if isinstance(m, torch.nn.Embedding) and m is not tokens]
+    rows += [buffer.shape[0] for name, buffer in model.named_buffers() if "embed_positions" in name and buffer.dim()]
+    return limit if any(limit <= count <= limit + 2 for count in rows) else None
 
 
 def unsupported_reason(model: PreTrainedModel) -> str | None:

@@ -23,6 +23,10 @@ class Drafter(CandidateGenerator):
     def propose(self, input_ids: torch.LongTensor) -> TokenTree:
         raise NotImplementedError
 
+    def observe_target_pass(self, tree_size: int, seconds: float) -> None:
+        """The target's pass over the last proposed tree (`tree_size` nodes) took `seconds`: drafters that size trees
+        by a cost model correct their latency curve with it."""
+
     def accept(self, input_ids: torch.LongTensor, tree: TokenTree, verdict: Verdict) -> None:
         """`input_ids` now ends with the accepted path and the bonus token: bring internal state up to date."""
 

@@ -12,7 +12,7 @@ from transformers.generation.streamers import BaseStreamer
 from ..core.attention import AttentionLayout
 from ..core.devices import execution_device
 from ..core.drafter import Drafter
-from ..core.kv_cache import cache_length, keep_positions
+from ..core.kv_cache import cache_length, crop, keep_positions
 from ..core.processing import process_tree_scores
 from ..core.tree import TokenTree
 from ..core.verdict import Verdict, Verifier
@@ -48,10 +48,7 @@ def speculative_loop(
     """
     stats = stats or SpeculationStats()
     start = time.perf_counter()
-    if input_ids.shape[1] > 1 + cache_length(cache):  # prefill all but the root
-        target(
-            input_ids=input_ids[:, cache_length(cache) : -1], past_key_values=cache, use_cache=True, logits_to_keep=1
-        )
+    root_logits = _prefill(target, input_ids, cache)
     stats.time_prefill = time.perf_counter() - start
     scores_out, logits_out = [], []
     finished = False
@@ -66,6 +63,8 @@ def speculative_loop(
         tree, kept = fit_positions(drafted, layout, past, target)
         t_forward = time.perf_counter()
         logits = tree_logits(target, tree, past, cache, layout, dtype, device)
+        if root_logits is not None:  # the first token as plain generate computes it (see _prefill)
+            logits, root_logits = torch.cat([root_logits.to(logits.dtype), logits[1:]]), None
         stats.time_target_forward += time.perf_counter() - t_forward
         scores = process_tree_scores(logits_processor, input_ids[:, :-1], tree, logits.to(input_ids.device))
         verdict = verifier.verify(tree, scores, generator)
@@ -101,6 +100,20 @@ def speculative_loop(
     if streamer is not None:
         streamer.end()
     return LoopResult(sequences=input_ids, scores=scores_out, logits=logits_out, stats=stats)
+
+
+def _prefill(target: PreTrainedModel, input_ids: torch.LongTensor, cache: Cache) -> torch.Tensor:
+    """Feed the prompt tokens the cache lacks in one pass, as plain `generate` does, and return the logits `(1, vocab)`
+    of the last one: they decide the first new token, which then equals plain's in any dtype (a tree pass computes
+    the same position with other matrix shapes, which in half precision round differently). The last token is then
+    dropped from the cache again: it is the first tree's root, which the loop feeds with its tree."""
+    if cache_length(cache) >= input_ids.shape[1]:  # a cache holding the whole prompt: recompute its last token
+        crop(cache, input_ids.shape[1] - 1)
+    device = execution_device(target)
+    logits = target(input_ids=input_ids[:, cache_length(cache) :].to(device), past_key_values=cache, use_cache=True,
+                    logits_to_keep=1).logits[0]
+    crop(cache, input_ids.shape[1] - 1)
+    return logits
 
 
 def tree_logits(

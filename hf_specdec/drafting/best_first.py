@@ -234,8 +234,11 @@ class BestFirstDrafter(DraftModelCounts, Drafter):
         for block in rows:
             sees[at : at + len(block), : block.shape[1]] = block
             at += len(block)
+        spent = self.runner.forward_time
         root_logits, logits = self.runner.forward_tree(torch.cat(tokens), torch.cat(depths), sees,
                                                        ids if first else None)
+        if self.sizer is not None and not first:  # the first pass also feeds the accepted tokens: not comparable
+            self.sizer.observe_draft(k, self.runner.forward_time - spent)
         nodes.slots[frontier] = torch.arange(old, old + f)
         self._slot_nodes = torch.cat([self._slot_nodes, frontier, torch.full((k - f,), -1, dtype=torch.long)])
         ready = {0: root_logits} if first else {}
@@ -278,6 +281,10 @@ class BestFirstDrafter(DraftModelCounts, Drafter):
                     self.lower_confirmed += 1
                     if int(nodes.depths[node]) < self.max_depth:
                         ready[node] = tree_logits[c - 1]
+
+    def observe_target_pass(self, tree_size: int, seconds: float) -> None:
+        if self.sizer is not None:
+            self.sizer.observe_target(tree_size, seconds)
 
     def accept(self, input_ids: torch.LongTensor, tree: TokenTree, verdict: Verdict) -> None:
         """Keep the committed prefix plus the accepted nodes already forwarded; drop every other slot. With a sizer,

@@ -62,19 +62,45 @@ class OnlineAcceptance:
 
 @dataclass
 class StepSizer:
-    """The cost model a best-first drafter consults after every pass (see the module doc)."""
+    """The cost model a best-first drafter consults after every pass (see the module doc).
+
+    The latency curves are corrected by what passes really take while generating (a running mean of the log of
+    measured over predicted time, per model): a curve measured on a busy machine, or before something changed,
+    stops steering the trees after a few steps.
+    """
 
     profile: HardwareProfile
     acceptance: OnlineAcceptance = field(default_factory=OnlineAcceptance)
     expansion_gain: float = 0.5  # g: accepted tokens an expansion's children add per unit of the parent's a (learned)
     gain_memory: float = 0.9  # weight of the past in g's running mean
+    timing_memory: float = 0.7  # weight of the past in the latency corrections
+    target_scale: float = 1.0  # measured / predicted target pass time (running, geometric)
+    draft_scale: float = 1.0  # measured / predicted draft pass time
+
+    def target_seconds(self, n):
+        return self.target_scale * self.profile.target(n)
+
+    def draft_seconds(self, n):
+        return self.draft_scale * self.profile.draft(n)
+
+    def observe_target(self, tokens: int, seconds: float) -> None:
+        self.target_scale = self._corrected(self.target_scale, seconds, self.profile.target(tokens))
+
+    def observe_draft(self, tokens: int, seconds: float) -> None:
+        self.draft_scale = self._corrected(self.draft_scale, seconds, self.profile.draft(tokens))
+
+    def _corrected(self, scale: float, measured: float, predicted: float) -> float:
+        if measured <= 0 or predicted <= 0:
+            return scale
+        log_scale = self.timing_memory * math.log(scale) + (1 - self.timing_memory) * math.log(measured / predicted)
+        return math.exp(log_scale)
 
     def best_size(self, values: torch.Tensor, draft_seconds: float) -> tuple[int, float]:
         """(nodes incl. the root, predicted seconds per token) of the best prefix of `values` (non-root a(v), sorted
         descending) after `draft_seconds` of drafting."""
         expected = 1.0 + torch.cat([values.new_zeros(1), values.double().cumsum(0)]).numpy()
         sizes = torch.arange(1, len(values) + 2).numpy()
-        per_token = (draft_seconds + self.profile.target(sizes) + self.profile.step_overhead) / expected
+        per_token = (draft_seconds + self.target_seconds(sizes) + self.profile.step_overhead) / expected
         best = int(per_token.argmin())
         return best + 1, float(per_token[best])
 
@@ -89,7 +115,7 @@ class StepSizer:
         for width in FRONTIER_SIZES:
             width = min(width, len(open_values))
             gain = self.expansion_gain * float(open_values[:width].sum())
-            seconds = draft_seconds + self.profile.draft(width) + self.profile.target(size + width)
+            seconds = draft_seconds + self.draft_seconds(width) + self.target_seconds(size + width)
             per_token = (seconds + self.profile.step_overhead) / (expected + gain)
             if per_token < best:
                 best, choice = per_token, width

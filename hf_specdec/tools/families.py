@@ -25,6 +25,8 @@ TRAIT_NOTES = {
     "sliding": f"sliding-window attention (window {WINDOW} here): the window is applied by position in the tree masks",
     "mixed": "full and sliding-window layers: one tree mask per layer type",
     "learned": "learned absolute positions: trees are cut at the table's last position, as far as plain generate goes",
+    "table": "rotary angles from a fixed table of max positions: trees are cut at its last position, as plain generate "
+             "stops there",
 }
 
 
@@ -47,7 +49,9 @@ class Family:
 
     @property
     def position_limit(self) -> int | None:
-        return POSITIONS if "learned" in self.traits else None
+        if "learned" in self.traits or "table" in self.traits:
+            return self.kwargs.get("n_positions", self.kwargs.get("max_position_embeddings"))
+        return None
 
     def build(self, seed: int = 0, vocab_size: int | None = None) -> torch.nn.Module:
         """A tiny random float32 model of this family in eval mode, sharpened, generating without eos."""
@@ -101,7 +105,8 @@ FAMILIES: tuple[Family, ...] = (
            dict(vocab_size=96, n_embd=32, n_layer=2, n_head=4, n_positions=POSITIONS, **IDS), traits=("learned",)),
     Family("GPT-NeoX", "GPTNeoXForCausalLM", "GPTNeoXConfig", _without("num_key_value_heads")),
     Family("GPT-J", "GPTJForCausalLM", "GPTJConfig",
-           dict(vocab_size=96, n_embd=32, n_layer=2, n_head=4, rotary_dim=4, n_positions=256, **IDS), attn="eager"),
+           dict(vocab_size=96, n_embd=32, n_layer=2, n_head=4, rotary_dim=4, n_positions=256, **IDS), attn="eager",
+           traits=("table",)),
     Family("Falcon", "FalconForCausalLM", "FalconConfig",
            dict(vocab_size=96, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, **IDS)),
     Family("OPT", "OPTForCausalLM", "OPTConfig",

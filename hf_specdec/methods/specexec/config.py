@@ -2,19 +2,18 @@
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
-from typing import Any
 
-from ...core.config import PlanRequest, SpeculationConfig, register_speculation
+from ...core.config import register_speculation
 from ...core.model_info import vocab_size
-from ...drafting.best_first import BestFirstDrafter, learned_acceptance, processors_key
-from ...planning.step_sizing import FRONTIER_SIZES, StepSizer
+from ...drafting.best_first import BestFirstDrafter
+from ...drafting.step_sized import StepSizedConfig
+from ...planning.step_sizing import FRONTIER_SIZES
 
 
 @register_speculation
 @dataclass
-class SpecExecConfig(SpeculationConfig):
+class SpecExecConfig(StepSizedConfig):
     """`speculation="specexec"`: best-first trees of the draft's most probable continuations (SpecExec).
 
     Without a `budget`, the tree is sized every step by a cost model (planning/step_sizing.py): the pair's latency
@@ -42,25 +41,9 @@ class SpecExecConfig(SpeculationConfig):
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)!r}.")
 
-    def plan_request(self) -> PlanRequest | None:
-        """Without a budget: the pair's latency curves (and acceptance), to size trees every step."""
-        return None if self.budget is not None else PlanRequest(max_budget=128, max_depth=self.max_depth + 1)
-
-    def with_plan(self, plan: Any, source: str) -> SpecExecConfig:
-        resolved = dataclasses.replace(self)
-        resolved.profile = plan.profile
-        resolved.plan_source = f"trees sized every step with the latency curves of {source}"
-        return resolved
-
     def make_drafter(self, target, assistant_model, logits_processor, child_selection, generator) -> BestFirstDrafter:
-        if self.budget is not None:
-            return BestFirstDrafter(assistant_model, int(self.budget), self.max_depth, self.width, self.beams,
-                                    logits_processor, vocab=vocab_size(target))
-        profile = getattr(self, "profile", None)
-        if profile is None:
-            raise RuntimeError("SpecExecConfig without a budget needs latency curves: the integration passes a plan "
-                               "to `with_plan` first (see `plan_request`).")
-        acceptance = learned_acceptance(assistant_model, (id(target), processors_key(logits_processor)))
-        return BestFirstDrafter(assistant_model, self.max_budget, self.max_depth, self.width,
-                                self.beams or max(FRONTIER_SIZES), logits_processor,
-                                sizer=StepSizer(profile, acceptance), vocab=vocab_size(target))
+        sizer = self.make_sizer(target, assistant_model, logits_processor)
+        budget = self.max_budget if sizer is not None else int(self.budget)
+        beams = self.beams or (max(FRONTIER_SIZES) if sizer is not None else None)
+        return BestFirstDrafter(assistant_model, budget, self.max_depth, self.width, beams, logits_processor,
+                                sizer=sizer, vocab=vocab_size(target))

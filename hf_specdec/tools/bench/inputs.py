@@ -8,13 +8,14 @@ from typing import Any
 
 import torch
 
-from ..prompts import humaneval_prompts, load_prompts, rewrite_chats
+from ..prompts import code_prompts, humaneval_prompts, load_prompts, rewrite_chats
 
 Chat = list[dict[str, Any]]
 Prompt = str | Chat
 
 HUMANEVAL = "humaneval"
 REWRITE = "rewrite"
+CODE = "code"
 
 
 class PromptError(ValueError):
@@ -22,22 +23,25 @@ class PromptError(ValueError):
 
 
 def load_prompt_source(spec: str) -> list[Prompt]:
-    """`humaneval` (all 164), `humaneval:N` (the first N), `rewrite[:N]` (chats whose answers repeat their input:
-    rewrite a HumanEval solution with one rename), or a `.jsonl` / `.json` / `.txt` file."""
+    """`humaneval` (all 164), `humaneval:N` (the first N), `code[:N]` (continuations of functions cut from the
+    Python standard library's sources, see `prompts.code_prompts`), `rewrite[:N]` (chats whose answers repeat their
+    input: rewrite a HumanEval solution with one rename), or a `.jsonl` / `.json` / `.txt` file."""
     name, _, count = spec.partition(":")
-    if name in (HUMANEVAL, REWRITE):
+    if name in (HUMANEVAL, REWRITE, CODE):
         try:
             number = int(count) if count else None
         except ValueError:
             raise PromptError(f"--prompts {spec!r}: the count after `{name}:` must be an integer.") from None
         if number is not None and number < 1:
             raise PromptError(f"--prompts {spec!r}: ask for at least one prompt.")
-        return list(humaneval_prompts(number)) if name == HUMANEVAL else rewrite_chats(number)
+        sources = {HUMANEVAL: humaneval_prompts, CODE: code_prompts, REWRITE: rewrite_chats}
+        return list(sources[name](number))
     path = Path(spec)
     if not path.is_file():
         raise PromptError(
-            f"--prompts {spec!r} is neither `humaneval[:N]`, `rewrite[:N]` nor an existing file: give a .jsonl (one "
-            '{"prompt": ...} or {"messages": [...]} per line), a .json list of strings or chats, or a .txt file.'
+            f"--prompts {spec!r} is neither `humaneval[:N]`, `code[:N]`, `rewrite[:N]` nor an existing file: give a "
+            '.jsonl (one {"prompt": ...} or {"messages": [...]} per line), a .json list of strings or chats, or a .txt '
+            "file."
         )
     prompts = _load_chats(path) or load_prompts(path)
     if not prompts:

@@ -1,0 +1,47 @@
+"""What `specexec` and `staged` share when their `budget` is left out: trees sized every step by a cost model."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from transformers import LogitsProcessorList, PreTrainedModel
+
+from ..core.config import PlanRequest, SpeculationConfig
+from ..planning.step_sizing import StepSizer
+from .best_first import learned_acceptance, processors_key
+
+#: the largest tree a plan made for a step-sized method may have (the plan lends only its latency curves)
+PLAN_BUDGET = 128
+
+
+class StepSizedConfig(SpeculationConfig):
+    """A best-first method whose `budget=None` means: size the tree every step (planning/step_sizing.py).
+
+    The sizing needs this pair's latency curves on this hardware: `plan_request` asks the integration for them
+    (stored, re-sized, or measured at first use) and `with_plan` keeps them.
+    """
+
+    budget: int | None
+    max_depth: int
+
+    def plan_request(self) -> PlanRequest | None:
+        return None if self.budget is not None else PlanRequest(max_budget=PLAN_BUDGET, max_depth=self.max_depth + 1)
+
+    def with_plan(self, plan: Any, source: str) -> StepSizedConfig:
+        resolved = dataclasses.replace(self)
+        resolved.profile = plan.profile
+        resolved.plan_source = f"trees sized every step with the latency curves of {source}"
+        return resolved
+
+    def make_sizer(
+        self, target: PreTrainedModel, draft: PreTrainedModel, processors: LogitsProcessorList | None
+    ) -> StepSizer | None:
+        """The cost model for this call (None with a fixed budget); what it learns carries over to the next call."""
+        if self.budget is not None:
+            return None
+        profile = getattr(self, "profile", None)
+        if profile is None:
+            raise RuntimeError(f"{type(self).__name__} without a budget needs latency curves: the integration passes "
+                               "a plan to `with_plan` first (see `plan_request`).")
+        return StepSizer(profile, learned_acceptance(draft, (id(target), processors_key(processors))))
