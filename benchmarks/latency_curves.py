@@ -1,10 +1,11 @@
-"""Forward time against tree size for the embedded pair in each dtype, and for the int8 draft: the curves every
-tree-size decision here rests on, measured on this machine.
+"""Forward time against tree size for the embedded pair in each dtype, with PyTorch's default kernels and with the
+Linear weights prepacked (`hf_specdec.prepack`), and for the int8 draft: the curves every tree-size decision here
+rests on, measured on this machine.
 
     .venv/bin/python benchmarks/latency_curves.py --output benchmarks/latency
 
-Writes `curves.json` (the machine, settings and every median) and `curves.png`. A tree of n tokens pays off only
-when a pass over n tokens costs much less than n single-token passes: the plot shows where that holds.
+Writes `curves.json` (the machine, settings and every median), `curves.png` (ms per pass) and `ratio.png` (pass(n) /
+pass(1): a tree of n tokens pays off only when a pass over n tokens costs much less than n single-token passes).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from hf_specdec import quantize_draft
+from hf_specdec import prepack, quantize_draft
 from hf_specdec.planning.latency import measure_latency
 from hf_specdec.tools import models
 from hf_specdec.tools.bench.environment import collect_environment
@@ -38,33 +39,51 @@ def main() -> None:
         if dtype == torch.float32:
             pairs.append(("draft 0.5B int8 (dynamic)", quantize_draft(draft)))
         for label, model in pairs:
-            curve = measure_latency(model, SIZES, args.past_length, args.repeats, progress=True, desc=label,
-                                    stop_ratio=24.0)
-            curves[label] = {"sizes": list(curve.sizes), "ms": [round(s * 1000, 2) for s in curve.seconds]}
-            print(label, dict(zip(curves[label]["sizes"], curves[label]["ms"])), flush=True)
-        del target, draft
+            measure(curves, label, model, args)
+        for label, model in pairs[:2]:
+            prepack(model, measure=False)
+            measure(curves, f"{label} prepacked", model, args)
+        del target, draft, pairs
     env = collect_environment()
     (args.output / "curves.json").write_text(json.dumps({"environment": env, "past_length": args.past_length,
                                                         "repeats": args.repeats, "curves": curves}, indent=1))
-    plot(curves, env, args.output / "curves.png")
+    replot(args.output)
 
 
-def plot(curves: dict, env: dict, path: Path) -> None:
+def replot(folder: Path) -> None:
+    data = json.loads((folder / "curves.json").read_text())
+    plot(data["curves"], data["environment"], folder / "curves.png")
+    plot(data["curves"], data["environment"], folder / "ratio.png", ratio=True)
+
+
+def measure(curves: dict, label: str, model, args) -> None:
+    curve = measure_latency(model, SIZES, args.past_length, args.repeats, progress=True, desc=label, stop_ratio=24.0)
+    curves[label] = {"sizes": list(curve.sizes), "ms": [round(s * 1000, 2) for s in curve.seconds]}
+    print(label, dict(zip(curves[label]["sizes"], curves[label]["ms"])), flush=True)
+
+
+def plot(curves: dict, env: dict, path: Path, ratio: bool = False) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4.2))
+    colors = {}
     for label, curve in curves.items():
-        ax.plot(curve["sizes"], curve["ms"], marker="o", label=label)
+        values = [ms / curve["ms"][0] for ms in curve["ms"]] if ratio else curve["ms"]
+        color = colors.setdefault(label.removesuffix(" prepacked"), f"C{len(colors)}")  # one colour per model
+        ax.plot(curve["sizes"], values, marker="o", label=label, color=color,
+                linestyle="--" if label.endswith("prepacked") else "-")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("new tokens in one forward pass (tree size)")
-    ax.set_ylabel("ms per pass (median)")
-    ax.set_title("Forward time against tree size", fontsize=10)
+    ax.set_ylabel("pass(n) / pass(1)" if ratio else "ms per pass (median)")
+    ax.set_title("Forward time against tree size, relative to one token" if ratio else
+                 "Forward time against tree size", fontsize=10)
     ax.legend(fontsize=8)
-    caption = f"{env['cpu']}, {env['torch_threads']} threads, torch {env['versions']['torch']}"
+    flags = ", ".join(env.get("cpu_flags") or [])
+    caption = f"{env['cpu']} ({flags}), {env['torch_threads']} threads, torch {env['versions']['torch']}"
     fig.text(0.01, 0.01, caption, fontsize=7)
     fig.tight_layout(rect=(0, 0.04, 1, 1))
     fig.savefig(path, dpi=120)

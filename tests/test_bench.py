@@ -323,6 +323,31 @@ def test_humaneval_and_rewrite_prompts():
         load_prompt_source("rewrite:0x")
 
 
+def test_code_prompts_are_cut_from_the_standard_library_after_a_def():
+    import ast
+
+    prompts = load_prompt_source("code:4")
+    assert len(prompts) == 4 and len(set(prompts)) == 4
+    assert load_prompt_source("code:4") == prompts  # the same cut every time
+    for prompt in prompts:
+        lines = prompt.splitlines()
+        assert 5 <= len(lines) <= 40
+        assert any(line.lstrip().startswith("def ") for line in lines[-20:])  # a function whose body is to come
+    with pytest.raises(SyntaxError):  # cut inside the function: its body is not complete
+        ast.parse(prompts[0])
+
+
+def test_settings_line_says_what_prepacking_did():
+    results = {"models": {"kernels": {"target": {"prepacked": True, "reason": "...", "ms_before": {"1": 140.0},
+                                                 "ms_after": {"1": 70.0}},
+                                      "draft": {"prepacked": False, "reason": "quantized", "ms_before": {},
+                                                "ms_after": {}}}},
+               "settings": {"max_new_tokens": 8}, "calls": []}
+    kernels = settings_line(results).split("Kernels:")[1]
+    assert "target Linear weights prepacked for oneDNN (1 token(s) 140 → 70 ms)" in kernels and "draft" not in kernels
+    assert "plain `generate` included" in kernels
+
+
 def test_offloaded_target_loads_from_a_folder(tmp_path):
     from tests.test_entry_points import tiny_tokenizer
 

@@ -96,7 +96,22 @@ def settings_line(results: dict[str, Any]) -> str:
         + (" **Interrupted:** only the prompts every strategy finished are reported." if results.get("interrupted")
            else "")
         + _time_limited_text(results.get("time_limited"))
+        + _kernels_text(models.get("kernels"))
     )
+
+
+def _kernels_text(kernels: dict[str, Any] | None) -> str:
+    """What `--prepack` did to each model, with the pass times it measured (plain generate ran on the same models)."""
+    parts = []
+    for role, report in (kernels or {}).items():
+        if report.get("prepacked"):
+            before, after = report.get("ms_before", {}), report.get("ms_after", {})
+            timing = ", ".join(f"{n} token(s) {before[n]:.0f} → {after[n]:.0f} ms" for n in before if n in after)
+            parts.append(f"{role} Linear weights prepacked for oneDNN ({timing})" if timing else
+                         f"{role} Linear weights prepacked for oneDNN")
+    if not parts:
+        return ""
+    return f" Kernels: {'; '.join(parts)}; every strategy, plain `generate` included, ran on the same prepared models."
 
 
 def _time_limited_text(limited: dict[str, Any] | None) -> str:
