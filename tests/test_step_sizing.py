@@ -61,3 +61,15 @@ def test_expansion_gain_follows_what_expansions_add():
     for _ in range(100):
         sizer.observe_expansion(torch.tensor([0.5, 0.25]), torch.tensor([[0.4, 0.05], [0.2, 0.025]]))
     assert abs(sizer.expansion_gain - 0.9) < 1e-3
+
+
+def test_latency_curves_are_corrected_by_measured_passes():
+    """A curve measured on a busy machine (10x too slow here) stops steering the trees after a few steps."""
+    stale = StepSizer(profile(lambda n: 1000.0 + 100.0 * n, lambda n: 50.0))
+    values = torch.tensor([0.9, 0.8, 0.7, 0.6, 0.5])
+    assert stale.best_size(values, 0.0)[0] == 6  # a flat, costly target: verify everything
+    for _ in range(20):  # what the passes really take: 100 ms + 10 ms per token, drafts 5 ms
+        stale.observe_target(8, (100.0 + 10.0 * 8) / 1000)
+        stale.observe_draft(4, 0.005)
+    assert stale.target_scale == pytest.approx(0.1, rel=0.05) and stale.draft_scale == pytest.approx(0.1, rel=0.05)
+    assert stale.target_seconds(8) == pytest.approx(0.18, rel=0.05)

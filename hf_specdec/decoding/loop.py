@@ -63,9 +63,11 @@ def speculative_loop(
         tree, kept = fit_positions(drafted, layout, past, target)
         t_forward = time.perf_counter()
         logits = tree_logits(target, tree, past, cache, layout, dtype, device)
+        seconds = time.perf_counter() - t_forward
+        stats.time_target_forward += seconds
+        drafter.observe_target_pass(len(tree), seconds)
         if root_logits is not None:  # the first token as plain generate computes it (see _prefill)
             logits, root_logits = torch.cat([root_logits.to(logits.dtype), logits[1:]]), None
-        stats.time_target_forward += time.perf_counter() - t_forward
         scores = process_tree_scores(logits_processor, input_ids[:, :-1], tree, logits.to(input_ids.device))
         verdict = verifier.verify(tree, scores, generator)
         t2 = time.perf_counter()
