@@ -3,7 +3,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test lint bench models clean
+.PHONY: setup demo test lint bench models llamacpp clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -23,6 +23,10 @@ demo: models
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -p no:cacheprovider tests
+
+# optional: the llama.cpp reference row of `hf-specdec bench` (pip compiles llama.cpp once and caches the wheel)
+llamacpp: $(STAMP)
+	$(BIN)/python -m pip install -q -c constraints.txt -e ".[llamacpp]"
 
 bench: $(STAMP)
 	$(BIN)/hf-specdec bench --quick

@@ -3,9 +3,12 @@ Linear weights prepacked (`hf_specdec.prepack`), and for the int8 draft: the cur
 rests on, measured on this machine.
 
     .venv/bin/python benchmarks/latency_curves.py --output benchmarks/latency
+    .venv/bin/python benchmarks/latency_curves.py --quantized --output benchmarks/latency-quantized
 
 Writes `curves.json` (the machine, settings and every median), `curves.png` (ms per pass) and `ratio.png` (pass(n) /
 pass(1): a tree of n tokens pays off only when a pass over n tokens costs much less than n single-token passes).
+With `--quantized`, the bfloat16 target prepacked against the same target through every quantization route of
+`hf-specdec bench --quantize-target`, and through PyTorch's dynamic int8 (`quantize_draft`, not offered for targets).
 """
 
 from __future__ import annotations
@@ -29,9 +32,18 @@ def main() -> None:
     parser.add_argument("--output", type=Path, default=Path("benchmarks/latency"))
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--past-length", type=int, default=256, help="Cached tokens before the measured pass.")
+    parser.add_argument("--quantized", action="store_true", help="The target under each quantization route.")
     args = parser.parse_args()
     args.output.mkdir(parents=True, exist_ok=True)
-    curves = {}
+    curves = quantized_curves(args) if args.quantized else dtype_curves(args)
+    env = collect_environment()
+    (args.output / "curves.json").write_text(json.dumps({"environment": env, "past_length": args.past_length,
+                                                        "repeats": args.repeats, "curves": curves}, indent=1))
+    replot(args.output)
+
+
+def dtype_curves(args) -> dict:
+    curves: dict = {}
     for dtype in (torch.bfloat16, torch.float32):
         target, draft, _ = models.load_default_pair(dtype=dtype, progress=False)
         name = str(dtype).removeprefix("torch.")
@@ -44,10 +56,28 @@ def main() -> None:
             prepack(model, measure=False)
             measure(curves, f"{label} prepacked", model, args)
         del target, draft, pairs
-    env = collect_environment()
-    (args.output / "curves.json").write_text(json.dumps({"environment": env, "past_length": args.past_length,
-                                                        "repeats": args.repeats, "curves": curves}, indent=1))
-    replot(args.output)
+    return curves
+
+
+def quantized_curves(args) -> dict:
+    from transformers import AutoModelForCausalLM
+
+    from hf_specdec.tools.bench.target_quantization import ROUTES, available_routes, quantization_config
+
+    curves: dict = {}
+    folder = models.fetch(models.DEFAULT_TARGET)
+    target = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16).eval()
+    prepack(target, measure=False)
+    measure(curves, "target 1.5B bfloat16 prepacked", target, args)
+    del target
+    for route in available_routes():
+        target = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16,
+                                                      quantization_config=quantization_config(route)).eval()
+        measure(curves, f"{route}: {ROUTES[route].description}", target, args)
+        del target
+    target = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16).eval()
+    measure(curves, "PyTorch dynamic int8 (quantize_draft; not lossless for a target)", quantize_draft(target), args)
+    return curves
 
 
 def replot(folder: Path) -> None:

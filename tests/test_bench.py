@@ -369,6 +369,80 @@ def test_offloaded_target_loads_from_a_folder(tmp_path):
         load_models(str(folder), None, need_draft=True)
 
 
+def test_quantized_target_auto_times_every_route_and_keeps_the_fastest(tmp_path, monkeypatch):
+    """`--quantize-target auto` loads the target through each available route, times it, keeps the fastest and says
+    so; the choice follows the measured times (here made up, so that each route wins once)."""
+    from hf_specdec.core.model_info import quantization
+    from hf_specdec.tools.bench import loading, target_quantization
+    from tests.test_entry_points import tiny_tokenizer
+
+    folder = tmp_path / "tiny"
+    tiny_model("llama", 0).save_pretrained(folder)
+    tiny_tokenizer().save_pretrained(folder)
+    real_measure = target_quantization.measure_latency
+    for winner in ("none", "int8"):
+        def timed(model, sizes, *args, winner=winner, **kwargs):
+            curve = real_measure(model, sizes, *args, **kwargs)
+            route = "none" if quantization(model) is None else "int8"
+            seconds = 0.001 if route == winner else 1.0
+            return type(curve)(curve.sizes, tuple(seconds for _ in curve.sizes), curve.past_length)
+
+        monkeypatch.setattr(target_quantization, "measure_latency", timed)
+        monkeypatch.setattr(loading, "available_routes", lambda: ["int8"])
+        loaded = load_models(str(folder), None, dtype=torch.float32, need_draft=False, quantize_target="auto")
+        quantized = loaded.info["target_quantization"]
+        assert quantized["route"] == winner and set(quantized["ms_per_pass_by_route"]) == {"none", "int8"}
+        assert (quantization(loaded.target) is not None) == (winner == "int8")
+        assert "picked automatically" in settings_line({"models": loaded.info, "settings": {}, "calls": []})
+    with pytest.raises(ValueError, match="Unknown target quantization 'int3'"):
+        load_models(str(folder), None, need_draft=False, quantize_target="int3")
+    for route in ("auto", "int8"):
+        with pytest.raises(ValueError, match="cannot be combined with --offload.*Quantize the target or offload it"):
+            load_models(str(folder), None, need_draft=False, quantize_target=route, offload=True)
+
+
+def test_llama_cpp_row_is_skipped_with_the_reason(run, monkeypatch, capsys):
+    from hf_specdec.tools.bench import llama_cpp
+    from hf_specdec.tools.bench.cli import add_llama_cpp_row
+
+    results = {**run[0], "calls": list(run[0]["calls"]), "strategies": list(run[0]["strategies"])}
+    monkeypatch.setattr(llama_cpp, "unavailable", lambda: "llama-cpp-python is not installed; install it")
+    add_llama_cpp_row(results, [], BenchSettings(max_new_tokens=NEW), None, None, progress=False)
+    assert results["llama_cpp"] == {"skipped": "llama-cpp-python is not installed; install it"}
+    assert "llama.cpp row skipped: llama-cpp-python is not installed" in capsys.readouterr().err
+    assert "llama.cpp row skipped" in settings_line(results)
+    assert len(results["strategies"]) == len(run[0]["strategies"])  # no row added
+    monkeypatch.setattr(llama_cpp, "unavailable", lambda: None)
+    add_llama_cpp_row(results, [], BenchSettings(max_new_tokens=NEW), None, "some/other-model", progress=False)
+    assert "not the embedded model" in results["llama_cpp"]["skipped"]
+
+
+def test_llama_cpp_row_is_a_reference_row_relative_to_plain(run, monkeypatch, tmp_path):
+    """With llama-cpp-python present, its calls join the table as a reference: speedup against plain on the same
+    prompts, outputs not compared (its own numerics)."""
+    from hf_specdec.tools import models
+    from hf_specdec.tools.bench import llama_cpp
+    from hf_specdec.tools.bench.cli import add_llama_cpp_row
+
+    results = {**run[0], "calls": list(run[0]["calls"]), "strategies": list(run[0]["strategies"])}
+    plain_seconds = {c["prompt"]: c["seconds"] for c in results["calls"] if c["strategy"] == "plain"}
+
+    def fake_run(gguf, prompts, max_new_tokens, progress=True):
+        return [{**next(c for c in results["calls"] if c["strategy"] == "plain" and c["prompt"] == i),
+                 "strategy": llama_cpp.LABEL, "seconds": plain_seconds[i] / 4, "identical": None,
+                 "speculation_stats": None} for i in range(len(prompts))]
+
+    monkeypatch.setattr(llama_cpp, "unavailable", lambda: None)
+    monkeypatch.setattr(llama_cpp, "run_llama_cpp", fake_run)
+    monkeypatch.setattr(llama_cpp, "version", lambda: "0.0-test")
+    monkeypatch.setattr(models, "fetch_gguf", lambda spec, progress=True: tmp_path / "target.gguf")
+    add_llama_cpp_row(results, [None] * len(plain_seconds), BenchSettings(max_new_tokens=NEW), None, None, False)
+    row = next(r for r in results["summary"] if r["strategy"] == llama_cpp.LABEL)
+    assert row["kind"] == "reference" and row["identical_text"] == "n/a (own numerics)"
+    assert row["speedup"]["median"] == pytest.approx(4.0)
+    assert "llama-cpp-python 0.0-test decoding target.gguf" in settings_line(results)
+
+
 # --- report and README ------------------------------------------------------------------------------------------
 
 

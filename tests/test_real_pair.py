@@ -82,3 +82,25 @@ def test_offloaded_target_is_lossless(real_pair_fp32, plain_outputs, tmp_path):
     assert out.speculation_stats.target_forwards < NEW_TOKENS / 2
     plain = offloaded.generate(ids, max_new_tokens=12, do_sample=False)
     assert torch.equal(plain, expected[:, : ids.shape[1] + 12])
+
+
+def test_int8_quantized_real_target_is_lossless(real_pair_fp32):
+    """The real target loaded through TorchAoConfig (int8 weight-only, as `--quantize-target int8` does): specexec
+    gives the tokens plain `generate` gives on that same quantized target, with fewer target passes than tokens."""
+    pytest.importorskip("torchao", reason="torchao is a test requirement (pyproject [test])")
+    from transformers import AutoModelForCausalLM
+
+    from hf_specdec.core.model_info import quantization
+    from hf_specdec.tools import models
+    from hf_specdec.tools.bench.target_quantization import quantization_config
+
+    _, draft, tokenizer = real_pair_fp32
+    target = AutoModelForCausalLM.from_pretrained(models.fetch(models.DEFAULT_TARGET), dtype=torch.float32,
+                                                  quantization_config=quantization_config("int8")).eval()
+    assert quantization(target) == "torchao:Int8WeightOnlyConfig"
+    ids = tokenizer(PROMPTS[1], return_tensors="pt").input_ids
+    expected = target.generate(ids, max_new_tokens=24, do_sample=False)
+    out = target.generate(ids, assistant_model=draft, speculation="specexec", speculation_config={"budget": 16},
+                          max_new_tokens=24, do_sample=False, return_dict_in_generate=True)
+    assert torch.equal(out.sequences, expected)
+    assert out.speculation_stats.target_forwards < 24 / 2

@@ -19,6 +19,7 @@ import transformers
 from transformers import PreTrainedModel
 
 from ..core.devices import cpu_model
+from ..core.model_info import quantization
 from ..core.version import __version__
 from ..planning.latency import dtype_name, placement
 from ..planning.sequoia import TreePlan
@@ -145,4 +146,6 @@ class SequoiaPlan:
 
 def pair_placement(target: PreTrainedModel, draft: PreTrainedModel) -> dict[str, Any]:
     """The target's placement (see `latency.placement`) plus the draft's dtype (a quantized draft is faster)."""
-    return {**placement(target), "draft_dtype": dtype_name(draft)}
+    draft_weights = quantization(draft)
+    return {**placement(target), "draft_dtype": dtype_name(draft),
+            **({} if draft_weights is None else {"draft_quantization": draft_weights})}

@@ -20,6 +20,28 @@ def vocab_size(model: PreTrainedModel) -> int:
     return int(size) if size is not None else int(model.config.get_text_config().vocab_size)
 
 
+def quantization(model: PreTrainedModel) -> str | None:
+    """How the model's weights are quantized ("torchao:Int8WeightOnlyConfig", "quanto:int8", "dynamic-int8"), or
+    None for plain floating-point weights. A quantized model's passes cost differently: its latency curves and plans
+    are its own."""
+    ours = getattr(model.config, "hf_specdec_quantization", None)
+    if ours is not None:
+        return str(ours)
+    config = getattr(model.config, "quantization_config", None)
+    if config is None:
+        return None
+    if not isinstance(config, dict):
+        config = config.to_dict() if hasattr(config, "to_dict") else vars(config)
+    method = str(config.get("quant_method", "unknown")).removeprefix("QuantizationMethod.").lower()
+    if config.get("dequantize"):  # GGUF unpacked at load time: plain weights
+        return None
+    detail = config.get("quant_type") or config.get("weights") or config.get("bits")
+    if isinstance(detail, dict):  # torchao writes {"default": {"_type": "Int8WeightOnlyConfig", ...}}
+        inner = detail.get("default", detail)
+        detail = inner.get("_type", "") if isinstance(inner, dict) else inner
+    return f"{method}:{detail}" if detail else method
+
+
 def vocabulary_mismatch(
     target: PreTrainedModel, draft: PreTrainedModel, tokenizer_size: int | None = None
 ) -> str | None:

@@ -41,8 +41,11 @@ def can_prepack(model: PreTrainedModel) -> str | None:
 
 
 def _packable(module: nn.Module) -> bool:
-    return (type(module) is nn.Linear and module.weight.dtype in PACKABLE_DTYPES
-            and module.weight.device.type == "cpu" and getattr(module, "_hf_hook", None) is None)
+    """A plain float Linear on the CPU: not one whose weight is a quantized tensor subclass (torchao's report the
+    float dtype they compute in), nor one accelerate moves weights into."""
+    return (type(module) is nn.Linear and type(module.weight.data) is torch.Tensor
+            and module.weight.dtype in PACKABLE_DTYPES and module.weight.device.type == "cpu"
+            and getattr(module, "_hf_hook", None) is None)
 
 
 class PackedLinear(nn.Module):

@@ -21,6 +21,7 @@ from transformers import DynamicCache, PreTrainedModel
 from ..core.attention import AttentionLayout
 from ..core.devices import cpu_model, execution_device, is_offloaded, kernels
 from ..core.kv_cache import crop
+from ..core.model_info import quantization
 from ..core.tree import TokenTree
 
 DEFAULT_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128)
@@ -42,9 +43,10 @@ def device_name(device: torch.device) -> str:
 
 
 def placement(model: PreTrainedModel) -> dict:
-    """Everything besides the model that decides its latency curve: hardware, threads, dtype, offloading."""
+    """Everything besides the model that decides its latency curve: hardware, threads, dtype, offloading,
+    kernels and weight quantization."""
     device = execution_device(model)
-    return {
+    found = {
         "device": device.type,
         "hardware": device_name(device),
         "threads": torch.get_num_threads() if device.type == "cpu" else None,
@@ -52,6 +54,8 @@ def placement(model: PreTrainedModel) -> dict:
         "offloaded": is_offloaded(model),
         "kernels": kernels(model),
     }
+    weights = quantization(model)
+    return found if weights is None else {**found, "quantization": weights}  # plain models keep their old key
 
 
 @dataclass(frozen=True)

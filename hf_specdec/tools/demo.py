@@ -9,6 +9,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from .bench.cli import QUANTIZE_CHOICES
+
 DTYPES = ("auto", "bfloat16", "float32")
 DEFAULT_METHODS = "chain,tree,sequoia,specexec"
 
@@ -27,13 +29,17 @@ def register_cli(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--prepack", action=argparse.BooleanOptionalAction, default=None,
                         help="Prepack the models' Linear weights for this CPU where that measures faster "
                         "(hf_specdec.prepack; default: on a CPU). Plain generate runs on the same prepared models.")
+    parser.add_argument("--quantize-target", choices=QUANTIZE_CHOICES, default=None, metavar="ROUTE",
+                        help="auto (default on a CPU): time the target unquantized and through each available "
+                        "quantization route (torchao) and keep the fastest; or name one: "
+                        f"{', '.join(QUANTIZE_CHOICES)}. Plain generate runs on the same target.")
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from .bench.cli import benchmark, resolve_dtype
+    from .bench.cli import benchmark, report_loading, resolve_dtype
     from .bench.inputs import load_prompt_source, tokenize_prompts
     from .bench.loading import load_models
     from .bench.report import markdown_table
@@ -50,11 +56,11 @@ def run(args: argparse.Namespace) -> int:
     dtype = resolve_dtype(args.dtype)
     int8_draft = args.int8_draft if args.int8_draft is not None else not torch.cuda.is_available()
     prepack = args.prepack if args.prepack is not None else not torch.cuda.is_available()
+    quantize_target = args.quantize_target or ("none" if torch.cuda.is_available() else "auto")
     print(f"Loading the embedded pair ({dtype}) ...", flush=True)
-    loaded = load_models(dtype=getattr(torch, dtype), int8_draft=int8_draft, prepack=prepack)
-    for role, report in loaded.info.get("kernels", {}).items():
-        print(f"{role}: {report['reason']} (ms per pass over 1/16 tokens: {report['ms_before']} -> "
-              f"{report['ms_after']})", flush=True)
+    loaded = load_models(dtype=getattr(torch, dtype), int8_draft=int8_draft, prepack=prepack,
+                         quantize_target=quantize_target)
+    report_loading(loaded.info)
     prompts = tokenize_prompts(loaded.tokenizer, load_prompt_source(f"humaneval:{args.prompts}"))
     print(f"{args.prompts} HumanEval prompts x {args.max_new_tokens} new tokens, greedy, {torch.get_num_threads()} "
           f"threads, {dtype}{', int8 draft' if int8_draft else ''}", flush=True)

@@ -83,6 +83,8 @@ def summarize(calls: list[dict[str, Any]], strategies: list[dict[str, Any]], sam
             if p in plain and row["seconds"] > 0
         ]
         identical = [row["identical"] for row in prompts.values()]
+        reference = strategy["kind"] == "reference"  # another engine (llama.cpp): its greedy path is its own
+        not_compared = sampling or reference
         new_tokens = sum(c["new_tokens"] for c in mine)
         row = {
             "strategy": label,
@@ -101,10 +103,11 @@ def summarize(calls: list[dict[str, Any]], strategies: list[dict[str, Any]], sam
             "tokens_per_target_step": _ratio(new_tokens, sum(c["target_steps"] for c in mine)),
             "target_passes": sum(c["target_passes"] for c in mine),
             "draft_passes": sum(c["draft_passes"] for c in mine),
-            "draft_passes_per_token": _ratio(sum(c["draft_passes"] for c in mine), new_tokens),
-            "identical": None if sampling else sum(bool(i) for i in identical),
-            "compared": None if sampling else len(identical),
-            "identical_text": "n/a (sampling)" if sampling else f"{sum(bool(i) for i in identical)}/{len(identical)}",
+            "draft_passes_per_token": None if reference else _ratio(sum(c["draft_passes"] for c in mine), new_tokens),
+            "identical": None if not_compared else sum(bool(i) for i in identical),
+            "compared": None if not_compared else len(identical),
+            "identical_text": "n/a (sampling)" if sampling else "n/a (own numerics)" if reference
+            else f"{sum(bool(i) for i in identical)}/{len(identical)}",
             "peak_rss_mib": max((c["peak_rss_delta_bytes"] for c in mine), default=0) / MIB,
             "time_split": _time_split(mine),
         }

@@ -12,6 +12,8 @@ from typing import Any
 
 SCHEMA = "hf_specdec.bench/1"
 DTYPES = ("auto", "bfloat16", "float32", "float16")
+#: target_quantization.CHOICES, spelled out so that `--help` imports no model code (a test keeps them equal)
+QUANTIZE_CHOICES = ("none", "auto", "int8", "int8-dynamic")
 DEFAULT_PROMPTS, QUICK_PROMPTS = "humaneval:8", "humaneval:3"
 DEFAULT_NEW_TOKENS, QUICK_NEW_TOKENS = 128, 48
 #: --quick starts no prompt that would end past this; loading the models and the report take the rest of 10 min
@@ -70,6 +72,15 @@ def register_cli(subparsers: argparse._SubParsersAction) -> argparse.ArgumentPar
                         help="Prepack both models' Linear weights for this CPU (hf_specdec.prepack), kept only where "
                         "measured faster; every strategy, plain generate included, runs on the prepared models "
                         "(default: on a CPU).")
+    parser.add_argument("--quantize-target", choices=QUANTIZE_CHOICES, default=None, metavar="ROUTE",
+                        help="Load the target quantized through a Transformers route: int8 (torchao weight-only), "
+                        "int8-dynamic (torchao), none, or auto (time the target unquantized and through each route "
+                        "here and keep the fastest). Plain generate runs on the same quantized target, so "
+                        "outputs are still compared token for token. Default none.")
+    parser.add_argument("--llama-cpp", action=argparse.BooleanOptionalAction, default=None,
+                        help="Add a llama.cpp reference row (plain decoding of the embedded target's original "
+                        "Q4_K_M GGUF through llama-cpp-python, same prompts and threads). Default: when the extra "
+                        "is installed and the target is the embedded one; skipped with the reason otherwise.")
     parser.add_argument("--repeats", type=int, default=1,
                         help="Measured calls per prompt and strategy; their median counts (default 1).")
     parser.add_argument("--warmup", type=int, default=1, help="Unmeasured short calls per strategy first (default 1).")
@@ -167,22 +178,24 @@ def run(args: argparse.Namespace) -> int:
         loaded = load_models(
             args.target, args.draft, dtype=getattr(torch, dtype_name), need_draft=any(s.uses_draft for s in strategies),
             offload=args.offload, offload_max_memory=args.offload_max_memory, int8_draft=int8_draft,
-            prepack=prepack,
+            prepack=prepack, quantize_target=args.quantize_target,
         )
-    except ValueError as error:
+    except (ValueError, ImportError) as error:
         return _error(str(error))
+    report_loading(loaded.info)
     try:
         try:
             input_ids = tokenize_prompts(loaded.tokenizer, prompts)
         except PromptError as error:
             return _error(str(error))
         results = benchmark(loaded, input_ids, strategies, settings, not args.no_progress)
+        add_llama_cpp_row(results, input_ids, settings, args.llama_cpp, args.target, not args.no_progress)
     finally:
         loaded.cleanup()
     results["settings"].update(
         prompts=prompt_spec, dtype=dtype_name, dtype_requested=args.dtype, offload=args.offload,
         offload_max_memory=args.offload_max_memory, threads=args.threads, quick=args.quick, target=args.target,
-        draft=args.draft, int8_draft=int8_draft, prepack=prepack,
+        draft=args.draft, int8_draft=int8_draft, prepack=prepack, quantize_target=args.quantize_target,
         command=" ".join(["hf-specdec", *sys.argv[1:]]) if sys.argv else None,
     )
     from .report import markdown_table, write_report
@@ -193,6 +206,52 @@ def run(args: argparse.Namespace) -> int:
     print(markdown_table(results["summary"]))
     print(f"\nWrote {', '.join(str(p) for p in paths.values())}")
     return 0
+
+
+def report_loading(info: dict[str, Any]) -> None:
+    """Say what the automatic choices picked, and why (prepacking, the target's quantization route)."""
+    for role, report in info.get("kernels", {}).items():
+        print(f"{role}: {report['reason']} (ms per pass over 1/16 tokens: {report['ms_before']} -> "
+              f"{report['ms_after']})", file=sys.stderr)
+    quantized = info.get("target_quantization") or {}
+    if quantized.get("ms_per_pass_by_route"):
+        timings = "; ".join(f"{route} {ms.get(1)}/{ms.get(16)}" for route, ms in quantized["ms_per_pass_by_route"]
+                            .items())
+        print(f"target quantization: picked {quantized['route']} ({quantized['description']}), the fastest here "
+              f"(ms per pass over 1/16 tokens: {timings})", file=sys.stderr)
+    elif quantized.get("route", "none") != "none":
+        print(f"target quantization: {quantized['description']}", file=sys.stderr)
+
+
+def add_llama_cpp_row(results: dict[str, Any], input_ids: list, settings: Any, wanted: bool | None,
+                      target: str | None, progress: bool) -> None:
+    """Append llama.cpp's plain decoding of the embedded target's GGUF as a reference row, or say why not."""
+    from . import llama_cpp
+    from .aggregate import summarize
+
+    if wanted is False:
+        return
+    why = llama_cpp.unavailable()
+    if why is None and target is not None:
+        why = "--target is not the embedded model, whose GGUF file the row reads"
+    if why is None and settings.sampling:
+        why = "the row decodes greedily; this run samples"
+    if why is not None:
+        print(f"llama.cpp row skipped: {why}.", file=sys.stderr)
+        results["llama_cpp"] = {"skipped": why}
+        return
+    from .. import models
+
+    gguf = models.fetch_gguf(models.DEFAULT_TARGET, progress)
+    measured = sorted({call["prompt"] for call in results["calls"]})
+    calls = llama_cpp.run_llama_cpp(gguf, [input_ids[i] for i in measured], settings.max_new_tokens,
+                                    progress=progress)
+    for call, prompt in zip(calls, measured):
+        call["prompt"] = prompt
+    results["calls"] += calls
+    results["strategies"].append(llama_cpp.reference_strategy(gguf))
+    results["summary"] = summarize(results["calls"], results["strategies"], sampling=settings.sampling)
+    results["llama_cpp"] = {"gguf": gguf.name, "version": llama_cpp.version()}
 
 
 def resolve_dtype(name: str) -> str:

@@ -13,6 +13,9 @@ from typing import Any
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
+from ...core.model_info import quantization
+from .target_quantization import ROUTES, available_routes, fastest_route, quantization_config
+
 #: RAM given to the offloaded target by default, as a share of its weights. accelerate counts the (tied) embedding
 #: against it and reserves room for the largest layer, so half the bytes keeps about a quarter of the layers in RAM;
 #: the rest are read from disk on every pass. A quarter would put the whole model on disk.
@@ -29,7 +32,11 @@ class LoadedModels:
 
 
 def parameter_count(model: torch.nn.Module) -> int:
-    return sum(p.numel() for p in model.parameters())
+    """Parameters, prepacked Linear weights (buffers of `PackedLinear`) included."""
+    from ...kernels.prepack import PackedLinear
+
+    packed = sum(m.in_features * m.out_features for m in model.modules() if isinstance(m, PackedLinear))
+    return sum(p.numel() for p in model.parameters()) + packed
 
 
 def _source(name: str | None, role: str) -> tuple[str, str]:
@@ -73,6 +80,14 @@ def offload_kwargs(source: str, dtype: torch.dtype, max_memory: str | None) -> t
     return {"device_map": "auto", "max_memory": {"cpu": budget}, "offload_folder": folder}, folder
 
 
+def _prepack(model: PreTrainedModel) -> dict[str, Any]:
+    from ...kernels import prepack
+
+    report = prepack(model)
+    return {"prepacked": report.packed, "reason": report.reason, "ms_before": report.before_ms,
+            "ms_after": report.after_ms}
+
+
 def load_models(
     target: str | None = None,
     draft: str | None = None,
@@ -83,21 +98,48 @@ def load_models(
     offload_max_memory: str | None = None,
     int8_draft: bool = False,
     prepack: bool = False,
+    quantize_target: str | None = None,
 ) -> LoadedModels:
     """Target, draft (when a strategy needs one; with `int8_draft`, dynamically quantized) and the tokenizer; with
-    `prepack`, both models' Linear weights prepacked for this CPU where that measures faster (hf_specdec.prepack)."""
+    `prepack`, both models' Linear weights prepacked for this CPU where that measures faster (hf_specdec.prepack);
+    with `quantize_target`, the target loaded through that route of `target_quantization.ROUTES`."""
     if (target is None) != (draft is None) and need_draft:
         raise ValueError(
             "Give both --target and --draft (a draft sharing the target's tokenizer), or neither for the embedded "
             "Qwen2.5-Coder 1.5B/0.5B pair."
         )
+    if quantize_target not in (None, "none") and offload:
+        raise ValueError(
+            "--quantize-target cannot be combined with --offload: Transformers cannot load a torchao-quantized model "
+            "with weights on disk without a GPU (its loader asks for CUDA). Quantize the target or offload it."
+        )
+    if quantize_target not in (None, "none", "auto"):
+        quantization_config(quantize_target)  # fails now, before any loading, if the route cannot run here
     target_source, target_name = _source(target, "target")
     kwargs: dict[str, Any] = {}
     folder = None
     if offload:
         kwargs, folder = offload_kwargs(target_source, dtype, offload_max_memory)
+
+    kernels: dict[str, Any] = {}
+    target_kernels: dict[str | None, dict[str, Any]] = {}  # per candidate route
+
+    def load_target(route: str | None) -> PreTrainedModel:
+        extra = {} if route is None else {"quantization_config": quantization_config(route)}
+        model = AutoModelForCausalLM.from_pretrained(target_source, dtype=dtype, **kwargs, **extra).eval()
+        if prepack:  # every candidate competes in its fastest form (prepacking skips quantized layers)
+            target_kernels[route] = _prepack(model)
+        return model
+
+    route_timings = None
     try:
-        target_model = AutoModelForCausalLM.from_pretrained(target_source, dtype=dtype, **kwargs).eval()
+        if quantize_target == "auto":
+            route, target_model, route_timings = fastest_route(load_target, [None, *available_routes()])
+        else:
+            route = None if quantize_target in (None, "none") else quantize_target
+            target_model = load_target(route)
+        if route in target_kernels:
+            kernels["target"] = target_kernels[route]
         draft_model, draft_name = None, None
         if need_draft:
             draft_source, draft_name = _source(draft, "draft")
@@ -108,16 +150,9 @@ def load_models(
                 draft_model = quantize_draft(draft_model)
         tokenizer = AutoTokenizer.from_pretrained(target_source)
         counts = {role: parameter_count(model) for role, model in (("target", target_model), ("draft", draft_model))
-                  if model is not None}  # before prepacking, which moves weights into buffers
-        kernels = {}
-        if prepack:
-            from ...kernels import prepack as prepack_model
-
-            for role, model in (("target", target_model), ("draft", draft_model)):
-                if model is not None:
-                    report = prepack_model(model)
-                    kernels[role] = {"prepacked": report.packed, "reason": report.reason,
-                                     "ms_before": report.before_ms, "ms_after": report.after_ms}
+                  if model is not None}
+        if prepack and draft_model is not None:
+            kernels["draft"] = _prepack(draft_model)
     except Exception:
         if folder:
             shutil.rmtree(folder, ignore_errors=True)
@@ -129,6 +164,10 @@ def load_models(
         else {"name": draft_name, "source": draft_source, "parameters": counts["draft"]},
         "dtype": str(dtype).removeprefix("torch."),
         "draft_quantization": "dynamic-int8" if int8_draft and draft_model is not None else None,
+        "target_quantization": {
+            "route": route or "none", "requested": quantize_target or "none",
+            "description": ROUTES[route].description if route else "unquantized",
+            "weights": quantization(target_model), "ms_per_pass_by_route": route_timings},
         "offload": None,
         "kernels": kernels,
     }

@@ -97,7 +97,31 @@ def settings_line(results: dict[str, Any]) -> str:
            else "")
         + _time_limited_text(results.get("time_limited"))
         + _kernels_text(models.get("kernels"))
+        + _quantized_target_text(models.get("target_quantization"))
+        + _llama_cpp_text(results.get("llama_cpp"))
     )
+
+
+def _quantized_target_text(quantized: dict[str, Any] | None) -> str:
+    """The target's quantization route; with `auto`, what each route measured here."""
+    if not quantized or (quantized.get("route") == "none" and quantized.get("requested") in (None, "none")):
+        return ""
+    text = f" Target: {quantized['description']}"
+    timings = quantized.get("ms_per_pass_by_route")
+    if timings:
+        each = "; ".join(f"{route} {ms.get('1', ms.get(1))}/{ms.get('16', ms.get(16))} ms" for route, ms
+                         in timings.items())
+        text += f", picked automatically as the fastest pass over 1/16 tokens here ({each})"
+    return text + "; plain `generate` ran on the same target."
+
+
+def _llama_cpp_text(llama: dict[str, Any] | None) -> str:
+    if not llama:
+        return ""
+    if "skipped" in llama:
+        return f" llama.cpp row skipped: {llama['skipped']}."
+    return (f" `llama.cpp`: llama-cpp-python {llama.get('version')} decoding {llama['gguf']} (the file the target "
+            "was converted from) greedily, same prompts, threads and token budget, run after the other rows.")
 
 
 def _kernels_text(kernels: dict[str, Any] | None) -> str:

