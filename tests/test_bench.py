@@ -417,6 +417,26 @@ def test_llama_cpp_row_is_skipped_with_the_reason(run, monkeypatch, capsys):
     assert "not the embedded model" in results["llama_cpp"]["skipped"]
 
 
+def test_a_failing_llama_cpp_row_keeps_the_run(run, monkeypatch, capsys):
+    """The row is optional: a failed download or load is reported in the results, never raised over the run."""
+    from hf_specdec.tools import models
+    from hf_specdec.tools.bench import llama_cpp
+    from hf_specdec.tools.bench.cli import add_llama_cpp_row
+
+    def broken(spec, progress=True):
+        raise OSError("no network")
+
+    results = {**run[0], "calls": list(run[0]["calls"]), "strategies": list(run[0]["strategies"])}
+    monkeypatch.setattr(llama_cpp, "unavailable", lambda: None)
+    monkeypatch.setattr(models, "fetch_gguf", broken)
+    add_llama_cpp_row(results, [None] * 2, BenchSettings(max_new_tokens=NEW), None, None, progress=False)
+    assert results["llama_cpp"] == {"skipped": "it failed (OSError: no network)"}
+    assert results["summary"] == run[0]["summary"]
+    interrupted = {**results, "interrupted": True}
+    add_llama_cpp_row(interrupted, [], BenchSettings(max_new_tokens=NEW), None, None, False)
+    assert interrupted["llama_cpp"] == {"skipped": "the run was interrupted"}
+
+
 def test_llama_cpp_row_is_a_reference_row_relative_to_plain(run, monkeypatch, tmp_path):
     """With llama-cpp-python present, its calls join the table as a reference: speedup against plain on the same
     prompts, outputs not compared (its own numerics)."""

@@ -46,7 +46,8 @@ def test_demo_prints_the_comparison_table(monkeypatch, capsys):
 
 
 def test_demo_defaults_to_what_this_hardware_runs_fastest(monkeypatch, capsys):
-    """On a CPU without native bfloat16 the demo loads float32 and an int8 draft; with it, bfloat16."""
+    """On a CPU without native bfloat16 the demo loads float32 and an int8 draft; with it, bfloat16; on a CPU it
+    times the target's quantization routes and keeps the fastest (`auto`)."""
     import torch
 
     from hf_specdec.core import devices as environment
@@ -63,6 +64,6 @@ def test_demo_defaults_to_what_this_hardware_runs_fastest(monkeypatch, capsys):
     for flags, dtype in ((["avx2"], torch.float32), (["avx2", "amx_bf16"], torch.bfloat16)):
         monkeypatch.setattr(environment, "cpu_flags", lambda flags=flags: flags)
         assert cli.main(["demo", "--prompts", "1", "--max-new-tokens", "4", "--methods", "chain"]) == 0
-        assert asked[-1] == {"dtype": dtype, "int8_draft": True, "prepack": True}
+        assert asked[-1] == {"dtype": dtype, "int8_draft": True, "prepack": True, "quantize_target": "auto"}
     assert cli.main(["demo", "--prompts", "1", "--max-new-tokens", "4", "--methods", "chain", "--no-int8-draft"]) == 0
     assert asked[-1]["int8_draft"] is False

@@ -10,11 +10,13 @@ were measured on: a plan that fits the pair but not the hardware lends its accep
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from transformers import PreTrainedModel
 
 from ..core.devices import execution_device, is_offloaded
+from ..core.model_info import quantization
 from ..core.paths import cache_dir
 from ..planning.latency import dtype_name
 from ..planning.sizing import HardwareProfile
@@ -40,6 +42,9 @@ def _slug(model: PreTrainedModel) -> str:
 def plan_filename(target: PreTrainedModel, draft: PreTrainedModel, temperature: float) -> str:
     """A readable, unique name for the plan of this pair, placement and temperature."""
     placement = f"{dtype_name(target)}-{execution_device(target).type}{'-offloaded' if is_offloaded(target) else ''}"
+    weights = quantization(target)  # a quantized target's plan must not overwrite the plain one's
+    if weights is not None:
+        placement += "-" + re.sub(r"[^A-Za-z0-9.]+", "-", weights)
     return f"sequoia-{_slug(target)}-{_slug(draft)}-{placement}-T{temperature:g}.json"
 
 

@@ -58,8 +58,12 @@ def run(args: argparse.Namespace) -> int:
     prepack = args.prepack if args.prepack is not None else not torch.cuda.is_available()
     quantize_target = args.quantize_target or ("none" if torch.cuda.is_available() else "auto")
     print(f"Loading the embedded pair ({dtype}) ...", flush=True)
-    loaded = load_models(dtype=getattr(torch, dtype), int8_draft=int8_draft, prepack=prepack,
-                         quantize_target=quantize_target)
+    try:
+        loaded = load_models(dtype=getattr(torch, dtype), int8_draft=int8_draft, prepack=prepack,
+                             quantize_target=quantize_target)
+    except (ValueError, ImportError) as error:
+        print(f"hf-specdec demo: error: {error}", file=sys.stderr)
+        return 2
     report_loading(loaded.info)
     prompts = tokenize_prompts(loaded.tokenizer, load_prompt_source(f"humaneval:{args.prompts}"))
     print(f"{args.prompts} HumanEval prompts x {args.max_new_tokens} new tokens, greedy, {torch.get_num_threads()} "

@@ -108,7 +108,7 @@ def summarize(calls: list[dict[str, Any]], strategies: list[dict[str, Any]], sam
             "compared": None if not_compared else len(identical),
             "identical_text": "n/a (sampling)" if sampling else "n/a (own numerics)" if reference
             else f"{sum(bool(i) for i in identical)}/{len(identical)}",
-            "peak_rss_mib": max((c["peak_rss_delta_bytes"] for c in mine), default=0) / MIB,
+            "peak_rss_mib": None if reference else max((c["peak_rss_delta_bytes"] for c in mine), default=0) / MIB,
             "time_split": _time_split(mine),
         }
         rows.append(row)

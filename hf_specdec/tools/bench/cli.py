@@ -146,6 +146,8 @@ def run(args: argparse.Namespace) -> int:
     if args.list_strategies:
         print("\n".join(known_strategies()))
         return 0
+    if args.llama_cpp and (why := llama_cpp_unavailable(args.target, args.temperature > 0)):
+        return _error(f"--llama-cpp cannot run: {why}.")
     dtype_name = resolve_dtype(args.dtype or ("auto" if args.quick else "bfloat16"))
     int8_draft = args.int8_draft if args.int8_draft is not None else args.quick and not torch.cuda.is_available()
     prepack = args.prepack if args.prepack is not None else not torch.cuda.is_available()
@@ -178,7 +180,7 @@ def run(args: argparse.Namespace) -> int:
         loaded = load_models(
             args.target, args.draft, dtype=getattr(torch, dtype_name), need_draft=any(s.uses_draft for s in strategies),
             offload=args.offload, offload_max_memory=args.offload_max_memory, int8_draft=int8_draft,
-            prepack=prepack, quantize_target=args.quantize_target,
+            prepack=prepack, quantize_target=args.quantize_target, progress=not args.no_progress,
         )
     except (ValueError, ImportError) as error:
         return _error(str(error))
@@ -213,12 +215,12 @@ def report_loading(info: dict[str, Any]) -> None:
     for role, report in info.get("kernels", {}).items():
         print(f"{role}: {report['reason']} (ms per pass over 1/16 tokens: {report['ms_before']} -> "
               f"{report['ms_after']})", file=sys.stderr)
+    from .report import route_timings
+
     quantized = info.get("target_quantization") or {}
     if quantized.get("ms_per_pass_by_route"):
-        timings = "; ".join(f"{route} {ms.get(1)}/{ms.get(16)}" for route, ms in quantized["ms_per_pass_by_route"]
-                            .items())
-        print(f"target quantization: picked {quantized['route']} ({quantized['description']}), the fastest here "
-              f"(ms per pass over 1/16 tokens: {timings})", file=sys.stderr)
+        print(f"target quantization: picked {quantized['route']} ({quantized['description']}), the fastest pass "
+              f"over 1/16 tokens here ({route_timings(quantized['ms_per_pass_by_route'])})", file=sys.stderr)
     elif quantized.get("route", "none") != "none":
         print(f"target quantization: {quantized['description']}", file=sys.stderr)
 
@@ -231,27 +233,44 @@ def add_llama_cpp_row(results: dict[str, Any], input_ids: list, settings: Any, w
 
     if wanted is False:
         return
-    why = llama_cpp.unavailable()
-    if why is None and target is not None:
-        why = "--target is not the embedded model, whose GGUF file the row reads"
-    if why is None and settings.sampling:
-        why = "the row decodes greedily; this run samples"
+    why = llama_cpp_unavailable(target, settings.sampling)
+    measured = sorted({call["prompt"] for call in results["calls"]})
+    if why is None and (results.get("interrupted") or not measured):
+        why = "the run was interrupted" if results.get("interrupted") else "no prompt was measured"
+    if why is None:
+        try:  # an optional reference row must never cost the run it follows
+            from .. import models
+
+            gguf = models.fetch_gguf(models.DEFAULT_TARGET, progress)
+            calls = llama_cpp.run_llama_cpp(gguf, [input_ids[i] for i in measured], settings.max_new_tokens,
+                                            progress=progress)
+        except (Exception, KeyboardInterrupt) as error:  # noqa: BLE001 - reported in the results instead
+            why = f"it failed ({type(error).__name__}: {error})"
     if why is not None:
         print(f"llama.cpp row skipped: {why}.", file=sys.stderr)
         results["llama_cpp"] = {"skipped": why}
         return
-    from .. import models
-
-    gguf = models.fetch_gguf(models.DEFAULT_TARGET, progress)
-    measured = sorted({call["prompt"] for call in results["calls"]})
-    calls = llama_cpp.run_llama_cpp(gguf, [input_ids[i] for i in measured], settings.max_new_tokens,
-                                    progress=progress)
     for call, prompt in zip(calls, measured):
         call["prompt"] = prompt
     results["calls"] += calls
     results["strategies"].append(llama_cpp.reference_strategy(gguf))
     results["summary"] = summarize(results["calls"], results["strategies"], sampling=settings.sampling)
     results["llama_cpp"] = {"gguf": gguf.name, "version": llama_cpp.version()}
+
+
+def llama_cpp_unavailable(target: str | None, sampling: bool) -> str | None:
+    """Why the llama.cpp row cannot run in this benchmark, or None."""
+    import torch
+
+    from . import llama_cpp
+
+    if target is not None:
+        return "--target is not the embedded model, whose GGUF file the row reads"
+    if sampling:
+        return "the row decodes greedily; this run samples"
+    if torch.cuda.is_available():
+        return "the row runs llama.cpp on the CPU, and this run's target is on a GPU"
+    return llama_cpp.unavailable()
 
 
 def resolve_dtype(name: str) -> str:

@@ -35,7 +35,8 @@ def reference_strategy(gguf: Path) -> dict[str, Any]:
 
 def run_llama_cpp(gguf: Path, prompts: list[torch.LongTensor], max_new_tokens: int, seed: int = 0,
                   warmup_tokens: int = 8, progress: bool = True) -> list[dict[str, Any]]:
-    """One greedy call per prompt (after one short warm-up call): records shaped like the bench's own calls."""
+    """One greedy call per prompt (after one short warm-up call; repeats are not applied): records shaped like the
+    bench's own calls."""
     from llama_cpp import Llama
 
     longest = max(int(ids.shape[1]) for ids in prompts) + max_new_tokens
@@ -53,8 +54,8 @@ def run_llama_cpp(gguf: Path, prompts: list[torch.LongTensor], max_new_tokens: i
                 "new_tokens": len(new_tokens), "seconds": seconds,
                 "tokens_per_s": len(new_tokens) / seconds if seconds > 0 else None, "identical": None,
                 "target_passes": 0, "target_prefill_passes": 0, "target_steps": 0, "tokens_per_target_step": None,
-                "draft_passes": 0, "draft_passes_per_token": None, "rss_before_bytes": 0, "peak_rss_delta_bytes": 0,
-                "speculation_stats": None,
+                "draft_passes": 0, "draft_passes_per_token": None, "rss_before_bytes": None,
+                "peak_rss_delta_bytes": None, "speculation_stats": None,
             })
     finally:
         model.close()
@@ -62,13 +63,16 @@ def run_llama_cpp(gguf: Path, prompts: list[torch.LongTensor], max_new_tokens: i
 
 
 def _greedy(model: Any, prompt: list[int], max_new_tokens: int) -> list[int]:
-    """Greedy continuation of `prompt`, stopping at the end-of-sequence token as `generate` does."""
+    """Greedy continuation of `prompt`, stopping at any end-of-generation token (Qwen has two) as `generate` stops
+    at the target's `eos_token_id` list, or after `max_new_tokens`."""
+    import llama_cpp
+
     model.reset()
     tokens = []
     for token in model.generate(prompt, top_k=1, top_p=1.0, min_p=0.0, temp=0.0, repeat_penalty=1.0, reset=True):
         tokens.append(token)
-        if token == model.token_eos() or len(tokens) >= max_new_tokens:
-            break
+        if llama_cpp.llama_vocab_is_eog(model._model.vocab, token) or len(tokens) >= max_new_tokens:
+            break  # the same end-of-generation test llama-cpp-python's own completion loop makes
     return tokens
 
 

@@ -32,11 +32,8 @@ class LoadedModels:
 
 
 def parameter_count(model: torch.nn.Module) -> int:
-    """Parameters, prepacked Linear weights (buffers of `PackedLinear`) included."""
-    from ...kernels.prepack import PackedLinear
-
-    packed = sum(m.in_features * m.out_features for m in model.modules() if isinstance(m, PackedLinear))
-    return sum(p.numel() for p in model.parameters()) + packed
+    """Parameters as loaded: count before prepacking or dynamic quantization, which move weights into buffers."""
+    return sum(p.numel() for p in model.parameters())
 
 
 def _source(name: str | None, role: str) -> tuple[str, str]:
@@ -99,6 +96,7 @@ def load_models(
     int8_draft: bool = False,
     prepack: bool = False,
     quantize_target: str | None = None,
+    progress: bool = True,
 ) -> LoadedModels:
     """Target, draft (when a strategy needs one; with `int8_draft`, dynamically quantized) and the tokenizer; with
     `prepack`, both models' Linear weights prepacked for this CPU where that measures faster (hf_specdec.prepack);
@@ -110,8 +108,9 @@ def load_models(
         )
     if quantize_target not in (None, "none") and offload:
         raise ValueError(
-            "--quantize-target cannot be combined with --offload: Transformers cannot load a torchao-quantized model "
-            "with weights on disk without a GPU (its loader asks for CUDA). Quantize the target or offload it."
+            "--quantize-target cannot be combined with --offload: Transformers 5.23 failed to load a torchao-quantized "
+            "model with weights on disk on a CPU-only machine (its loader asks for CUDA), and the pair is untested on "
+            "GPUs. Quantize the target or offload it."
         )
     if quantize_target not in (None, "none", "auto"):
         quantization_config(quantize_target)  # fails now, before any loading, if the route cannot run here
@@ -122,11 +121,13 @@ def load_models(
         kwargs, folder = offload_kwargs(target_source, dtype, offload_max_memory)
 
     kernels: dict[str, Any] = {}
+    counts: dict[str, int] = {}
     target_kernels: dict[str | None, dict[str, Any]] = {}  # per candidate route
 
     def load_target(route: str | None) -> PreTrainedModel:
         extra = {} if route is None else {"quantization_config": quantization_config(route)}
         model = AutoModelForCausalLM.from_pretrained(target_source, dtype=dtype, **kwargs, **extra).eval()
+        counts["target"] = parameter_count(model)
         if prepack:  # every candidate competes in its fastest form (prepacking skips quantized layers)
             target_kernels[route] = _prepack(model)
         return model
@@ -134,7 +135,8 @@ def load_models(
     route_timings = None
     try:
         if quantize_target == "auto":
-            route, target_model, route_timings = fastest_route(load_target, [None, *available_routes()])
+            route, target_model, route_timings = fastest_route(load_target, [None, *available_routes()],
+                                                                  progress=progress)
         else:
             route = None if quantize_target in (None, "none") else quantize_target
             target_model = load_target(route)
@@ -144,13 +146,12 @@ def load_models(
         if need_draft:
             draft_source, draft_name = _source(draft, "draft")
             draft_model = AutoModelForCausalLM.from_pretrained(draft_source, dtype=dtype).eval()
+            counts["draft"] = parameter_count(draft_model)
             if int8_draft:
                 from ...drafting.quantize import quantize_draft
 
                 draft_model = quantize_draft(draft_model)
         tokenizer = AutoTokenizer.from_pretrained(target_source)
-        counts = {role: parameter_count(model) for role, model in (("target", target_model), ("draft", draft_model))
-                  if model is not None}
         if prepack and draft_model is not None:
             kernels["draft"] = _prepack(draft_model)
     except Exception:

@@ -102,6 +102,11 @@ def settings_line(results: dict[str, Any]) -> str:
     )
 
 
+def route_timings(timings: dict[str, dict]) -> str:
+    """`none 92.0/117.1 ms; int8 ...`: ms per pass over 1 and 16 tokens of each route timed (JSON keys are text)."""
+    return "; ".join(f"{route} {ms.get('1', ms.get(1))}/{ms.get('16', ms.get(16))} ms" for route, ms in timings.items())
+
+
 def _quantized_target_text(quantized: dict[str, Any] | None) -> str:
     """The target's quantization route; with `auto`, what each route measured here."""
     if not quantized or (quantized.get("route") == "none" and quantized.get("requested") in (None, "none")):
@@ -109,9 +114,7 @@ def _quantized_target_text(quantized: dict[str, Any] | None) -> str:
     text = f" Target: {quantized['description']}"
     timings = quantized.get("ms_per_pass_by_route")
     if timings:
-        each = "; ".join(f"{route} {ms.get('1', ms.get(1))}/{ms.get('16', ms.get(16))} ms" for route, ms
-                         in timings.items())
-        text += f", picked automatically as the fastest pass over 1/16 tokens here ({each})"
+        text += f", picked automatically as the fastest pass over 1/16 tokens here ({route_timings(timings)})"
     return text + "; plain `generate` ran on the same target."
 
 
@@ -241,7 +244,7 @@ def plot_speedup(results: dict[str, Any], path: Path) -> Path:
 
 
 def plot_tokens_per_step(results: dict[str, Any], path: Path) -> Path:
-    summary = results["summary"]
+    summary = [row for row in results["summary"] if row["kind"] != "reference"]  # llama.cpp has no target steps
     figure, axes = _figure(len(summary))
     values = [row["tokens_per_target_step"] or 0.0 for row in summary]
     axes.bar(range(len(summary)), values, color="#b9d49b", edgecolor="#4b662f")

@@ -78,7 +78,8 @@ def available_routes() -> list[str]:
 
 
 def fastest_route(
-    load: Callable[[str | None], PreTrainedModel], candidates: Sequence[str | None], sizes: tuple[int, ...] = (1, 16)
+    load: Callable[[str | None], PreTrainedModel], candidates: Sequence[str | None], sizes: tuple[int, ...] = (1, 16),
+    progress: bool = True,
 ) -> tuple[str | None, PreTrainedModel, dict[str, dict[int, float]]]:
     """Load the target through each candidate route (None: unquantized) and keep the one whose passes over 1 and 16
     tokens (a plain step and a typical tree) take least time on this machine; the others are freed.
@@ -87,7 +88,7 @@ def fastest_route(
     """
     best: tuple[str | None, PreTrainedModel, float] | None = None
     timings: dict[str, dict[int, float]] = {}
-    for route in tqdm(candidates, desc="timing target quantizations", unit="route"):
+    for route in tqdm(candidates, desc="timing target quantizations", unit="route", disable=not progress):
         model = load(route)
         curve = measure_latency(model, sizes, past_length=64, repeats=2, progress=False, stop_ratio=None)
         timings[route or "none"] = {n: round(s * 1000, 1) for n, s in zip(curve.sizes, curve.seconds)}

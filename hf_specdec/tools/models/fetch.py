@@ -336,6 +336,8 @@ def fetch_gguf(spec: ModelSpec, progress: bool = True) -> Path:
     with FileLock(str(final.parent / f".{spec.gguf_name}.lock")):
         if final.is_file() and final.stat().st_size == (spec.size or final.stat().st_size):
             return final
+        for stale in final.parent.glob(f".{spec.name}.gguf-*"):  # of a run that died midway (we hold the lock)
+            shutil.rmtree(stale, ignore_errors=True)
         need = int(2 * (spec.size or spec.params) * 1.1)
         if shutil.disk_usage(final.parent).free < need:
             raise ModelFetchError(f"Not enough disk space to keep the GGUF of {spec.title}: it needs about "
