@@ -134,3 +134,15 @@ def test_the_command_line_offers_every_route():
     from hf_specdec.tools.bench.target_quantization import CHOICES
 
     assert QUANTIZE_CHOICES == CHOICES
+
+
+@pytest.mark.parametrize(("settings", "expected"), [
+    ({"quant_method": "bitsandbytes", "load_in_4bit": True}, "bitsandbytes:4bit"),
+    ({"quant_method": "bitsandbytes", "load_in_8bit": True}, "bitsandbytes:8bit"),
+    ({"quant_method": "gguf", "dequantize": True}, None),
+])
+def test_quantization_names_tell_kinds_apart(settings, expected):
+    """Latency curves and plans are keyed by this name: two kinds of weights must not share one."""
+    model = tiny_model("qwen2", 0)
+    model.config.quantization_config = settings
+    assert quantization(model) == expected

@@ -35,7 +35,8 @@ def quantization(model: PreTrainedModel) -> str | None:
     method = str(config.get("quant_method", "unknown")).removeprefix("QuantizationMethod.").lower()
     if config.get("dequantize"):  # GGUF unpacked at load time: plain weights
         return None
-    detail = config.get("quant_type") or config.get("weights") or config.get("bits")
+    bits_and_bytes = "4bit" if config.get("load_in_4bit") else "8bit" if config.get("load_in_8bit") else None
+    detail = config.get("quant_type") or config.get("weights") or config.get("bits") or bits_and_bytes
     if isinstance(detail, dict):  # torchao writes {"default": {"_type": "Int8WeightOnlyConfig", ...}}
         inner = detail.get("default", detail)
         detail = inner.get("_type", "") if isinstance(inner, dict) else inner
