@@ -68,9 +68,8 @@ CASES = [
          f"verifier='{name}' samples, but this call decodes greedily")
         for name in ("sequoia", "specinfer", "target_sample")
     ],
-    ("hidden states", dict(speculation="tree", output_hidden_states=True, return_dict_in_generate=True),
-     "cannot return per-token output_hidden_states"),
-    ("attentions", dict(speculation="chain", output_attentions=True), "per-token output_attentions"),
+    ("chunked prefill", dict(speculation="tree", prefill_chunk_size=2), "cannot honour prefill_chunk_size=2"),
+    ("custom position ids", dict(speculation="tree", position_ids=torch.arange(1, 6)[None]), "custom `position_ids`"),
     ("synced GPUs", dict(speculation="tree", synced_gpus=True), "synced_gpus"),
     ("a draft for ngram", dict(speculation="ngram"), "would ignore assistant_model"),
     ("stop strings without a tokenizer", dict(speculation="tree", stop_strings=["w9"]), "pass `tokenizer="),

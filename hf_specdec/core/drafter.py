@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 from transformers.generation.candidate_generator import CandidateGenerator
 
+from .model_inputs import TokenInputs
 from .tree import TokenTree
 from .verdict import Verdict
 
@@ -22,6 +23,10 @@ class Drafter(CandidateGenerator):
 
     def propose(self, input_ids: torch.LongTensor) -> TokenTree:
         raise NotImplementedError
+
+    def use_inputs(self, inputs: TokenInputs) -> None:
+        """The call's per-token inputs (token types; see `core.model_inputs`): drafters that run a model give them
+        to its passes, by position. A draft only proposes, so going without changes no output, only acceptance."""
 
     def observe_target_pass(self, tree_size: int, seconds: float) -> None:
         """The target's pass over the last proposed tree (`tree_size` nodes) took `seconds`: drafters that size trees

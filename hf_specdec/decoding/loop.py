@@ -8,22 +8,24 @@ from dataclasses import dataclass
 import torch
 from transformers import Cache, LogitsProcessorList, PreTrainedModel, StoppingCriteriaList
 from transformers.generation.streamers import BaseStreamer
+from transformers.modeling_outputs import ModelOutput
 
 from ..core.attention import AttentionLayout
 from ..core.devices import execution_device
 from ..core.drafter import Drafter
 from ..core.kv_cache import cache_length, crop, keep_positions
+from ..core.model_inputs import TokenInputs
 from ..core.processing import process_tree_scores
 from ..core.tree import TokenTree
 from ..core.verdict import Verdict, Verifier
+from .outputs import TokenRecords
 from .stats import SpeculationStats
 
 
 @dataclass
 class LoopResult:
     sequences: torch.LongTensor
-    scores: list[torch.Tensor]  # processed scores of each new token's position, (1, vocab)
-    logits: list[torch.Tensor]  # raw logits of each new token's position, (1, vocab)
+    records: TokenRecords  # what return_dict_in_generate keeps per new token
     stats: SpeculationStats
 
 
@@ -37,20 +39,25 @@ def speculative_loop(
     stopping_criteria: StoppingCriteriaList,
     streamer: BaseStreamer | None = None,
     generator: torch.Generator | None = None,
-    keep_scores: bool = False,
-    keep_logits: bool = False,
+    records: TokenRecords | None = None,
     stats: SpeculationStats | None = None,
+    model_kwargs: dict | None = None,
+    token_inputs: TokenInputs | None = None,
 ) -> LoopResult:
     """Decode until a stopping criterion fires on some token; batch size 1.
 
     The target cache always holds every committed token but the last one, which is the next tree's root, and keeps
-    all its rows (`core.kv_cache.full_length_cache`): sliding windows are applied by the tree masks.
+    all its rows (`core.kv_cache.full_length_cache`): sliding windows are applied by the tree masks. `model_kwargs`
+    are the call's model inputs as Transformers prepared them: the prefill takes them all, as plain's first pass
+    does; tree passes take `token_inputs` (see `core.model_inputs`), which the drafter gets too.
     """
     stats = stats or SpeculationStats()
+    records = records or TokenRecords()
+    token_inputs = token_inputs or TokenInputs()
     start = time.perf_counter()
-    root_logits = _prefill(target, input_ids, cache)
+    prefill = _prefill(target, input_ids, cache, model_kwargs or {}, records.wants_pass_outputs)
     stats.time_prefill = time.perf_counter() - start
-    scores_out, logits_out = [], []
+    drafter.use_inputs(token_inputs)
     finished = False
     dtype, device = target.dtype, execution_device(target)  # fixed for the call: not looked up every step
     layout = AttentionLayout.of(target)
@@ -62,12 +69,15 @@ def speculative_loop(
         past = input_ids.shape[1] - 1
         tree, kept = fit_positions(drafted, layout, past, target)
         t_forward = time.perf_counter()
-        logits = tree_logits(target, tree, past, cache, layout, dtype, device)
+        output = tree_pass(target, tree, past, cache, layout, dtype, device,
+                           token_inputs.at(tree.position_ids(past), device), records.wants_pass_outputs)
+        logits = output.logits[0]
         seconds = time.perf_counter() - t_forward
         stats.time_target_forward += seconds
         drafter.observe_target_pass(len(tree), seconds)
-        if root_logits is not None:  # the first token as plain generate computes it (see _prefill)
-            logits, root_logits = torch.cat([root_logits.to(logits.dtype), logits[1:]]), None
+        first_step = prefill is not None
+        if first_step:  # the first token as plain generate computes it (see _prefill)
+            logits = torch.cat([prefill.logits[0, -1:].to(logits.dtype), logits[1:]])
         scores = process_tree_scores(logits_processor, input_ids[:, :-1], tree, logits.to(input_ids.device))
         verdict = verifier.verify(tree, scores, generator)
         t2 = time.perf_counter()
@@ -78,10 +88,11 @@ def speculative_loop(
         for node, token in zip(path, new_tokens):
             input_ids = torch.cat([input_ids, input_ids.new_tensor([[token]])], dim=1)
             emitted += 1
-            if keep_scores:
-                scores_out.append(scores[node][None])
-            if keep_logits:
-                logits_out.append(logits[node][None].float())
+            if first_step and emitted == 1:  # the root's position was computed by the prompt's pass
+                records.add(scores[node], logits[node], prefill)
+            else:
+                keys = torch.cat([torch.arange(past), past + torch.tensor(path[:emitted])])
+                records.add(scores[node], logits[node], output, node, keys, layout)
             if bool(stopping_criteria(input_ids, scores[node][None]).any()):
                 finished = True
                 break
@@ -94,6 +105,7 @@ def speculative_loop(
         if not finished:
             drafter.accept(input_ids, drafted, verdict if kept is None else _renumbered(verdict, kept))
         _record(stats, tree, verdict, emitted)
+        prefill = None
         stats.time_drafting += t1 - t0
         stats.time_verifying += t2 - t1
     stats.draft_forwards = drafter.forward_count
@@ -101,21 +113,57 @@ def speculative_loop(
     stats.time_total = time.perf_counter() - start
     if streamer is not None:
         streamer.end()
-    return LoopResult(sequences=input_ids, scores=scores_out, logits=logits_out, stats=stats)
+    return LoopResult(sequences=input_ids, records=records, stats=stats)
 
 
-def _prefill(target: PreTrainedModel, input_ids: torch.LongTensor, cache: Cache) -> torch.Tensor:
-    """Feed the prompt tokens the cache lacks in one pass, as plain `generate` does, and return the logits `(1, vocab)`
-    of the last one: they decide the first new token, which then equals plain's in any dtype (a tree pass computes
-    the same position with other matrix shapes, which in half precision round differently). The last token is then
-    dropped from the cache again: it is the first tree's root, which the loop feeds with its tree."""
+def _prefill(
+    target: PreTrainedModel, input_ids: torch.LongTensor, cache: Cache, model_kwargs: dict, pass_outputs: bool
+) -> ModelOutput:
+    """Plain `generate`'s first pass, built by the model's own `prepare_inputs_for_generation` from every input of
+    the call (images, token types, ...): the prompt tokens the cache lacks. Its last logits decide the first new
+    token, which then equals plain's in any dtype (a tree pass computes the same position with other matrix shapes,
+    which in half precision round differently). The last token is then dropped from the cache again: it is the first
+    tree's root, which the loop feeds with its tree."""
     if cache_length(cache) >= input_ids.shape[1]:  # a cache holding the whole prompt: recompute its last token
         crop(cache, input_ids.shape[1] - 1)
-    device = execution_device(target)
-    logits = target(input_ids=input_ids[:, cache_length(cache) :].to(device), past_key_values=cache, use_cache=True,
-                    logits_to_keep=1).logits[0]
+    kwargs = {**model_kwargs, "past_key_values": cache, "use_cache": True}
+    if pass_outputs:  # what plain's first entry of hidden states / attentions holds
+        kwargs.update(output_hidden_states=bool(kwargs.get("output_hidden_states")),
+                      output_attentions=bool(kwargs.get("output_attentions")))
+    inputs = target.prepare_inputs_for_generation(
+        input_ids, next_sequence_length=input_ids.shape[1] - cache_length(cache), is_first_iteration=True, **kwargs
+    )
+    output = target(**inputs, return_dict=True)
     crop(cache, input_ids.shape[1] - 1)
-    return logits
+    return output
+
+
+def tree_pass(
+    target: PreTrainedModel,
+    tree: TokenTree,
+    past: int,
+    cache: Cache,
+    layout: AttentionLayout,
+    dtype: torch.dtype,
+    device: torch.device,
+    extra_inputs: dict[str, torch.Tensor] | None = None,
+    pass_outputs: bool = False,
+) -> ModelOutput:
+    """One target pass over `tree` after `past` cached tokens (logits `(1, n, vocab)`): each node sees its ancestors
+    (and, in sliding-window layers, only keys less than a window behind it) at position past + its depth.
+    `extra_inputs` are the per-token inputs at the nodes' positions; `pass_outputs` asks for hidden states and
+    attentions too."""
+    flags = {"output_hidden_states": True, "output_attentions": True} if pass_outputs else {}
+    return target(
+        input_ids=tree.tokens[None].to(device),
+        attention_mask=layout.tree_masks(tree, past, dtype, device),
+        position_ids=tree.position_ids(past).to(device),
+        past_key_values=cache,
+        use_cache=True,
+        return_dict=True,
+        **(extra_inputs or {}),
+        **flags,
+    )
 
 
 def tree_logits(
@@ -127,15 +175,8 @@ def tree_logits(
     dtype: torch.dtype,
     device: torch.device,
 ) -> torch.Tensor:
-    """Logits `(n, vocab)` of one target pass over `tree` after `past` cached tokens: each node sees its ancestors
-    (and, in sliding-window layers, only keys less than a window behind it) at position past + its depth."""
-    return target(
-        input_ids=tree.tokens[None].to(device),
-        attention_mask=layout.tree_masks(tree, past, dtype, device),
-        position_ids=tree.position_ids(past).to(device),
-        past_key_values=cache,
-        use_cache=True,
-    ).logits[0]
+    """Logits `(n, vocab)` of `tree_pass` (calibration and timing need no more)."""
+    return tree_pass(target, tree, past, cache, layout, dtype, device).logits[0]
 
 
 def fit_positions(

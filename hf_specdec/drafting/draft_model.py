@@ -22,6 +22,7 @@ from ..core.attention import AttentionLayout
 from ..core.devices import execution_device
 from ..core.kv_cache import keep_positions
 from ..core.model_info import embeddable, fit_vocabulary
+from ..core.model_inputs import TokenInputs, explicit_parameters
 
 
 class DraftModelCounts:
@@ -36,6 +37,9 @@ class DraftModelCounts:
     @property
     def forward_time(self) -> float:
         return self.runner.forward_time
+
+    def use_inputs(self, inputs: TokenInputs) -> None:
+        self.runner.token_inputs = inputs.for_model(self.runner.model)
 
 
 class DraftModelRunner:
@@ -57,20 +61,29 @@ class DraftModelRunner:
         self.forward_count = 0
         self.forward_time = 0.0
         self.device = execution_device(model)  # where inputs go: accelerate's execution device if offloaded
+        self.token_inputs = TokenInputs()  # the call's token types, placed by position (`use_inputs`)
+        self.keeps_logits = "logits_to_keep" in explicit_parameters(model)  # else the runner slices them itself
 
-    def _forward(self, input_ids: torch.Tensor, logits_to_keep: int = 0, **kwargs: torch.Tensor) -> torch.Tensor:
-        """float32 CPU logits of one pass over `input_ids` `(len,)`: all rows, or the last `logits_to_keep` if > 0."""
+    def _forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, logits_to_keep: int = 0, **kwargs: torch.Tensor
+    ) -> torch.Tensor:
+        """float32 CPU logits of one pass over `input_ids` `(len,)` at `positions`: all rows, or the last
+        `logits_to_keep` if > 0."""
         start = time.perf_counter()
         device = self.device
+        kept = {"logits_to_keep": logits_to_keep} if self.keeps_logits else {}
         with torch.no_grad():
             out = self.model(
                 input_ids=embeddable(input_ids, self.input_rows)[None].to(device),
+                position_ids=self.layout.model_positions(positions)[None].to(device),
                 past_key_values=self.cache,
                 use_cache=True,
-                logits_to_keep=logits_to_keep,
+                **self.token_inputs.at(positions, device),
                 **{name: _to(value, device) for name, value in kwargs.items()},
+                **kept,
             )
-        logits = fit_vocabulary(out.logits[0].float().cpu(), self.vocab)
+        logits = out.logits[0, -logits_to_keep:] if logits_to_keep else out.logits[0]
+        logits = fit_vocabulary(logits.float().cpu(), self.vocab)
         self.forward_count += 1
         self.forward_time += time.perf_counter() - start
         return logits
@@ -108,7 +121,7 @@ class DraftModelRunner:
         past, old, m, k = len(self.committed), self.num_nodes, len(fresh), len(tokens)
         positions = torch.cat([torch.arange(past, past + m), past + m - 1 + depths])
         if k == 0:  # catching up only: a plain causal pass (the model applies any window), the last row's logits
-            logits = self._forward(fresh, logits_to_keep=1, position_ids=self.layout.model_positions(positions)[None])
+            logits = self._forward(fresh, positions, logits_to_keep=1)
         else:
             allowed = torch.zeros(m + k, past + old + m + k, dtype=torch.bool)
             allowed[:, :past] = True
@@ -118,8 +131,8 @@ class DraftModelRunner:
             allowed[m:, past + old + m :] = sees[:, old:] | torch.eye(k, dtype=torch.bool)
             keys = torch.cat([torch.arange(past), self.node_positions, positions])
             mask = self.layout.masks(allowed, positions, keys, self.model.dtype, self.device)
-            logits = self._forward(torch.cat([fresh, tokens]), logits_to_keep=k + (1 if m else 0),
-                                   attention_mask=mask, position_ids=self.layout.model_positions(positions)[None])
+            logits = self._forward(torch.cat([fresh, tokens]), positions, logits_to_keep=k + (1 if m else 0),
+                                   attention_mask=mask)
         if ids is not None:
             self.committed = ids.cpu().clone()
         self.num_nodes = old + k

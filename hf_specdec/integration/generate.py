@@ -29,8 +29,9 @@ from transformers.generation.utils import GenerationMixin
 from ..calibration.plan_lookup import call_temperature, plan_for_call
 from ..core.config import SpeculationConfig, make_config
 from ..core.kv_cache import full_length_cache
+from ..core.model_inputs import TokenInputs
 from ..decoding.loop import speculative_loop
-from ..decoding.outputs import SpeculativeDecoderOnlyOutput
+from ..decoding.outputs import SpeculativeDecoderOnlyOutput, TokenRecords
 from ..decoding.stats import SpeculationStats
 from ..verification import verifier_for
 from .generation_config import FIELD, get_speculation, keep_field_on_load
@@ -189,16 +190,16 @@ def speculative_generate(
         stopping_criteria,
         streamer=call.streamer,
         generator=call.generator,
-        keep_scores=bool(generation_config.return_dict_in_generate and generation_config.output_scores),
-        keep_logits=bool(generation_config.return_dict_in_generate and generation_config.output_logits),
+        records=TokenRecords.asked_by(generation_config),
         stats=stats,
+        model_kwargs={**model_kwargs, "past_key_values": cache},
+        token_inputs=TokenInputs.of(model, input_ids, model_kwargs),
     )
     if not generation_config.return_dict_in_generate:
         return result.sequences
     return SpeculativeDecoderOnlyOutput(
         sequences=result.sequences,
-        scores=tuple(result.scores) if generation_config.output_scores else None,
-        logits=tuple(result.logits) if generation_config.output_logits else None,
+        **result.records.fields(),
         past_key_values=cache if generation_config.use_cache else None,
         speculation_stats=result.stats,
     )

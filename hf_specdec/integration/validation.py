@@ -10,6 +10,7 @@ from transformers import DynamicCache, GenerationConfig, PreTrainedModel
 from ..core.attention import check_supported
 from ..core.kv_cache import dropped_rows
 from ..core.model_info import vocabulary_mismatch
+from ..core.model_inputs import unplaceable_inputs
 from ..verification import verifier_for
 
 if TYPE_CHECKING:
@@ -97,11 +98,10 @@ def check_options(call: SpeculationCall, kwargs: dict[str, Any], config: Generat
     """Generate options the speculative loop cannot honour exactly, or that need what the call lacks."""
     if config.is_assistant:  # its generation config is the target's copy, stored `speculation` included
         raise ValueError("This is the draft's call inside Transformers' own assisted generation: it runs plainly.")
-    asked = [name for name in ("output_attentions", "output_hidden_states") if getattr(config, name, False)]
-    if asked:
+    if config.prefill_chunk_size is not None:
         raise ValueError(
-            f"Speculation verifies a whole tree per target pass, so it cannot return per-token "
-            f"{' / '.join(asked)}: drop {' and '.join(f'{name}=True' for name in asked)}, or drop `speculation`."
+            f"speculation runs the prompt in one pass, so it cannot honour prefill_chunk_size="
+            f"{config.prefill_chunk_size}: drop prefill_chunk_size, or drop `speculation`."
         )
     for option, value in (("stop_strings", config.stop_strings), ("token_healing", config.token_healing)):
         if value and call.tokenizer is None:
@@ -118,6 +118,7 @@ def check_generation_config(
     """Checks that need the merged generation config and the prepared inputs."""
     if input_ids.shape[1] == 0:
         raise ValueError("Speculation needs a non-empty `input_ids` prompt (inputs_embeds alone are not supported).")
+    check_model_inputs(model, config, input_ids, model_kwargs)
     if (config.num_beams or 1) > 1:
         raise ValueError("Speculation cannot be combined with beam search: set num_beams=1 or drop `speculation`.")
     if (config.num_return_sequences or 1) > 1:
@@ -138,6 +139,25 @@ def check_generation_config(
     mask = model_kwargs.get("attention_mask")
     if mask is not None and not bool((mask == 1).all()):
         raise ValueError("Speculation does not support padded inputs: pass the prompt without padding tokens.")
+
+
+def check_model_inputs(
+    model: PreTrainedModel, config: GenerationConfig, input_ids: torch.Tensor, model_kwargs: dict[str, Any]
+) -> None:
+    """Every model input reaches every pass as plain `generate` gives it, or is refused here (`core.model_inputs`)."""
+    positions = model_kwargs.get("position_ids")
+    if positions is not None and not torch.equal(positions.cpu(), torch.arange(input_ids.shape[1])[None]):
+        raise ValueError(
+            "Speculation places every new token at the position after the last one, so custom `position_ids` "
+            "cannot be honoured: drop position_ids (the prompt's are then 0, 1, ...), or drop `speculation`."
+        )
+    unplaceable = unplaceable_inputs(model, input_ids, model_kwargs)
+    if unplaceable:
+        raise ValueError(
+            f"{type(model).__name__} takes {', '.join(unplaceable)} at every decoding pass, and speculation can place "
+            "only token types on the nodes of a tree, so the output would differ from plain generate: drop "
+            f"{' and '.join(unplaceable)}, or drop `speculation`."
+        )
 
 
 # Processors whose output depends on more than (this sequence's tokens, these scores): they keep state across calls
