@@ -9,8 +9,6 @@ import functools
 import pytest
 import torch
 from transformers import (
-    Gemma3Config,
-    Gemma3ForConditionalGeneration,
     GPT2Config,
     GPT2DoubleHeadsModel,
     GPT2LMHeadModel,
@@ -19,7 +17,7 @@ from transformers import (
 )
 
 from hf_specdec import plan_tree
-from hf_specdec.core.model_inputs import explicit_parameters
+from hf_specdec.core.model_inputs import decoding_inputs, explicit_parameters
 from hf_specdec.tools.families import FAMILIES, SHARPEN, family
 
 METHODS = {
@@ -80,26 +78,14 @@ def test_forward_without_logits_to_keep(method):
 
 
 @functools.cache
-def gemma3_vlm():
-    """A Gemma 3 vision-language model whose image is one token (id 5)."""
-    text = dict(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                num_key_value_heads=2, head_dim=8, sliding_window=8, max_position_embeddings=256, pad_token_id=0,
-                bos_token_id=1, eos_token_id=2)
-    vision = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, image_size=8,
-                  patch_size=4, num_channels=3)
-    config = Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=1, image_token_index=5,
-                          boi_token_index=3, eoi_token_index=4, pad_token_id=0, bos_token_id=1, eos_token_id=2)
-    torch.manual_seed(0)
-    model = Gemma3ForConditionalGeneration(config).eval()  # tied embeddings: not sharpened
-    model.generation_config.eos_token_id = None
-    model.generation_config.pad_token_id = 0
-    return model
+def vision_language_model():
+    return family("Gemma 3 (vision-language)").build()  # its image is one token, id 5
 
 
 @pytest.mark.parametrize("method", METHODS)
 def test_vision_language_model_sees_the_image(method):
-    model = gemma3_vlm()
-    ids = torch.tensor([[1, 7, 8, 3, 5, 4, 9, 10, 11]])
+    model = vision_language_model()
+    ids = torch.tensor([[1, 3, 5, 4, 9]])  # bos, begin image, the image, end image, a text token
     image = dict(pixel_values=torch.randn(1, 3, 8, 8, generator=torch.Generator().manual_seed(0)) * 3,
                  token_type_ids=(ids == 5).long())
     expected = model.generate(ids, **image, do_sample=False, max_new_tokens=NEW)
@@ -210,6 +196,8 @@ def test_family_sweep_inputs_and_outputs(entry, method):
     inputs = {"attention_mask": torch.ones_like(ids)}
     if "token_type_ids" in explicit_parameters(model):
         inputs["token_type_ids"] = torch.randint(0, 2, ids.shape, generator=torch.Generator().manual_seed(2))
+    placed = "token_type_ids" in decoding_inputs(model, ids, inputs)  # at every pass, so at every tree node
+    assert ("types" in entry.traits) == placed  # README's matrix says so
     settings = dict(ALL_OUTPUTS, max_new_tokens=12)
     expected = model.generate(ids, **inputs, **settings)
     out = speculate(model, method, input_ids=ids, **inputs, **settings)

@@ -25,6 +25,8 @@ TRAIT_NOTES = {
     "sliding": f"sliding-window attention (window {WINDOW} here): the window is applied by position in the tree masks",
     "mixed": "full and sliding-window layers: one tree mask per layer type",
     "learned": "learned absolute positions: trees are cut at the table's last position, as far as plain generate goes",
+    "types": "token type ids: each tree node gets the type plain generate gives a new token (the prompt's last)",
+    "images": "images (pixel values, one image token here) reach the prompt's pass, as in plain generate",
     "table": "rotary angles from a fixed table of max positions: trees are cut at its last position, as plain generate "
              "stops there",
 }
@@ -62,8 +64,11 @@ class Family:
         auto = transformers.AutoModelForSeq2SeqLM if config.is_encoder_decoder else transformers.AutoModelForCausalLM
         torch.manual_seed(seed)
         model = auto.from_config(config, attn_implementation=self.attn).float().eval()
+        head = model.get_output_embeddings()
+        if head.weight is model.get_input_embeddings().weight:  # tied: sharpen the output layer alone
+            head.weight = torch.nn.Parameter(head.weight.detach().clone())
         with torch.no_grad():
-            model.get_output_embeddings().weight.mul_(SHARPEN)
+            head.weight.mul_(SHARPEN)
         model.generation_config.eos_token_id = None
         model.generation_config.pad_token_id = 0
         return model
@@ -96,17 +101,25 @@ FAMILIES: tuple[Family, ...] = (
            traits=("sliding", "mixed")),
     Family("Gemma 3 (text)", "Gemma3ForCausalLM", "Gemma3TextConfig",
            _with(head_dim=8, sliding_window=WINDOW, sliding_window_pattern=2), traits=("sliding", "mixed")),
+    Family("Gemma 3 (vision-language)", "Gemma3ForConditionalGeneration", "Gemma3Config",
+           dict(text_config=_with(head_dim=8, sliding_window=WINDOW, sliding_window_pattern=2),
+                vision_config=dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                   image_size=8, patch_size=4, num_channels=3),
+                mm_tokens_per_image=1, image_token_index=5, boi_token_index=3, eoi_token_index=4, **IDS),
+           traits=("sliding", "mixed", "images")),
     Family("Phi", "PhiForCausalLM", "PhiConfig", _without("num_key_value_heads")),
     Family("Phi-3 (sliding window)", "Phi3ForCausalLM", "Phi3Config", _with(sliding_window=WINDOW),
            traits=("sliding",)),
     Family("GPT-2", "GPT2LMHeadModel", "GPT2Config",
-           dict(vocab_size=96, n_embd=32, n_layer=2, n_head=4, n_positions=POSITIONS, **IDS), traits=("learned",)),
+           dict(vocab_size=96, n_embd=32, n_layer=2, n_head=4, n_positions=POSITIONS, **IDS),
+           traits=("learned", "types")),
     Family("GPTBigCode (StarCoder 1)", "GPTBigCodeForCausalLM", "GPTBigCodeConfig",
-           dict(vocab_size=96, n_embd=32, n_layer=2, n_head=4, n_positions=POSITIONS, **IDS), traits=("learned",)),
+           dict(vocab_size=96, n_embd=32, n_layer=2, n_head=4, n_positions=POSITIONS, **IDS),
+           traits=("learned", "types")),
     Family("GPT-NeoX", "GPTNeoXForCausalLM", "GPTNeoXConfig", _without("num_key_value_heads")),
     Family("GPT-J", "GPTJForCausalLM", "GPTJConfig",
            dict(vocab_size=96, n_embd=32, n_layer=2, n_head=4, rotary_dim=4, n_positions=256, **IDS), attn="eager",
-           traits=("table",)),
+           traits=("table", "types")),
     Family("Falcon", "FalconForCausalLM", "FalconConfig",
            dict(vocab_size=96, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, **IDS)),
     Family("OPT", "OPTForCausalLM", "OPTConfig",
