@@ -185,7 +185,7 @@ def test_attentions_without_eager_as_plain():
 SUPPORTED = [f for f in FAMILIES if f.supported]
 
 
-@pytest.mark.parametrize("method", ["tree", "specexec"])
+@pytest.mark.parametrize("method", METHODS)
 @pytest.mark.parametrize("entry", SUPPORTED, ids=[f.name for f in SUPPORTED])
 def test_family_sweep_inputs_and_outputs(entry, method):
     """Transformers' assisted-decoding test, with `speculation=`: every input the family's forward names that a
