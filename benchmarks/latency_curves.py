@@ -21,8 +21,8 @@ import torch
 
 from hf_specdec import prepack, quantize_draft
 from hf_specdec.planning.latency import measure_latency
-from hf_specdec.tools import models
-from hf_specdec.tools.bench.environment import collect_environment
+from hf_specdec_tools import models
+from hf_specdec_tools.bench.environment import collect_environment
 
 SIZES = (1, 2, 4, 8, 16, 32, 64)
 
@@ -62,7 +62,7 @@ def dtype_curves(args) -> dict:
 def quantized_curves(args) -> dict:
     from transformers import AutoModelForCausalLM
 
-    from hf_specdec.tools.bench.target_quantization import ROUTES, available_routes, quantization_config
+    from hf_specdec_tools.bench.target_quantization import ROUTES, available_routes, quantization_config
 
     curves: dict = {}
     folder = models.fetch(models.DEFAULT_TARGET)

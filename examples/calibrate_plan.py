@@ -58,6 +58,6 @@ def main(
 
 
 if __name__ == "__main__":
-    from hf_specdec.tools import models
+    from hf_specdec_tools import models
 
     main(*models.load_default_pair(dtype=torch.bfloat16))

@@ -72,7 +72,7 @@ def main(
 
 
 if __name__ == "__main__":
-    from hf_specdec.tools import models
+    from hf_specdec_tools import models
 
     target_path = models.fetch(models.DEFAULT_TARGET)  # the converted safetensors folder, never loaded whole
     draft = models.load_model(models.DEFAULT_DRAFT, torch.bfloat16)

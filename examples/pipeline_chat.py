@@ -32,6 +32,6 @@ def main(target, draft, tokenizer, turns: list[str] | None = None, max_new_token
 
 
 if __name__ == "__main__":
-    from hf_specdec.tools import models
+    from hf_specdec_tools import models
 
     main(*models.load_default_pair(dtype=torch.bfloat16))

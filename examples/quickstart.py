@@ -43,6 +43,6 @@ def main(target, draft, tokenizer, prompt: str = "def quicksort(items):\n", max_
 
 
 if __name__ == "__main__":
-    from hf_specdec.tools import models
+    from hf_specdec_tools import models
 
     main(*models.load_default_pair(dtype=torch.bfloat16))

@@ -55,6 +55,6 @@ def main(target, draft, tokenizer, messages: list[dict] | None = None, max_new_t
 
 
 if __name__ == "__main__":
-    from hf_specdec.tools import models
+    from hf_specdec_tools import models
 
     main(*models.load_default_pair(dtype=torch.bfloat16))

@@ -83,7 +83,7 @@ def random_prompt(generator: torch.Generator, length: int) -> torch.LongTensor:
 @pytest.fixture(scope="session")
 def real_pair_fp32():
     """The embedded Qwen2.5-Coder 1.5B/0.5B pair in float32 (fetched and converted on first use)."""
-    from hf_specdec.tools import models
+    from hf_specdec_tools import models
 
     target, draft, tokenizer = models.load_default_pair(dtype=torch.float32)
     return target, draft, tokenizer

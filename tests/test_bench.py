@@ -12,15 +12,15 @@ import torch
 from hf_specdec import SPECULATION_METHODS
 from hf_specdec.core.config import SpeculationConfig
 from hf_specdec.methods.ngram import NGramConfig
-from hf_specdec.tools.bench import BenchSettings, StrategyError, parse_strategy, resolve_strategies, run_benchmark
-from hf_specdec.tools.bench.aggregate import summarize
-from hf_specdec.tools.bench.cli import SCHEMA
-from hf_specdec.tools.bench.inputs import PromptError, load_prompt_source, tokenize_prompts
-from hf_specdec.tools.bench.loading import load_models
-from hf_specdec.tools.bench.measure import ForwardCounter
-from hf_specdec.tools.bench.readme import END, START, ReadmeError, replace_region, update_readme
-from hf_specdec.tools.bench.report import PLOTS, RESULTS_MD, budget_sweeps, load_json, settings_line, write_report
-from hf_specdec.tools.bench.strategies import default_strategies, known_strategies, quick_strategies
+from hf_specdec_tools.bench import BenchSettings, StrategyError, parse_strategy, resolve_strategies, run_benchmark
+from hf_specdec_tools.bench.aggregate import summarize
+from hf_specdec_tools.bench.cli import SCHEMA
+from hf_specdec_tools.bench.inputs import PromptError, load_prompt_source, tokenize_prompts
+from hf_specdec_tools.bench.loading import load_models
+from hf_specdec_tools.bench.measure import ForwardCounter
+from hf_specdec_tools.bench.readme import END, SECTION, START, ReadmeError, replace_region, update_readme
+from hf_specdec_tools.bench.report import PLOTS, RESULTS_MD, budget_sweeps, load_json, settings_line, write_report
+from hf_specdec_tools.bench.strategies import default_strategies, known_strategies, quick_strategies
 from tests.conftest import random_prompt, tiny_model
 
 NEW = 8
@@ -119,7 +119,7 @@ def test_resolve_puts_plain_first_and_refuses_duplicates():
 
 @dataclass
 class _LateConfig(SpeculationConfig):
-    """Stands for a method registered after hf_specdec.tools.bench was written (sequoia, staged, ...)."""
+    """Stands for a method registered after hf_specdec_tools.bench was written (sequoia, staged, ...)."""
 
     method = "sequoia"
     needs_assistant = False
@@ -210,7 +210,7 @@ def test_sampling_reports_identity_as_not_applicable(pair):
 
 
 def test_interrupted_run_keeps_the_prompts_every_strategy_finished(pair, monkeypatch):
-    from hf_specdec.tools.bench import runner
+    from hf_specdec_tools.bench import runner
 
     real, calls = runner.measure_call, []
 
@@ -231,7 +231,7 @@ def test_interrupted_run_keeps_the_prompts_every_strategy_finished(pair, monkeyp
 def test_time_limit_stops_before_a_prompt_that_would_overrun(pair, monkeypatch):
     """Each round (one prompt, every strategy) takes 10 fake seconds: with 25 s allowed, a third round would end at
     30 s, so two prompts are measured, none is cut in half, and the report says why the rest are missing."""
-    from hf_specdec.tools.bench import runner
+    from hf_specdec_tools.bench import runner
 
     clock = {"now": 0.0}
     real = runner.measure_call
@@ -257,7 +257,7 @@ def test_time_limit_stops_before_a_prompt_that_would_overrun(pair, monkeypatch):
                                                  (["neon", "bf16"], "bfloat16")])
 def test_auto_dtype_is_bfloat16_only_where_it_is_native(monkeypatch, flags, expected):
     from hf_specdec.core import devices as environment
-    from hf_specdec.tools.bench.cli import resolve_dtype
+    from hf_specdec_tools.bench.cli import resolve_dtype
 
     monkeypatch.setattr(environment, "cpu_flags", lambda: flags)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
@@ -373,7 +373,7 @@ def test_quantized_target_auto_times_every_route_and_keeps_the_fastest(tmp_path,
     """`--quantize-target auto` loads the target through each available route, times it, keeps the fastest and says
     so; the choice follows the measured times (here made up, so that each route wins once)."""
     from hf_specdec.core.model_info import quantization
-    from hf_specdec.tools.bench import loading, target_quantization
+    from hf_specdec_tools.bench import loading, target_quantization
     from tests.test_entry_points import tiny_tokenizer
 
     folder = tmp_path / "tiny"
@@ -402,8 +402,8 @@ def test_quantized_target_auto_times_every_route_and_keeps_the_fastest(tmp_path,
 
 
 def test_llama_cpp_row_is_skipped_with_the_reason(run, monkeypatch, capsys):
-    from hf_specdec.tools.bench import llama_cpp
-    from hf_specdec.tools.bench.cli import add_llama_cpp_row
+    from hf_specdec_tools.bench import llama_cpp
+    from hf_specdec_tools.bench.cli import add_llama_cpp_row
 
     results = {**run[0], "calls": list(run[0]["calls"]), "strategies": list(run[0]["strategies"])}
     monkeypatch.setattr(llama_cpp, "unavailable", lambda: "llama-cpp-python is not installed; install it")
@@ -419,9 +419,9 @@ def test_llama_cpp_row_is_skipped_with_the_reason(run, monkeypatch, capsys):
 
 def test_a_failing_llama_cpp_row_keeps_the_run(run, monkeypatch, capsys):
     """The row is optional: a failed download or load is reported in the results, never raised over the run."""
-    from hf_specdec.tools import models
-    from hf_specdec.tools.bench import llama_cpp
-    from hf_specdec.tools.bench.cli import add_llama_cpp_row
+    from hf_specdec_tools import models
+    from hf_specdec_tools.bench import llama_cpp
+    from hf_specdec_tools.bench.cli import add_llama_cpp_row
 
     def broken(spec, progress=True):
         raise OSError("no network")
@@ -440,9 +440,9 @@ def test_a_failing_llama_cpp_row_keeps_the_run(run, monkeypatch, capsys):
 def test_llama_cpp_row_is_a_reference_row_relative_to_plain(run, monkeypatch, tmp_path):
     """With llama-cpp-python present, its calls join the table as a reference: speedup against plain on the same
     prompts, outputs not compared (its own numerics)."""
-    from hf_specdec.tools import models
-    from hf_specdec.tools.bench import llama_cpp
-    from hf_specdec.tools.bench.cli import add_llama_cpp_row
+    from hf_specdec_tools import models
+    from hf_specdec_tools.bench import llama_cpp
+    from hf_specdec_tools.bench.cli import add_llama_cpp_row
 
     results = {**run[0], "calls": list(run[0]["calls"]), "strategies": list(run[0]["strategies"])}
     plain_seconds = {c["prompt"]: c["seconds"] for c in results["calls"] if c["strategy"] == "plain"}
@@ -523,13 +523,13 @@ def test_readme_region_round_trips(run, tmp_path):
 )
 def test_readme_without_proper_markers_fails_clearly(text, words):
     with pytest.raises(ReadmeError) as error:
-        replace_region(text, "table")
+        replace_region(text, "table", "README", START, END, SECTION)
     for word in words:
         assert word in str(error.value)
 
 
 def test_cli_report_and_errors(run, tmp_path, capsys):
-    from hf_specdec.tools.cli import main
+    from hf_specdec_tools.cli import main
 
     results = _full_results(run)
     write_report(results, tmp_path)

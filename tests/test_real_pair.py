@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from hf_specdec.planning import plan_tree
-from hf_specdec.tools.prompts import humaneval_prompts
+from hf_specdec_tools.prompts import humaneval_prompts
 
 pytestmark = pytest.mark.real
 
@@ -66,7 +66,7 @@ def test_offloaded_target_is_lossless(real_pair_fp32, plain_outputs, tmp_path):
     from transformers import AutoModelForCausalLM
 
     from hf_specdec.core.devices import is_offloaded
-    from hf_specdec.tools import models
+    from hf_specdec_tools import models
 
     _, draft, _ = real_pair_fp32
     offloaded = AutoModelForCausalLM.from_pretrained(
@@ -91,8 +91,8 @@ def test_int8_quantized_real_target_is_lossless(real_pair_fp32):
     from transformers import AutoModelForCausalLM
 
     from hf_specdec.core.model_info import quantization
-    from hf_specdec.tools import models
-    from hf_specdec.tools.bench.target_quantization import quantization_config
+    from hf_specdec_tools import models
+    from hf_specdec_tools.bench.target_quantization import quantization_config
 
     _, draft, tokenizer = real_pair_fp32
     target = AutoModelForCausalLM.from_pretrained(models.fetch(models.DEFAULT_TARGET), dtype=torch.float32,

@@ -20,9 +20,9 @@ from hf_specdec.calibration.calibrate import alternative_sizes, evaluate_plan
 from hf_specdec.planning import expected_tokens, plan_tree
 from hf_specdec.planning.latency import LatencyCurve, measure_latency
 from hf_specdec.planning.sizing import HardwareProfile, choose_plan, level_widths_with_children, step_seconds
-from hf_specdec.tools.cli import main as cli_main
-from hf_specdec.tools.plots import plot_all
 from hf_specdec.verification import SequoiaVerifier, SpecInferVerifier
+from hf_specdec_tools.cli import main as cli_main
+from hf_specdec_tools.plots import plot_all
 from tests.conftest import random_prompt, tiny_model
 from tests.test_entry_points import tiny_tokenizer
 from tests.test_sampling_exact import Case, all_runs, draft_trees, to_token_tree

@@ -11,7 +11,7 @@ from transformers import AutoModelForCausalLM
 from hf_specdec import SpecExecConfig, TokenTree
 from hf_specdec.core.devices import is_offloaded
 from hf_specdec.drafting.best_first import BestFirstDrafter, step_memory_bound
-from hf_specdec.tools.bench.measure import PeakMemory
+from hf_specdec_tools.bench.measure import PeakMemory
 from tests.conftest import TINY_CONFIGS, random_prompt, tiny_model
 
 

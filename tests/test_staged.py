@@ -223,7 +223,7 @@ def test_ngram_model_round_trip(tmp_path):
 
 
 def test_ngram_train_command(tmp_path, capsys):
-    from hf_specdec.tools.cli import main
+    from hf_specdec_tools.cli import main
 
     ids = tmp_path / "ids.jsonl"
     ids.write_text("\n".join(json.dumps([5, 6, 7, 8] * 10 + [i]) for i in range(3, 9)))

@@ -66,7 +66,7 @@ def _sequences(args: argparse.Namespace) -> Iterator[list[int]]:
 
 
 def run_train(args: argparse.Namespace) -> int:
-    from ..methods.staged.ngram_model import NGramModel
+    from hf_specdec.methods.staged.ngram_model import NGramModel
 
     if not (args.text or args.ids or args.humaneval):
         print("hf-specdec ngram train: error: give a corpus: --text PATH, --ids FILE.jsonl or --humaneval.",

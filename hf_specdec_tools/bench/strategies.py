@@ -14,7 +14,7 @@ from typing import Any
 
 from transformers import GenerationConfig, PreTrainedModel
 
-from ...core.config import SPECULATION_METHODS, SpeculationConfig, make_config
+from hf_specdec.core.config import SPECULATION_METHODS, SpeculationConfig, make_config
 
 PLAIN = "plain"
 HF_ASSISTED = "hf-assisted"

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..calibration.plan_file import SequoiaPlan
-from ..planning.sequoia import TreePlanner
+from hf_specdec.calibration.plan_file import SequoiaPlan
+from hf_specdec.planning.sequoia import TreePlanner
 
 
 def _pyplot():

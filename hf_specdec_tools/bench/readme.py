@@ -6,32 +6,12 @@ import os
 from pathlib import Path
 from typing import Any
 
+from ..readme_region import ReadmeError, replace_region
 from .report import PLOTS, load_json, machine_line, markdown_table, settings_line
 
 START = "<!-- bench-results:start -->"
 END = "<!-- bench-results:end -->"
-
-
-class ReadmeError(ValueError):
-    """The README cannot take generated results: the message says which marker is wrong and how to fix it."""
-
-
-def replace_region(
-    text: str, body: str, where: str = "README", start: str = START, end: str = END,
-    section: str = "the README's `## Results` section",
-) -> str:
-    """`text` with everything between `start` and `end` replaced by `body` (markers kept, the rest untouched)."""
-    starts, ends = text.count(start), text.count(end)
-    if starts != 1 or ends != 1:
-        raise ReadmeError(
-            f"{where} must hold exactly one `{start}` and one `{end}` line (found {starts} and {ends}): put both, "
-            f"each on its own line, where the generated text belongs ({section})."
-        )
-    head, rest = text.split(start, 1)
-    if end not in rest:
-        raise ReadmeError(f"In {where}, `{end}` comes before `{start}`: swap them.")
-    _, tail = rest.split(end, 1)
-    return f"{head}{start}\n{body.strip()}\n{end}{tail}"
+SECTION = "the README's `## Results` section"
 
 
 def readme_block(results: dict[str, Any], results_path: Path, readme_path: Path, command: str) -> str:
@@ -68,7 +48,8 @@ def update_readme(readme_path: str | Path, results_path: str | Path) -> Path:
     command = f"hf-specdec bench report {relative} --readme {readme_path.name}"
     text = readme_path.read_text(encoding="utf-8")
     readme_path.write_text(
-        replace_region(text, readme_block(results, results_path, readme_path, command), str(readme_path)),
+        replace_region(text, readme_block(results, results_path, readme_path, command), str(readme_path), START, END,
+                       SECTION),
         encoding="utf-8",
     )
     return readme_path

@@ -280,7 +280,7 @@ def resolve_dtype(name: str) -> str:
         return name
     import torch
 
-    from ...core.devices import native_bfloat16
+    from hf_specdec.core.devices import native_bfloat16
 
     return "bfloat16" if native_bfloat16(torch.cuda.is_available()) else "float32"
 

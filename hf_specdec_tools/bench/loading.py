@@ -13,7 +13,8 @@ from typing import Any
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
-from ...core.model_info import quantization
+from hf_specdec.core.model_info import quantization
+
 from .target_quantization import ROUTES, available_routes, fastest_route, quantization_config
 
 #: RAM given to the offloaded target by default, as a share of its weights. accelerate counts the (tied) embedding
@@ -78,7 +79,7 @@ def offload_kwargs(source: str, dtype: torch.dtype, max_memory: str | None) -> t
 
 
 def _prepack(model: PreTrainedModel) -> dict[str, Any]:
-    from ...kernels import prepack
+    from hf_specdec.kernels import prepack
 
     report = prepack(model)
     return {"prepacked": report.packed, "reason": report.reason, "ms_before": report.before_ms,
@@ -148,7 +149,7 @@ def load_models(
             draft_model = AutoModelForCausalLM.from_pretrained(draft_source, dtype=dtype).eval()
             counts["draft"] = parameter_count(draft_model)
             if int8_draft:
-                from ...drafting.quantize import quantize_draft
+                from hf_specdec.drafting.quantize import quantize_draft
 
                 draft_model = quantize_draft(draft_model)
         tokenizer = AutoTokenizer.from_pretrained(target_source)
