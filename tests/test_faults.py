@@ -8,6 +8,10 @@ import contextlib
 import copy
 import json
 import math
+import os
+import pathlib
+import subprocess
+import sys
 import threading
 import warnings
 
@@ -251,6 +255,29 @@ def test_the_plan_lock_lets_one_holder_in_at_a_time(plan_dir):
         assert not entered.wait(0.3)  # blocked while the first holds the lock
     thread.join(5)
     assert entered.is_set()
+
+
+TWO_PROCESSES_SCRIPT = """
+import sys, torch
+sys.path.insert(0, {root!r})
+from tests.conftest import random_prompt, tiny_model
+torch.set_num_threads(1)
+target, draft = tiny_model("qwen2", 0), tiny_model("qwen2", 1)
+out = target.generate(random_prompt(torch.Generator().manual_seed(3), 6), assistant_model=draft, speculation="sequoia",
+                      max_new_tokens=8, do_sample=False, return_dict_in_generate=True)
+print("SOURCE", out.speculation_stats.plan_source)
+"""
+
+
+def test_two_processes_on_one_folder_calibrate_once(tmp_path):
+    root = str(pathlib.Path(__file__).resolve().parents[1])
+    env = {**os.environ, paths.CACHE_ENV: str(tmp_path / "cache")}
+    runs = [subprocess.Popen([sys.executable, "-c", TWO_PROCESSES_SCRIPT.format(root=root)], env=env, cwd=root,
+                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True) for _ in range(2)]
+    sources = [line for run in runs for line in run.communicate(timeout=300)[0].splitlines()
+               if line.startswith("SOURCE")]
+    assert len(sources) == 2 and sum("online calibration" in line for line in sources) == 1
+    assert len(list((tmp_path / "cache" / "plans").glob("*.json"))) == 1
 
 
 def test_a_plan_made_while_waiting_for_the_lock_is_used_not_made_again(pair, plan_dir, monkeypatch):
