@@ -63,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
 
     from hf_specdec.calibration.calibrate import calibrate, evaluate_plan
     from hf_specdec.calibration.store import save_user_plan
-
+    from hf_specdec.core.paths import CACHE_ENV
     from .bench.inputs import load_prompt_source, tokenize_prompts
     from .bench.loading import load_models
     from .plots import plot_all
@@ -92,7 +92,10 @@ def run(args: argparse.Namespace) -> int:
         if args.output:
             written.append(plan.save(args.output))
         if args.save:
-            written.append(save_user_plan(plan, loaded.target, loaded.draft))
+            saved = save_user_plan(plan, loaded.target, loaded.draft)
+            if saved is None:  # the store warned where and why; a command asked to save must not end quietly
+                raise SystemExit(f"The plan was not saved: set {CACHE_ENV} to a writable folder, or pass --output.")
+            written.append(saved)
         plots = plot_all(plan, args.plots or (args.output.parent if args.output else written[0].parent) / "plots")
     finally:
         loaded.cleanup()

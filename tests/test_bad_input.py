@@ -9,6 +9,7 @@ import pytest
 import torch
 from transformers import (
     AutoModelForCausalLM,
+    DynamicCache,
     GenerationConfig,
     GenerationMixin,
     SynthIDTextWatermarkingConfig,
@@ -74,6 +75,8 @@ CASES = [
     ("a draft for ngram", dict(speculation="ngram"), "would ignore assistant_model"),
     ("stop strings without a tokenizer", dict(speculation="tree", stop_strings=["w9"]), "pass `tokenizer="),
     ("token healing without a tokenizer", dict(speculation="tree", token_healing=True), "token_healing needs"),
+    ("a cache with use_cache off", dict(speculation="tree", use_cache=False, past_key_values=lambda _: DynamicCache()),
+     "use_cache=False with a past_key_values passed"),
 ]
 
 
@@ -101,8 +104,23 @@ def test_padded_prompt(pair):
     ids = _ids()
     mask = torch.ones_like(ids)
     mask[0, 0] = 0
-    with pytest.raises(ValueError, match="padded"):
+    with pytest.raises(ValueError, match=r"padded inputs: the attention_mask is 0 at position \[0\]"):
         target.generate(ids, attention_mask=mask, assistant_model=draft, speculation="tree", max_new_tokens=4)
+
+
+def test_a_prompt_holding_the_pad_token_names_it(pair):
+    """No mask passed: Transformers masks every pad token in the prompt, and the refusal says so."""
+    target, draft = pair
+    ids = _ids(6)
+    ids[0, [1, 4]] = target.generation_config.pad_token_id
+    with pytest.raises(ValueError, match=r"the prompt holds pad_token_id=0 at positions \[1, 4\].*attention_mask="
+                       r"torch.ones_like\(input_ids\)"):
+        target.generate(ids, assistant_model=draft, speculation="tree", max_new_tokens=4)
+    # and the fix it names works
+    out = target.generate(ids, attention_mask=torch.ones_like(ids), assistant_model=draft, speculation="tree",
+                          max_new_tokens=4, do_sample=False)
+    assert torch.equal(out, target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=4,
+                                            do_sample=False))
 
 
 def test_different_vocabularies(pair):

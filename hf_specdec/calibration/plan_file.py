@@ -7,8 +7,10 @@ plan can be found again for the same pair on the same hardware, and so anyone ca
 from __future__ import annotations
 
 import json
+import math
 import os
 import platform
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,12 +22,17 @@ from transformers import PreTrainedModel
 
 from ..core.devices import cpu_model
 from ..core.model_info import quantization
+from ..core.paths import json_list, json_object
 from ..core.version import __version__
 from ..planning.latency import dtype_name, placement
 from ..planning.sequoia import TreePlan
 from ..planning.sizing import HardwareProfile
+from ..verification.registry import VERIFIERS
 
 FORMAT = 1
+RECORD_FIELDS = ("target", "draft", "predicted", "measured", "environment")  # free-form JSON objects
+# what reading a plan raises on a wrong type, a missing field or an impossible value
+INVALID_VALUE = (KeyError, TypeError, ValueError, OverflowError, AttributeError, IndexError)
 FINGERPRINT_FIELDS = (
     "model_type", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
     "num_attention_heads", "num_key_value_heads",
@@ -97,42 +104,58 @@ class SequoiaPlan:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> SequoiaPlan:
+        """Read a plan checked by value (see `TreePlan.from_dict`, `LatencyCurve`): what a file says is used as
+        written, so anything impossible is a ValueError or TypeError here, never a crash or a mis-sized tree later."""
+        data = json_object(data, "A Sequoia plan")
         if data.get("format") != FORMAT:
             raise ValueError(f"Unsupported Sequoia plan format {data.get('format')!r} (this version reads {FORMAT}).")
-        return cls(
+        plan = cls(
             tree=TreePlan.from_dict(data["tree"]),
             temperature=float(data["temperature"]),
             verifier=str(data["verifier"]),
             profile=HardwareProfile.from_dict(data["profile"]) if data.get("profile") else None,
-            target=data.get("target", {}),
-            draft=data.get("draft", {}),
             acceptance_positions=int(data.get("acceptance_positions", 0)),
-            predicted=data.get("predicted", {}),
-            measured=data.get("measured", {}),
-            candidates=data.get("candidates", []),
-            environment=data.get("environment", {}),
+            candidates=json_list(data.get("candidates", []), "The plan's 'candidates'"),
             source=str(data.get("source", "")),
+            **{name: dict(json_object(data.get(name, {}), f"The plan's {name!r}")) for name in RECORD_FIELDS},
         )
+        plan.check_values()
+        return plan
+
+    def check_values(self) -> None:
+        """Raise ValueError unless the temperature, verifier and counts are possible ones."""
+        if not (math.isfinite(self.temperature) and self.temperature >= 0):
+            raise ValueError(f"temperature must be finite and >= 0 (0 = greedy), got {self.temperature!r}.")
+        if self.verifier not in VERIFIERS:
+            raise ValueError(f"Unknown verifier {self.verifier!r}; known: {', '.join(sorted(VERIFIERS))}.")
+        if self.acceptance_positions < 0:
+            raise ValueError(f"acceptance_positions counts positions, got {self.acceptance_positions}.")
 
     def save(self, path: str | os.PathLike) -> Path:
         """Write atomically (a reader never sees half a file)."""
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-        tmp.write_text(json.dumps(self.to_dict(), indent=1) + "\n", encoding="utf-8")
-        os.replace(tmp, path)
+        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{threading.get_ident()}")
+        try:
+            tmp.write_text(json.dumps(self.to_dict(), indent=1) + "\n", encoding="utf-8")
+            os.replace(tmp, path)
+        except BaseException:
+            tmp.unlink(missing_ok=True)  # a failed write leaves neither half a plan nor a stray temporary file
+            raise
         return path
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> SequoiaPlan:
-        try:
-            data = json.loads(Path(path).read_text(encoding="utf-8"))
-        except (OSError, json.JSONDecodeError) as exc:
-            raise ValueError(f"Cannot read the Sequoia plan {path}: {exc}. Re-run `hf-specdec calibrate`.") from exc
+        return cls.from_json_data(read_json(path), path)
+
+    @classmethod
+    def from_json_data(cls, data: Any, path: str | os.PathLike) -> SequoiaPlan:
+        """`from_dict` on what the file `path` holds, any failure a ValueError naming the file and the fault."""
         try:
             return cls.from_dict(data)
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ValueError(f"{path} is not a valid Sequoia plan ({exc}). Re-run `hf-specdec calibrate`.") from exc
+        except INVALID_VALUE as exc:
+            detail = f"missing field {exc}" if isinstance(exc, KeyError) else str(exc)
+            raise ValueError(f"{path} is not a valid Sequoia plan ({detail}). Re-run `hf-specdec calibrate`.") from exc
 
     def same_pair(self, target: PreTrainedModel, draft: PreTrainedModel) -> bool:
         """Made for these two architectures? Then its acceptance vector applies, whatever the hardware."""
@@ -142,6 +165,14 @@ class SequoiaPlan:
     def runs_here(self, target: PreTrainedModel, draft: PreTrainedModel) -> bool:
         """Were its latency curves measured on this hardware, thread count, dtype and offloading?"""
         return self.profile is not None and self.profile.placement == pair_placement(target, draft)
+
+
+def read_json(path: str | os.PathLike) -> Any:
+    """The JSON in `path`; a file that cannot be read or parsed is a ValueError saying why."""
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError) as exc:  # ValueError: bad JSON, bad UTF-8
+        raise ValueError(f"Cannot read the Sequoia plan {path}: {exc}. Re-run `hf-specdec calibrate`.") from exc
 
 
 def pair_placement(target: PreTrainedModel, draft: PreTrainedModel) -> dict[str, Any]:

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import functools
+import inspect
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -29,6 +32,36 @@ class LoopResult:
     stats: SpeculationStats
 
 
+def _committed_on_error(loop: Callable[..., LoopResult]) -> Callable[..., LoopResult]:
+    """Wrap the loop so that an exception anywhere in it (a processor, a stopping criterion, a streamer, an
+    interrupt) leaves the caller's cache as plain `generate` would: the committed tokens only, never tree rows."""
+    signature = inspect.signature(loop)
+
+    @functools.wraps(loop)
+    def run(*args, **kwargs) -> LoopResult:
+        call = signature.bind(*args, **kwargs)
+        stats = call.arguments["stats"] = call.arguments.get("stats") or SpeculationStats()
+        counted = stats.new_tokens  # the loop counts a step's tokens once they are compacted into the cache
+        try:
+            return loop(*call.args, **call.kwargs)
+        except BaseException:
+            committed = call.arguments["input_ids"].shape[1] + stats.new_tokens - counted
+            keep_committed(call.arguments["cache"], committed - 1, call.arguments["target"])
+            raise
+
+    return run
+
+
+def keep_committed(cache: Cache, length: int, target: PreTrainedModel) -> None:
+    """Crop `cache` to its first `length` rows, or to fewer when a pass stopped half way left some layer shorter
+    (or not yet created), so that every layer holds the same committed tokens."""
+    rows = [layer.keys.shape[-2] if getattr(layer, "keys", None) is not None else 0 for layer in cache.layers]
+    if len(rows) < target.config.get_text_config().num_hidden_layers:
+        rows.append(0)  # a layer the interrupted pass never reached: the next pass creates it from position 0
+    crop(cache, min([length, *rows]))
+
+
+@_committed_on_error
 def speculative_loop(
     target: PreTrainedModel,
     input_ids: torch.LongTensor,

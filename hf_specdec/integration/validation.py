@@ -136,9 +136,31 @@ def check_generation_config(
             "Speculation compacts the KV cache to the accepted path, which needs a DynamicCache: drop "
             "cache_implementation / the static cache you passed."
         )
+    if cache is not None and config.use_cache is False:
+        raise ValueError(
+            "use_cache=False with a past_key_values passed: speculation always decodes with a KV cache and would fill "
+            "yours (plain generate would re-feed the whole sequence into it every step). Drop use_cache=False, or "
+            "drop past_key_values."
+        )
     mask = model_kwargs.get("attention_mask")
     if mask is not None and not bool((mask == 1).all()):
-        raise ValueError("Speculation does not support padded inputs: pass the prompt without padding tokens.")
+        raise ValueError(padding_message(mask, input_ids, config.pad_token_id))
+
+
+def padding_message(mask: torch.Tensor, input_ids: torch.Tensor, pad_token_id: int | None) -> str:
+    """Why a prompt counts as padded: Transformers masks every `pad_token_id` in a prompt passed without a mask."""
+    masked = torch.nonzero(mask[0] != 1).flatten().tolist()
+    at = f"position{'s' if len(masked) > 1 else ''} {masked[:8]}{' ...' if len(masked) > 8 else ''}"
+    if pad_token_id is not None and masked and mask.shape == input_ids.shape and bool(
+        (input_ids[0, masked] == pad_token_id).all()
+    ):
+        return (
+            f"Speculation does not support padded inputs, and the prompt holds pad_token_id={pad_token_id} at {at}, "
+            "which the attention mask leaves out. If those tokens are text, pass attention_mask=torch.ones_like("
+            "input_ids) (or set another pad_token_id); if they are padding, pass the prompt without them."
+        )
+    return (f"Speculation does not support padded inputs: the attention_mask is 0 at {at}. Pass the prompt without "
+            "padding tokens, with an all-ones attention_mask or none.")
 
 
 def check_model_inputs(

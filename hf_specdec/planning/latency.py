@@ -8,6 +8,7 @@ with the same additive tree mask and a filled KV cache, and interpolated in betw
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from collections.abc import Sequence
@@ -22,6 +23,7 @@ from ..core.attention import AttentionLayout
 from ..core.devices import cpu_model, execution_device, is_offloaded, kernels
 from ..core.kv_cache import crop
 from ..core.model_info import quantization
+from ..core.paths import json_object
 from ..core.tree import TokenTree
 
 DEFAULT_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128)
@@ -71,6 +73,12 @@ class LatencyCurve:
             raise ValueError("A latency curve needs one time per size, and at least one size.")
         if list(self.sizes) != sorted(set(self.sizes)) or self.sizes[0] < 1:
             raise ValueError(f"Latency sizes must be distinct positive integers in increasing order: {self.sizes}.")
+        bad = [t for t in self.seconds if not (math.isfinite(t) and t > 0)]  # `not` also catches NaN
+        if bad:
+            # a zero, negative or NaN time would make every tree look free (or worthless) to the planners
+            raise ValueError(f"Latency times must be finite positive seconds, got {bad}: measure the curve again.")
+        if self.past_length < 0:
+            raise ValueError(f"A latency curve's past_length counts cached tokens, got {self.past_length}.")
 
     def __call__(self, n: float | np.ndarray) -> float | np.ndarray:
         """Seconds for n tokens: linear between measured sizes, linear in the last segment's slope beyond them.
@@ -91,6 +99,7 @@ class LatencyCurve:
 
     @classmethod
     def from_dict(cls, data: dict) -> LatencyCurve:
+        data = json_object(data, "A latency curve")
         return cls(tuple(int(s) for s in data["sizes"]), tuple(float(t) for t in data["seconds"]),
                    int(data.get("past_length", 256)))
 

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from ..core.paths import json_object
 from ..core.tree import TokenTree, breadth_first_order, renumber_parents, reorder
 from .shapes import validate_parents
 
@@ -169,15 +170,35 @@ class TreePlan:
 
     @classmethod
     def from_dict(cls, data: dict) -> TreePlan:
+        """Read a plan checked by value, not only by structure: a stored tree is drafted as written, so a tree
+        larger or deeper than its own limits, or an impossible expectation, must not get that far."""
+        data = json_object(data, "A tree plan")
         parents = [int(x) for x in data["parents"]]
         validate_parents(parents)
-        return cls(
+        plan = cls(
             parents=parents,
             expected_tokens=float(data["expected_tokens"]),
             acceptance=validate_acceptance(data["acceptance"]),
             budget=int(data["budget"]),
             max_depth=int(data["max_depth"]),
         )
+        plan.check_limits()
+        return plan
+
+    def check_limits(self) -> None:
+        """Raise ValueError unless the tree fits its budget and depth and its expectation is a possible one."""
+        _check_limits(self.budget, self.max_depth)
+        levels = len(self.widths_per_level())
+        if len(self.parents) > self.budget or levels > self.max_depth:
+            raise ValueError(
+                f"The tree has {len(self.parents)} nodes over {levels} levels, beyond its own budget {self.budget} "
+                f"and max_depth {self.max_depth}: re-plan it (`hf-specdec calibrate`) or fix those limits."
+            )
+        if not 1.0 <= self.expected_tokens <= len(self.parents) + 1e-9:  # `not` also catches NaN
+            raise ValueError(
+                f"expected_tokens {self.expected_tokens!r} is impossible for a tree of {len(self.parents)} nodes "
+                "(between 1, the root alone, and the node count): re-plan it."
+            )
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict())

@@ -10,10 +10,12 @@ with E from the Sequoia DP for the measured acceptance vector and t from measure
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from ..core.paths import json_object
 from .latency import LatencyCurve
 from .sequoia import TreePlan, TreePlanner
 
@@ -32,6 +34,10 @@ class HardwareProfile:
     draft: LatencyCurve
     placement: dict = field(default_factory=dict)
     step_overhead: float = 0.0  # seconds of engine bookkeeping per step
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.step_overhead) and self.step_overhead >= 0):
+            raise ValueError(f"step_overhead must be finite seconds >= 0, got {self.step_overhead!r}.")
 
     @property
     def dtype(self) -> str:
@@ -55,10 +61,11 @@ class HardwareProfile:
 
     @classmethod
     def from_dict(cls, data: dict) -> HardwareProfile:
+        data = json_object(data, "A latency profile")
         return cls(
             LatencyCurve.from_dict(data["target"]),
             LatencyCurve.from_dict(data["draft"]),
-            dict(data.get("placement", {})),
+            dict(json_object(data.get("placement", {}), "A profile's placement")),
             float(data.get("step_overhead", 0.0)),
         )
 
