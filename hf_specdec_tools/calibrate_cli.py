@@ -64,6 +64,7 @@ def run(args: argparse.Namespace) -> int:
     from hf_specdec.calibration.calibrate import calibrate, evaluate_plan
     from hf_specdec.calibration.store import save_user_plan
     from hf_specdec.core.paths import CACHE_ENV
+
     from .bench.inputs import load_prompt_source, tokenize_prompts
     from .bench.loading import load_models
     from .plots import plot_all
