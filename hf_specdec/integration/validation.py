@@ -118,7 +118,6 @@ def check_generation_config(
     """Checks that need the merged generation config and the prepared inputs."""
     if input_ids.shape[1] == 0:
         raise ValueError("Speculation needs a non-empty `input_ids` prompt (inputs_embeds alone are not supported).")
-    check_model_inputs(model, config, input_ids, model_kwargs)
     if (config.num_beams or 1) > 1:
         raise ValueError("Speculation cannot be combined with beam search: set num_beams=1 or drop `speculation`.")
     if (config.num_return_sequences or 1) > 1:
@@ -145,6 +144,7 @@ def check_generation_config(
     mask = model_kwargs.get("attention_mask")
     if mask is not None and not bool((mask == 1).all()):
         raise ValueError(padding_message(mask, input_ids, config.pad_token_id))
+    check_model_inputs(model, input_ids, model_kwargs)
 
 
 def padding_message(mask: torch.Tensor, input_ids: torch.Tensor, pad_token_id: int | None) -> str:
@@ -163,9 +163,7 @@ def padding_message(mask: torch.Tensor, input_ids: torch.Tensor, pad_token_id: i
             "padding tokens, with an all-ones attention_mask or none.")
 
 
-def check_model_inputs(
-    model: PreTrainedModel, config: GenerationConfig, input_ids: torch.Tensor, model_kwargs: dict[str, Any]
-) -> None:
+def check_model_inputs(model: PreTrainedModel, input_ids: torch.Tensor, model_kwargs: dict[str, Any]) -> None:
     """Every model input reaches every pass as plain `generate` gives it, or is refused here (`core.model_inputs`)."""
     positions = model_kwargs.get("position_ids")
     if positions is not None and not torch.equal(positions.cpu(), torch.arange(input_ids.shape[1])[None]):
