@@ -49,6 +49,14 @@ def one_thread_for_tiny_models(request):
 
 
 @pytest.fixture(autouse=True)
+def isolated_machine_choices(tmp_path, monkeypatch):
+    """What demo/bench remember per machine goes to a temporary folder: each test measures afresh."""
+    from hf_specdec_tools.bench import machine_choices
+
+    monkeypatch.setattr(machine_choices, "cache_dir", lambda: tmp_path)
+
+
+@pytest.fixture(autouse=True)
 def isolated_plan_store(tmp_path_factory, monkeypatch):
     """Plans that tests make (online calibration, re-sizing) go to a temporary folder, never the user's cache."""
     from hf_specdec.calibration import store

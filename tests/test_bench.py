@@ -389,7 +389,8 @@ def test_quantized_target_auto_times_every_route_and_keeps_the_fastest(tmp_path,
 
         monkeypatch.setattr(target_quantization, "measure_latency", timed)
         monkeypatch.setattr(loading, "available_routes", lambda: ["int8"])
-        loaded = load_models(str(folder), None, dtype=torch.float32, need_draft=False, quantize_target="auto")
+        loaded = load_models(str(folder), None, dtype=torch.float32, need_draft=False, quantize_target="auto",
+                             remeasure=True)
         quantized = loaded.info["target_quantization"]
         assert quantized["route"] == winner and set(quantized["ms_per_pass_by_route"]) == {"none", "int8"}
         assert (quantization(loaded.target) is not None) == (winner == "int8")
@@ -399,6 +400,34 @@ def test_quantized_target_auto_times_every_route_and_keeps_the_fastest(tmp_path,
     for route in ("auto", "int8"):
         with pytest.raises(ValueError, match="cannot be combined with --offload.*Quantize the target or offload it"):
             load_models(str(folder), None, need_draft=False, quantize_target=route, offload=True)
+
+
+def test_automatic_choices_are_remembered_per_machine(tmp_path, monkeypatch):
+    """The first run times the routes and prepacking and saves what won; the next reuses it without timing anything
+    and says so; --remeasure times again; another dtype is another key."""
+    from hf_specdec_tools.bench import loading, target_quantization
+    from tests.test_entry_points import tiny_tokenizer
+
+    folder = tmp_path / "tiny"
+    tiny_model("llama", 0).save_pretrained(folder)
+    tiny_tokenizer().save_pretrained(folder)
+    timings = []
+    real_measure = target_quantization.measure_latency
+
+    def timed(*args, **kwargs):
+        timings.append(1)
+        return real_measure(*args, **kwargs)
+
+    monkeypatch.setattr(target_quantization, "measure_latency", timed)
+    monkeypatch.setattr(loading, "available_routes", lambda: ["int8"])
+    first = load_models(str(folder), None, dtype=torch.float32, need_draft=False, quantize_target="auto")
+    assert len(timings) == 2 and first.info["remembered"] is None
+    again = load_models(str(folder), None, dtype=torch.float32, need_draft=False, quantize_target="auto")
+    assert len(timings) == 2 and again.info["remembered"]  # nothing timed: the saved choice, and when it was made
+    assert again.info["target_quantization"]["route"] == first.info["target_quantization"]["route"]
+    load_models(str(folder), None, dtype=torch.float32, need_draft=False, quantize_target="auto", remeasure=True)
+    load_models(str(folder), None, dtype=torch.bfloat16, need_draft=False, quantize_target="auto")
+    assert len(timings) == 6
 
 
 def test_llama_cpp_row_is_skipped_with_the_reason(run, monkeypatch, capsys):

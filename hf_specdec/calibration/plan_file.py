@@ -10,7 +10,6 @@ import json
 import math
 import os
 import platform
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,7 +21,7 @@ from transformers import PreTrainedModel
 
 from ..core.devices import cpu_model
 from ..core.model_info import quantization
-from ..core.paths import json_list, json_object
+from ..core.paths import json_list, json_object, write_json
 from ..core.version import __version__
 from ..planning.latency import dtype_name, placement
 from ..planning.sequoia import TreePlan
@@ -133,16 +132,7 @@ class SequoiaPlan:
 
     def save(self, path: str | os.PathLike) -> Path:
         """Write atomically (a reader never sees half a file)."""
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{threading.get_ident()}")
-        try:
-            tmp.write_text(json.dumps(self.to_dict(), indent=1) + "\n", encoding="utf-8")
-            os.replace(tmp, path)
-        except BaseException:
-            tmp.unlink(missing_ok=True)  # a failed write leaves neither half a plan nor a stray temporary file
-            raise
-        return path
+        return write_json(path, self.to_dict())
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> SequoiaPlan:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -32,3 +34,18 @@ def json_list(value: Any, what: str) -> list:
     if not isinstance(value, list):
         raise TypeError(f"{what} must be a JSON array, got {type(value).__name__} {str(value)[:40]!r}")
     return value
+
+
+def write_json(path: str | os.PathLike, data: Any) -> Path:
+    """Write `data` as JSON atomically: a reader never sees half a file, and a failed write leaves neither half a
+    file nor a stray temporary one."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{threading.get_ident()}")
+    try:
+        tmp.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return path

@@ -72,6 +72,9 @@ def register_cli(subparsers: argparse._SubParsersAction) -> argparse.ArgumentPar
                         help="Prepack both models' Linear weights for this CPU (hf_specdec.prepack), kept only where "
                         "measured faster; every strategy, plain generate included, runs on the prepared models "
                         "(default: on a CPU).")
+    parser.add_argument("--remeasure", action="store_true",
+                        help="Time the automatic choices (--quantize-target auto, --prepack) again instead of reusing "
+                        "what an earlier run measured on this machine.")
     parser.add_argument("--quantize-target", choices=QUANTIZE_CHOICES, default=None, metavar="ROUTE",
                         help="Load the target quantized through a Transformers route: int8 (torchao weight-only), "
                         "int8-dynamic (torchao), none, or auto (time the target unquantized and through each route "
@@ -181,6 +184,7 @@ def run(args: argparse.Namespace) -> int:
             args.target, args.draft, dtype=getattr(torch, dtype_name), need_draft=any(s.uses_draft for s in strategies),
             offload=args.offload, offload_max_memory=args.offload_max_memory, int8_draft=int8_draft,
             prepack=prepack, quantize_target=args.quantize_target, progress=not args.no_progress,
+            remeasure=args.remeasure,
         )
     except (ValueError, ImportError) as error:
         return _error(str(error))
@@ -212,9 +216,13 @@ def run(args: argparse.Namespace) -> int:
 
 def report_loading(info: dict[str, Any]) -> None:
     """Say what the automatic choices picked, and why (prepacking, the target's quantization route)."""
+    if info.get("remembered"):
+        print(f"automatic choices as measured on this machine on {info['remembered']} (saved in the cache folder; "
+              "--remeasure times them again)", file=sys.stderr)
     for role, report in info.get("kernels", {}).items():
-        print(f"{role}: {report['reason']} (ms per pass over 1/16 tokens: {report['ms_before']} -> "
-              f"{report['ms_after']})", file=sys.stderr)
+        timing = (f" (ms per pass over 1/16 tokens: {report['ms_before']} -> {report['ms_after']})"
+                  if report.get("ms_before") else "")
+        print(f"{role}: {report['reason']}{timing}", file=sys.stderr)
     from .report import route_timings
 
     quantized = info.get("target_quantization") or {}

@@ -15,6 +15,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTra
 
 from hf_specdec.core.model_info import quantization
 
+from .machine_choices import machine_key, recall, remember
 from .target_quantization import ROUTES, available_routes, fastest_route, quantization_config
 
 #: RAM given to the offloaded target by default, as a share of its weights. accelerate counts the (tied) embedding
@@ -78,12 +79,18 @@ def offload_kwargs(source: str, dtype: torch.dtype, max_memory: str | None) -> t
     return {"device_map": "auto", "max_memory": {"cpu": budget}, "offload_folder": folder}, folder
 
 
-def _prepack(model: PreTrainedModel) -> dict[str, Any]:
+def _prepack(model: PreTrainedModel, decided: bool | None = None) -> dict[str, Any]:
+    """Prepack `model` where it measures faster; `decided` (what an earlier run measured on this machine) skips the
+    measuring."""
     from hf_specdec.kernels import prepack
 
-    report = prepack(model)
-    return {"prepacked": report.packed, "reason": report.reason, "ms_before": report.before_ms,
-            "ms_after": report.after_ms}
+    if decided is False:
+        return {"prepacked": False, "reason": "not prepacked: measured no faster on this machine before",
+                "ms_before": None, "ms_after": None}
+    report = prepack(model, measure=decided is None)
+    reason = report.reason if decided is None else f"{report.reason}, as measured on this machine before"
+    return {"prepacked": report.packed, "reason": reason, "ms_before": report.before_ms or None,
+            "ms_after": report.after_ms or None}
 
 
 def load_models(
@@ -98,10 +105,13 @@ def load_models(
     prepack: bool = False,
     quantize_target: str | None = None,
     progress: bool = True,
+    remeasure: bool = False,
 ) -> LoadedModels:
     """Target, draft (when a strategy needs one; with `int8_draft`, dynamically quantized) and the tokenizer; with
     `prepack`, both models' Linear weights prepacked for this CPU where that measures faster (hf_specdec.prepack);
-    with `quantize_target`, the target loaded through that route of `target_quantization.ROUTES`."""
+    with `quantize_target`, the target loaded through that route of `target_quantization.ROUTES`. What the automatic
+    choices (`auto` route, prepacking) measured is remembered per machine (`machine_choices`) and reused unless
+    `remeasure`."""
     if (target is None) != (draft is None) and need_draft:
         raise ValueError(
             "Give both --target and --draft (a draft sharing the target's tokenizer), or neither for the embedded "
@@ -124,18 +134,25 @@ def load_models(
     kernels: dict[str, Any] = {}
     counts: dict[str, int] = {}
     target_kernels: dict[str | None, dict[str, Any]] = {}  # per candidate route
+    key = machine_key(f"{target_source}|{draft}|int8={int8_draft}|offload={offload}", dtype)
+    known = {} if remeasure or not (prepack or quantize_target == "auto") else (recall(key) or {})
+    packed = known.get("prepacked", {})
 
     def load_target(route: str | None) -> PreTrainedModel:
         extra = {} if route is None else {"quantization_config": quantization_config(route)}
         model = AutoModelForCausalLM.from_pretrained(target_source, dtype=dtype, **kwargs, **extra).eval()
         counts["target"] = parameter_count(model)
         if prepack:  # every candidate competes in its fastest form (prepacking skips quantized layers)
-            target_kernels[route] = _prepack(model)
+            same = (route or "none") == known.get("route", "none")  # what was measured applies to this route
+            target_kernels[route] = _prepack(model, packed.get("target") if same else None)
         return model
 
     route_timings = None
     try:
-        if quantize_target == "auto":
+        if quantize_target == "auto" and "route" in known:
+            route = None if known["route"] == "none" else known["route"]
+            target_model = load_target(route)
+        elif quantize_target == "auto":
             route, target_model, route_timings = fastest_route(load_target, [None, *available_routes()],
                                                                   progress=progress)
         else:
@@ -154,7 +171,7 @@ def load_models(
                 draft_model = quantize_draft(draft_model)
         tokenizer = AutoTokenizer.from_pretrained(target_source)
         if prepack and draft_model is not None:
-            kernels["draft"] = _prepack(draft_model)
+            kernels["draft"] = _prepack(draft_model, packed.get("draft"))
     except Exception:
         if folder:
             shutil.rmtree(folder, ignore_errors=True)
@@ -173,6 +190,12 @@ def load_models(
         "offload": None,
         "kernels": kernels,
     }
+    if prepack or quantize_target == "auto":
+        choices = {**known, "prepacked": {role: report["prepacked"] for role, report in kernels.items()}}
+        if quantize_target == "auto":
+            choices["route"] = route or "none"
+        remember(key, choices)
+        info["remembered"] = known.get("measured")  # when these choices were measured, if not in this run
     if offload:
         places = Counter(str(place) for place in (getattr(target_model, "hf_device_map", None) or {}).values())
         info["offload"] = {"max_memory_bytes": kwargs["max_memory"]["cpu"], "modules_per_place": dict(places)}

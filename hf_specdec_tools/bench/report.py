@@ -132,7 +132,7 @@ def _kernels_text(kernels: dict[str, Any] | None) -> str:
     parts = []
     for role, report in (kernels or {}).items():
         if report.get("prepacked"):
-            before, after = report.get("ms_before", {}), report.get("ms_after", {})
+            before, after = report.get("ms_before") or {}, report.get("ms_after") or {}
             timing = ", ".join(f"{n} token(s) {before[n]:.0f} → {after[n]:.0f} ms" for n in before if n in after)
             parts.append(f"{role} Linear weights prepacked for oneDNN ({timing})" if timing else
                          f"{role} Linear weights prepacked for oneDNN")
