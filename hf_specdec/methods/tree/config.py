@@ -9,7 +9,7 @@ from ...drafting.shaped_tree import StaticShapeConfig
 from ...planning.shapes import validate_parents, widths_parents
 
 # Wide and shallow: on a 2-core CPU a 32-node target pass costs < 2 single-token passes, while each
-# extra level costs a whole draft pass (DESIGN.md §4).
+# extra level costs a whole draft pass (README, "What this hardware rewards").
 DEFAULT_TREE_WIDTHS = [4, 2, 1, 1]
 
 
