@@ -11,7 +11,7 @@ import torch
 
 from hf_specdec import SPECULATION_METHODS
 from hf_specdec.core.config import SpeculationConfig
-from hf_specdec.methods.ngram import NGramConfig
+from hf_specdec.methods.prompt_lookup import NGramConfig
 from hf_specdec_tools.bench import BenchSettings, StrategyError, parse_strategy, resolve_strategies, run_benchmark
 from hf_specdec_tools.bench.aggregate import summarize
 from hf_specdec_tools.bench.cli import SCHEMA
@@ -77,8 +77,10 @@ def test_parse_baselines(pair):
 
 def test_method_without_assistant_gets_none(pair):
     assert not NGramConfig.needs_assistant
-    kwargs = parse_strategy("ngram").generate_kwargs(pair[1])
-    assert kwargs == {"speculation": "ngram"} and "assistant_model" not in kwargs
+    kwargs = parse_strategy("prompt_lookup").generate_kwargs(pair[1])
+    assert kwargs == {"speculation": "prompt_lookup"} and "assistant_model" not in kwargs
+    assert parse_strategy("ngram").generate_kwargs(pair[1]) == kwargs  # the older name is an alias
+    assert "ngram" not in known_strategies()  # listed once, under its own name
 
 
 def test_unknown_strategy_lists_the_known_ones():

@@ -30,8 +30,9 @@ class PlanRequest:
 
 
 def register_speculation(cls: type[SpeculationConfig]) -> type[SpeculationConfig]:
-    """Class decorator: `speculation=cls.method` now selects this config and its drafter."""
-    SPECULATION_METHODS[cls.method] = cls
+    """Class decorator: `speculation=cls.method` (or one of `cls.aliases`) now selects this config and its drafter."""
+    for name in (cls.method, *cls.aliases):
+        SPECULATION_METHODS[name] = cls
     return cls
 
 
@@ -40,6 +41,7 @@ class SpeculationConfig:
     """Settings shared by every method. Subclasses add their own and build their drafter."""
 
     method: ClassVar[str] = ""
+    aliases: ClassVar[tuple[str, ...]] = ()  # other names `speculation=` accepts for this method (older ones)
     needs_assistant: ClassVar[bool] = True
     #: how this method's drafter can pick children (see drafting/child_selection.py); sampling verifiers need
     #: children drawn from the draft distribution, so deterministic drafters accept only greedy and target_sample
@@ -95,7 +97,10 @@ class SpeculationConfig:
 
 
 def known_methods() -> str:
-    return ", ".join(repr(name) for name in sorted(SPECULATION_METHODS))
+    """The registered method names, each alias next to its method."""
+    methods = sorted({cls.method: cls for cls in SPECULATION_METHODS.values()}.items())
+    return ", ".join(f"{name!r}" + (f" (alias {', '.join(map(repr, cls.aliases))})" if cls.aliases else "")
+                     for name, cls in methods)
 
 
 def make_config(

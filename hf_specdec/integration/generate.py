@@ -13,7 +13,6 @@ import dataclasses
 import functools
 import inspect
 import time
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -34,6 +33,7 @@ from ..decoding.loop import speculative_loop
 from ..decoding.outputs import SpeculativeDecoderOnlyOutput, TokenRecords
 from ..decoding.stats import SpeculationStats
 from ..verification import verifier_for
+from .call import SpeculationCall
 from .generation_config import FIELD, get_speculation, keep_field_on_load
 from .validation import check_generation_config, check_processors, check_speculation
 
@@ -42,18 +42,6 @@ _SIGNATURE = inspect.signature(_ORIGINAL_GENERATE)
 SPECULATION_KWARGS = ("speculation", "speculation_config", "speculation_generator")
 # What Transformers' generate takes out of **kwargs before merging the rest into the generation config.
 _NOT_SETTINGS = {*_SIGNATURE.parameters, "trust_remote_code", "tokenizer", "assistant_tokenizer"}
-
-
-@dataclass
-class SpeculationCall:
-    """Everything the speculative loop needs that Transformers would not pass to a `custom_generate` callable."""
-
-    config: SpeculationConfig
-    assistant_model: PreTrainedModel | None
-    streamer: Any
-    generator: torch.Generator | None
-    tokenizer: Any = None  # for stop strings (Transformers drops `tokenizer` before calling a callable)
-    stop_strings: str | list[str] | None = None  # the call's, or its generation config's
 
 
 def stored_speculation(model: PreTrainedModel, kwargs: dict[str, Any]) -> SpeculationConfig | None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from transformers import DynamicCache, GenerationConfig, PreTrainedModel
@@ -12,9 +12,7 @@ from ..core.kv_cache import dropped_rows
 from ..core.model_info import vocabulary_mismatch
 from ..core.model_inputs import unplaceable_inputs
 from ..verification import verifier_for
-
-if TYPE_CHECKING:
-    from .generate import SpeculationCall
+from .call import SpeculationCall
 
 
 def check_speculation(

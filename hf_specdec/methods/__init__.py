@@ -3,11 +3,11 @@ dataclass with help text) and, where the method has one of its own, its drafter.
 every method by name (`speculation="<name>"`).
 
 Shared machinery lives below, in `drafting/`: the draft-model runner, the static-shape drafter (chain, tree,
-sequoia), the best-first engine (specexec, staged), prompt lookup (ngram, staged) and child selection.
+sequoia), the best-first engine (specexec, staged), prompt lookup (prompt_lookup, staged) and child selection.
 """
 
 from .chain import ChainConfig
-from .ngram import NGramConfig
+from .prompt_lookup import NGramConfig, PromptLookupConfig
 from .sequoia import SequoiaConfig
 from .specexec import SpecExecConfig
 from .staged import MergedDrafter, NGramModel, NGramModelDrafter, StagedConfig
@@ -19,6 +19,7 @@ __all__ = [
     "NGramConfig",
     "NGramModel",
     "NGramModelDrafter",
+    "PromptLookupConfig",
     "SequoiaConfig",
     "SpecExecConfig",
     "StagedConfig",

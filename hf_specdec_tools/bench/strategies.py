@@ -14,7 +14,7 @@ from typing import Any
 
 from transformers import GenerationConfig, PreTrainedModel
 
-from hf_specdec.core.config import SPECULATION_METHODS, SpeculationConfig, make_config
+from hf_specdec.core.config import SPECULATION_METHODS, SpeculationConfig, known_methods, make_config
 
 PLAIN = "plain"
 HF_ASSISTED = "hf-assisted"
@@ -89,8 +89,9 @@ class Strategy:
 
 
 def known_strategies() -> list[str]:
-    """Transformers' baselines, then every method registered right now (read from the registry, never a list)."""
-    return [*BASELINES, *SPECULATION_METHODS]
+    """Transformers' baselines, then every method registered right now (read from the registry, never a list), each
+    once under its own name (aliases are accepted by `parse_strategy`, not listed)."""
+    return [*BASELINES, *dict.fromkeys(cls.method for cls in SPECULATION_METHODS.values())]
 
 
 def default_strategies() -> list[Strategy]:
@@ -107,9 +108,12 @@ def parse_strategy(spec: str) -> Strategy:
     """`NAME[:key=value,...]` -> Strategy, checked against the registry and the method's settings."""
     name, _, rest = spec.strip().partition(":")
     name = name.strip()
+    if name in SPECULATION_METHODS:
+        name = SPECULATION_METHODS[name].method  # an alias names its method
     if name not in known_strategies():
         raise StrategyError(
-            f"Unknown strategy {name!r} in --strategy {spec!r}. Known strategies: {', '.join(known_strategies())}."
+            f"Unknown strategy {name!r} in --strategy {spec!r}. Known strategies: {', '.join(BASELINES)}, "
+            f"{known_methods()}."
         )
     settings = _parse_settings(spec, rest) if rest.strip() else {}
     strategy = Strategy(name, settings)

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 import hf_specdec  # noqa: F401  (registers the methods and installs `speculation=`)
-from hf_specdec.integration.generate import generate as speculative_generate
+from hf_specdec.integration.generate import generate as generate_with_speculation
 from hf_specdec.integration.generation_config import get_speculation
 
 DEFAULT_SPECULATION = "tree"
@@ -25,4 +25,4 @@ def generate(*args: Any, model: Any, **kwargs: Any) -> Any:
         generation_config = kwargs.get("generation_config") or model.generation_config
         if get_speculation(generation_config) is None:  # also validates a value read from generation_config.json
             kwargs["speculation"] = DEFAULT_SPECULATION
-    return speculative_generate(model, *args, **kwargs)
+    return generate_with_speculation(model, *args, **kwargs)

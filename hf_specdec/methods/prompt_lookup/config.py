@@ -1,4 +1,4 @@
-"""`speculation="ngram"`: prompt-lookup trees, no draft model at all."""
+"""`speculation="prompt_lookup"` (alias `"ngram"`): prompt-lookup trees, no draft model at all."""
 
 from __future__ import annotations
 
@@ -10,10 +10,13 @@ from ...drafting.prompt_lookup import NGramDrafter
 
 @register_speculation
 @dataclass
-class NGramConfig(SpeculationConfig):
-    """`speculation="ngram"`: prompt-lookup trees, no draft model at all."""
+class PromptLookupConfig(SpeculationConfig):
+    """`speculation="prompt_lookup"`: trees of continuations looked up in the prompt and the generated text, no draft
+    model at all. `"ngram"` is its older name, kept as an alias (not to be confused with `NGramModel`, the Katz n-gram
+    language model a staged stack can draft with)."""
 
-    method = "ngram"
+    method = "prompt_lookup"
+    aliases = ("ngram",)
     needs_assistant = False
     max_ngram: int = field(default=3, metadata={"help": "Longest n-gram matched against the context."})
     min_ngram: int = field(default=1, metadata={"help": "Shortest n-gram tried when longer ones do not recur."})
@@ -30,3 +33,6 @@ class NGramConfig(SpeculationConfig):
 
     def make_drafter(self, target, assistant_model, logits_processor, child_selection, generator) -> NGramDrafter:
         return NGramDrafter(self.max_ngram, self.min_ngram, self.depth, self.max_nodes, self.max_matches)
+
+
+NGramConfig = PromptLookupConfig  # the name before `prompt_lookup`, kept for code that imports it
