@@ -14,7 +14,14 @@ from .calibration import SequoiaPlan, calibrate
 from .core import SPECULATION_METHODS, Drafter, SpeculationConfig, TokenTree, Verdict, register_speculation
 from .core.version import __version__
 from .decoding import SpeculationStats, SpeculativeDecoderOnlyOutput
-from .drafting import BestFirstDrafter, ModelTreeDrafter, NGramDrafter, quantize_draft
+from .drafting import (
+    BestFirstDrafter,
+    ModelTreeDrafter,
+    NGramDrafter,
+    frequent_tokens,
+    quantize_draft,
+    restrict_vocabulary,
+)
 from .integration import install, uninstall
 from .integration.generation_config import set_speculation
 from .kernels import prepack, unpack
@@ -59,12 +66,14 @@ __all__ = [
     "Verdict",
     "__version__",
     "calibrate",
+    "frequent_tokens",
     "install",
     "plan_tree",
     "prepack",
     "quantize_draft",
     "register_speculation",
     "register_verifier",
+    "restrict_vocabulary",
     "set_speculation",
     "uninstall",
     "unpack",

@@ -57,6 +57,19 @@ class Case:
         return toy_logits(self.seed + 1000, prefix, self.draft_vocab, self.banned, temperature=1.3).softmax(-1)
 
 
+class VocabularySubsetCase(Case):
+    """A draft whose output layer covers `keep` only (`hf_specdec.restrict_vocabulary`): probability zero elsewhere."""
+
+    def __init__(self, seed: int, vocab: int, keep: tuple[int, ...]):
+        super().__init__(seed, vocab, banned=0.0)
+        self.keep = torch.tensor(keep)
+
+    def draft_q(self, prefix) -> torch.Tensor:
+        logits = toy_logits(self.seed + 1000, prefix, self.vocab, 0.0, temperature=1.3)
+        outside = torch.ones(self.vocab, dtype=torch.bool).index_fill_(0, self.keep, False)
+        return logits.masked_fill(outside, float("-inf")).softmax(-1)
+
+
 # --------------------------------------------------------------------------- independent draft enumeration
 
 
@@ -198,6 +211,7 @@ CASES = {
     "dense": lambda v: Case(seed=5, vocab=v, banned=0.0),
     "draft_equals_target": lambda v: Case(seed=7, vocab=v, same=True),
     "draft_vocab_larger": lambda v: Case(seed=9, vocab=v, banned=0.3, draft_vocab=v + 1),
+    "draft_vocabulary_subset": lambda v: VocabularySubsetCase(seed=13, vocab=v, keep=(0, 1, 3)),
 }
 
 

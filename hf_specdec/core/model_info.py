@@ -22,8 +22,17 @@ def vocab_size(model: PreTrainedModel) -> int:
 
 def quantization(model: PreTrainedModel) -> str | None:
     """How the model's weights are quantized ("torchao:Int8WeightOnlyConfig", "quanto:int8", "dynamic-int8"), or
-    None for plain floating-point weights. A quantized model's passes cost differently: its latency curves and plans
-    are its own."""
+    None for plain floating-point weights; a draft whose output layer covers a subset of the vocabulary says so
+    ("dynamic-int8, vocabulary 32768"). Such a model's passes cost differently: its latency curves and plans are its
+    own."""
+    weights = _weights_quantization(model)
+    subset = getattr(model.config, "hf_specdec_vocabulary", None)
+    if subset is None:
+        return weights
+    return f"{weights or 'float'}, vocabulary {subset}"
+
+
+def _weights_quantization(model: PreTrainedModel) -> str | None:
     ours = getattr(model.config, "hf_specdec_quantization", None)
     if ours is not None:
         return str(ours)

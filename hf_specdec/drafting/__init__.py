@@ -1,12 +1,14 @@
 """Drafting machinery the methods share: the draft-model runner (`draft_model.py`), the static-shape drafter
 (`shaped_tree.py`: chain, tree, sequoia), the best-first engine (`best_first.py`: specexec, staged), prompt lookup
-(`prompt_lookup.py`: ngram, the cheapest staged stage), child selection and the int8 draft (`quantize.py`)."""
+(`prompt_lookup.py`: prompt_lookup, the cheapest staged stage), child selection, the int8 draft (`quantize.py`) and
+the draft's output layer over a subset of the vocabulary (`vocabulary.py`)."""
 
 from .best_first import BestFirstDrafter
 from .draft_model import DraftModelRunner
 from .prompt_lookup import NGramDrafter
 from .quantize import quantize_draft
 from .shaped_tree import ModelTreeDrafter, StaticShapeConfig
+from .vocabulary import frequent_tokens, restrict_vocabulary
 
 __all__ = ["BestFirstDrafter", "DraftModelRunner", "ModelTreeDrafter", "NGramDrafter", "StaticShapeConfig",
-           "quantize_draft"]
+           "frequent_tokens", "quantize_draft", "restrict_vocabulary"]
