@@ -3,7 +3,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test lint bench models llamacpp clean
+.PHONY: setup demo test test-fast lint bench models llamacpp clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -22,7 +22,11 @@ demo: models
 	$(BIN)/hf-specdec demo
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -p no:cacheprovider tests
+	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=25 tests
+
+# the inner loop: the core's tests without the real models, the benchmark harness and end-to-end CLI runs
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=10 -m "not slow and not real" tests
 
 # optional: the llama.cpp reference row of `hf-specdec bench` (pip compiles llama.cpp once and caches the wheel)
 llamacpp: $(STAMP)

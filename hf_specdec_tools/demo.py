@@ -33,6 +33,9 @@ def register_cli(subparsers: argparse._SubParsersAction) -> None:
                         help="auto (default on a CPU): time the target unquantized and through each available "
                         "quantization route (torchao) and keep the fastest; or name one: "
                         f"{', '.join(QUANTIZE_CHOICES)}. Plain generate runs on the same target.")
+    parser.add_argument("--draft-vocabulary", type=int, metavar="K",
+                        help="Restrict the draft's output layer to its K most frequent tokens (hf_specdec."
+                        "restrict_vocabulary): cheaper draft passes, same outputs.")
     parser.add_argument("--remeasure", action="store_true",
                         help="Time the automatic choices (quantization route, prepacking) again instead of reusing "
                         "what an earlier run measured on this machine (saved in the cache folder).")
@@ -63,7 +66,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"Loading the embedded pair ({dtype}) ...", flush=True)
     try:
         loaded = load_models(dtype=getattr(torch, dtype), int8_draft=int8_draft, prepack=prepack,
-                             quantize_target=quantize_target, remeasure=args.remeasure)
+                             quantize_target=quantize_target, remeasure=args.remeasure,
+                             draft_vocabulary=args.draft_vocabulary)
     except (ValueError, ImportError) as error:
         print(f"hf-specdec demo: error: {error}", file=sys.stderr)
         return 2

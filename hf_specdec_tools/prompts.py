@@ -85,3 +85,13 @@ def load_prompts(path: str | Path) -> list[str]:
             raise ValueError(f"{path} must hold a JSON list of prompt strings.")
         return data
     return [line for line in text.splitlines() if line.strip()]
+
+
+def vocabulary_corpus() -> list[str]:
+    """Text to rank a draft's vocabulary by (`hf_specdec.frequent_tokens`), disjoint from the measured prompts: the
+    standard library's top-level sources except the modules code prompts are cut from, and HumanEval prompts
+    100-163 (benchmarks take theirs from the start)."""
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    skipped = {stdlib / name for name in CODE_MODULES}
+    files = sorted(path for path in stdlib.glob("*.py") if path not in skipped)
+    return [path.read_text(encoding="utf-8", errors="ignore") for path in files] + humaneval_prompts(start=100)

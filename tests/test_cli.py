@@ -77,6 +77,6 @@ def test_demo_defaults_to_what_this_hardware_runs_fastest(monkeypatch, capsys):
         monkeypatch.setattr(environment, "cpu_flags", lambda flags=flags: flags)
         assert cli.main(["demo", "--prompts", "1", "--max-new-tokens", "4", "--methods", "chain"]) == 0
         assert asked[-1] == {"dtype": dtype, "int8_draft": True, "prepack": True, "quantize_target": "auto",
-                             "remeasure": False}
+                             "remeasure": False, "draft_vocabulary": None}
     assert cli.main(["demo", "--prompts", "1", "--max-new-tokens", "4", "--methods", "chain", "--no-int8-draft"]) == 0
     assert asked[-1]["int8_draft"] is False

@@ -68,6 +68,10 @@ def register_cli(subparsers: argparse._SubParsersAction) -> argparse.ArgumentPar
                         help="Quantize the draft's Linear layers to int8 (hf_specdec.quantize_draft): a cheaper draft "
                         "on CPUs, same outputs. Transformers' assisted generation gets the same draft. Default: "
                         "off (on with --quick on a CPU).")
+    parser.add_argument("--draft-vocabulary", type=int, metavar="K",
+                        help="Restrict the draft's output layer to the K tokens most frequent in text disjoint from "
+                        "the prompts (hf_specdec.restrict_vocabulary, FR-Spec): cheaper draft passes, same outputs. "
+                        "Transformers' assisted generation gets the same draft.")
     parser.add_argument("--prepack", action=argparse.BooleanOptionalAction, default=None,
                         help="Prepack both models' Linear weights for this CPU (hf_specdec.prepack), kept only where "
                         "measured faster; every strategy, plain generate included, runs on the prepared models "
@@ -184,7 +188,7 @@ def run(args: argparse.Namespace) -> int:
             args.target, args.draft, dtype=getattr(torch, dtype_name), need_draft=any(s.uses_draft for s in strategies),
             offload=args.offload, offload_max_memory=args.offload_max_memory, int8_draft=int8_draft,
             prepack=prepack, quantize_target=args.quantize_target, progress=not args.no_progress,
-            remeasure=args.remeasure,
+            remeasure=args.remeasure, draft_vocabulary=args.draft_vocabulary,
         )
     except (ValueError, ImportError) as error:
         return _error(str(error))
@@ -201,7 +205,8 @@ def run(args: argparse.Namespace) -> int:
     results["settings"].update(
         prompts=prompt_spec, dtype=dtype_name, dtype_requested=args.dtype, offload=args.offload,
         offload_max_memory=args.offload_max_memory, threads=args.threads, quick=args.quick, target=args.target,
-        draft=args.draft, int8_draft=int8_draft, prepack=prepack, quantize_target=args.quantize_target,
+        draft=args.draft, int8_draft=int8_draft, draft_vocabulary=args.draft_vocabulary, prepack=prepack,
+        quantize_target=args.quantize_target,
         command=" ".join(["hf-specdec", *sys.argv[1:]]) if sys.argv else None,
     )
     from .report import markdown_table, write_report

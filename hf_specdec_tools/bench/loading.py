@@ -14,6 +14,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
 from hf_specdec.core.model_info import quantization
+from hf_specdec.drafting import frequent_tokens, quantize_draft, restrict_vocabulary
 
 from .machine_choices import machine_key, recall, remember
 from .target_quantization import ROUTES, available_routes, fastest_route, quantization_config
@@ -106,12 +107,14 @@ def load_models(
     quantize_target: str | None = None,
     progress: bool = True,
     remeasure: bool = False,
+    draft_vocabulary: int | None = None,
 ) -> LoadedModels:
     """Target, draft (when a strategy needs one; with `int8_draft`, dynamically quantized) and the tokenizer; with
     `prepack`, both models' Linear weights prepacked for this CPU where that measures faster (hf_specdec.prepack);
     with `quantize_target`, the target loaded through that route of `target_quantization.ROUTES`. What the automatic
     choices (`auto` route, prepacking) measured is remembered per machine (`machine_choices`) and reused unless
-    `remeasure`."""
+    `remeasure`. With `draft_vocabulary` K, the draft's output layer covers the K tokens most frequent in
+    `prompts.vocabulary_corpus` only (`hf_specdec.restrict_vocabulary`; with `int8_draft`, before quantizing)."""
     if (target is None) != (draft is None) and need_draft:
         raise ValueError(
             "Give both --target and --draft (a draft sharing the target's tokenizer), or neither for the embedded "
@@ -134,7 +137,8 @@ def load_models(
     kernels: dict[str, Any] = {}
     counts: dict[str, int] = {}
     target_kernels: dict[str | None, dict[str, Any]] = {}  # per candidate route
-    key = machine_key(f"{target_source}|{draft}|int8={int8_draft}|offload={offload}", dtype)
+    key = machine_key(f"{target_source}|{draft}|int8={int8_draft}|vocabulary={draft_vocabulary}|offload={offload}",
+                      dtype)
     known = {} if remeasure or not (prepack or quantize_target == "auto") else (recall(key) or {})
     packed = known.get("prepacked", {})
 
@@ -165,11 +169,17 @@ def load_models(
             draft_source, draft_name = _source(draft, "draft")
             draft_model = AutoModelForCausalLM.from_pretrained(draft_source, dtype=dtype).eval()
             counts["draft"] = parameter_count(draft_model)
-            if int8_draft:
-                from hf_specdec.drafting.quantize import quantize_draft
-
-                draft_model = quantize_draft(draft_model)
         tokenizer = AutoTokenizer.from_pretrained(target_source)
+        if draft_model is not None:
+            vocabulary = None
+            if draft_vocabulary:
+                from ..prompts import vocabulary_corpus
+
+                vocabulary = frequent_tokens(tokenizer, vocabulary_corpus(), draft_vocabulary)
+            if int8_draft:
+                draft_model = quantize_draft(draft_model, vocabulary=vocabulary)
+            elif vocabulary is not None:
+                restrict_vocabulary(draft_model, vocabulary)
         if prepack and draft_model is not None:
             kernels["draft"] = _prepack(draft_model, packed.get("draft"))
     except Exception:
@@ -182,7 +192,7 @@ def load_models(
         if draft_model is None
         else {"name": draft_name, "source": draft_source, "parameters": counts["draft"]},
         "dtype": str(dtype).removeprefix("torch."),
-        "draft_quantization": "dynamic-int8" if int8_draft and draft_model is not None else None,
+        "draft_quantization": None if draft_model is None else quantization(draft_model),
         "target_quantization": {
             "route": route or "none", "requested": quantize_target or "none",
             "description": ROUTES[route].description if route else "unquantized",
