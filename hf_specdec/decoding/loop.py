@@ -124,8 +124,7 @@ def speculative_loop(
             if first_step and emitted == 1:  # the root's position was computed by the prompt's pass
                 records.add(scores[node], logits[node], prefill)
             else:
-                keys = torch.cat([torch.arange(past), past + torch.tensor(path[:emitted])])
-                records.add(scores[node], logits[node], output, node, keys, layout)
+                records.add(scores[node], logits[node], output, node, past, path[:emitted], layout)
             if bool(stopping_criteria(input_ids, scores[node][None]).any()):
                 finished = True
                 break

@@ -56,12 +56,14 @@ class TokenRecords:
         logits: torch.Tensor,
         output: ModelOutput | None,
         node: int | None = None,
-        keys: torch.Tensor | None = None,
+        past: int = 0,
+        path: list[int] | None = None,
         layout: AttentionLayout | None = None,
     ) -> None:
         """One generated token: `scores`/`logits` `(vocab,)` of its position; `output` the pass that computed it,
-        whole (the prompt's pass, `node` None) or its row `node` over the key columns `keys` (a tree pass), of which
-        a sliding-window layer of `layout` returns the last window, as plain's windowed cache holds them."""
+        whole (the prompt's pass, `node` None) or its row `node` (a tree pass after `past` cached tokens, `path` the
+        root-to-node path) over the keys that row attends to, of which a sliding-window layer of `layout` returns
+        the last window, as plain's windowed cache holds them."""
         if self.want_scores:
             self.scores.append(scores[None])
         if self.want_logits:
@@ -71,6 +73,7 @@ class TokenRecords:
                 h if node is None else h[:, node : node + 1].clone() for h in output.hidden_states
             ))
         if self.want_attentions:
+            keys = None if node is None else torch.cat([torch.arange(past), past + torch.tensor(path)])
             self.attentions.append(tuple(
                 a if node is None else a[:, :, node : node + 1, layer_keys(keys, layout, i).to(a.device)].clone()
                 for i, a in enumerate(output.attentions)
