@@ -8,6 +8,7 @@ is where the forward pass really runs.
 from __future__ import annotations
 
 import platform
+import time
 from pathlib import Path
 
 import torch
@@ -32,6 +33,31 @@ def execution_device(model: PreTrainedModel) -> torch.device:
         if str(place) not in ("disk", "meta"):
             return torch.device(place)
     return model.device if model.device.type != "meta" else torch.device("cpu")
+
+
+class PassClock:
+    """Seconds a model pass takes on `device`, for cost models: on CUDA the kernels run after the Python call returns,
+    so wall time would see only their launch; CUDA events around the pass measure the work itself (one wait, at
+    `stop`, which the step would pay anyway when it reads the logits). Elsewhere, wall time."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = torch.device(device).type == "cuda"
+        self._began = 0.0
+        self._events = None
+
+    def start(self) -> None:
+        self._began = time.perf_counter()
+        if self.cuda:
+            self._events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+            self._events[0].record()
+
+    def stop(self) -> float:
+        if not self.cuda:
+            return time.perf_counter() - self._began
+        begin, end = self._events
+        end.record()
+        end.synchronize()
+        return begin.elapsed_time(end) / 1e3
 
 
 def is_offloaded(model: PreTrainedModel) -> bool:

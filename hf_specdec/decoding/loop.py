@@ -7,10 +7,11 @@ from dataclasses import dataclass
 
 import torch
 from transformers import Cache, LogitsProcessorList, PreTrainedModel, StoppingCriteriaList
+from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria, MaxTimeCriteria
 from transformers.generation.streamers import BaseStreamer
 
 from ..core.attention import AttentionLayout
-from ..core.devices import execution_device
+from ..core.devices import PassClock, execution_device
 from ..core.drafter import Drafter
 from ..core.kv_cache import cache_length, crop, keep_positions
 from ..core.processing import process_tree_scores
@@ -54,6 +55,8 @@ def speculative_loop(
     finished = False
     dtype, device = target.dtype, execution_device(target)  # fixed for the call: not looked up every step
     layout = AttentionLayout.of(target)
+    stops = BlockStops.of(stopping_criteria)
+    clock = PassClock(device)
     while not finished:
         t0 = time.perf_counter()
         drafted = drafter.propose(input_ids)
@@ -61,36 +64,30 @@ def speculative_loop(
 
         past = input_ids.shape[1] - 1
         tree, kept = fit_positions(drafted, layout, past, target)
-        t_forward = time.perf_counter()
+        clock.start()
         logits = tree_logits(target, tree, past, cache, layout, dtype, device)
-        seconds = time.perf_counter() - t_forward
+        seconds = clock.stop()
         stats.time_target_forward += seconds
         drafter.observe_target_pass(len(tree), seconds)
         if root_logits is not None:  # the first token as plain generate computes it (see _prefill)
             logits, root_logits = torch.cat([root_logits.to(logits.dtype), logits[1:]]), None
-        scores = process_tree_scores(logits_processor, input_ids[:, :-1], tree, logits.to(input_ids.device))
+        scores = process_tree_scores(logits_processor, input_ids[:, :-1].to(device), tree, logits)
         verdict = verifier.verify(tree, scores, generator)
         t2 = time.perf_counter()
 
         path = verdict.path
-        new_tokens = tree.tokens[path[1:]].tolist() + [verdict.bonus_token]
-        emitted = 0
-        for node, token in zip(path, new_tokens):
-            input_ids = torch.cat([input_ids, input_ids.new_tensor([[token]])], dim=1)
-            emitted += 1
-            if keep_scores:
-                scores_out.append(scores[node][None])
-            if keep_logits:
-                logits_out.append(logits[node][None].float())
-            if bool(stopping_criteria(input_ids, scores[node][None]).any()):
-                finished = True
-                break
+        block = [tree.host(tokens=True).tokens[node] for node in path[1:]] + [verdict.bonus_token]
+        input_ids, emitted, finished = emit(input_ids, block, scores[path], stopping_criteria, stops)
+        if keep_scores:
+            scores_out.extend(scores[node][None] for node in path[:emitted])
+        if keep_logits:
+            logits_out.extend(logits[node][None].float() for node in path[:emitted])
         # Keep the path up to the last emitted token's parent: when a stop fires inside the accepted block, the
         # cache (returned with return_dict_in_generate) then holds exactly the sequence but its last token, as
         # plain generate's does, and a chat continued from it sees no token past the stop.
         keep_positions(cache, past, [past + node for node in path[:emitted]])
         if streamer is not None:
-            streamer.put(input_ids[0, -emitted:].cpu())
+            streamer.put(torch.tensor(block[:emitted]))
         if not finished:
             drafter.accept(input_ids, drafted, verdict if kept is None else _renumbered(verdict, kept))
         _record(stats, tree, verdict, emitted)
@@ -102,6 +99,47 @@ def speculative_loop(
     if streamer is not None:
         streamer.end()
     return LoopResult(sequences=input_ids, scores=scores_out, logits=logits_out, stats=stats)
+
+
+@dataclass(frozen=True)
+class BlockStops:
+    """When an accepted block can be emitted at once: every stopping criterion is one whose firing anywhere in the
+    block shows at its end (a length or time limit) or an end-of-sequence id the host spots in the block's tokens."""
+
+    monotone: bool  # no criterion but max length, max time and end-of-sequence ids
+    eos: frozenset[int]
+
+    @classmethod
+    def of(cls, criteria: StoppingCriteriaList) -> BlockStops:
+        eos = set()
+        for criterion in criteria:
+            if isinstance(criterion, EosTokenCriteria):
+                eos.update(torch.as_tensor(criterion.eos_token_id).flatten().tolist())
+        monotone = all(isinstance(c, (MaxLengthCriteria, MaxTimeCriteria, EosTokenCriteria)) for c in criteria)
+        return cls(monotone, frozenset(eos))
+
+
+def emit(
+    input_ids: torch.LongTensor,
+    block: list[int],
+    block_scores: torch.Tensor,
+    criteria: StoppingCriteriaList,
+    stops: BlockStops,
+) -> tuple[torch.LongTensor, int, bool]:
+    """Append the accepted `block` (`block_scores`: each token's processed scores); returns the sequence, how many
+    tokens went in and whether decoding stops.
+
+    One `cat` and one stopping check for the whole block when `stops` allows; otherwise (or when that check fires)
+    token by token, so a stop lands on the very token where plain generate's check fires.
+    """
+    grown = torch.cat([input_ids, torch.tensor([block], dtype=input_ids.dtype).to(input_ids.device)], dim=1)
+    if stops.monotone and stops.eos.isdisjoint(block) and not bool(criteria(grown, block_scores[-1:]).any()):
+        return grown, len(block), False
+    start = input_ids.shape[1]
+    for emitted in range(1, len(block) + 1):
+        if bool(criteria(grown[:, : start + emitted], block_scores[emitted - 1 : emitted]).any()):
+            return grown[:, : start + emitted], emitted, True
+    return grown, len(block), False
 
 
 def _prefill(target: PreTrainedModel, input_ids: torch.LongTensor, cache: Cache) -> torch.Tensor:
@@ -170,10 +208,9 @@ def _record(stats: SpeculationStats, tree, verdict, emitted: int) -> None:
     stats.drafted_tokens += len(tree) - 1
     stats.new_tokens += emitted
     stats.tokens_per_step.append(emitted)
-    has_children = torch.zeros(len(tree), dtype=torch.bool)
-    has_children[tree.parents[1:]] = True
+    children = tree.host().children()
     for depth, node in enumerate(verdict.path):
-        if has_children[node]:
+        if children[node]:
             stats.reached_depths[depth] += 1
             if depth < len(verdict.accepted_ranks):
                 stats.accepted_ranks[(depth, verdict.accepted_ranks[depth])] += 1

@@ -70,7 +70,7 @@ def _residual_verify(
     p <- norm(max(p - q, 0)), the target conditioned on "not this proposal"; children drawn without replacement
     also drop x from q, since the next child was drawn from q without x. Nothing accepted: sample from p.
     """
-    tokens = tree.tokens.tolist()
+    tokens = tree.host(tokens=True).tokens
     dtype = _work_dtype(target_scores.device)
 
     def choose(node: int, children: list[int]):
@@ -156,7 +156,7 @@ class TargetSampleVerifier:
         source: RandomSource | None = None,
     ) -> Verdict:
         source = source or TorchRandom(generator)
-        tokens = tree.tokens.tolist()
+        tokens = tree.host(tokens=True).tokens
         dtype = _work_dtype(target_scores.device)
 
         def choose(node: int, children: list[int]):
