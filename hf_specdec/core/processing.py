@@ -18,23 +18,30 @@ def process_tree_scores(
     prefix_ids: torch.Tensor,
     tree: TokenTree,
     logits: torch.Tensor,
-    nodes: torch.Tensor | None = None,
+    nodes: torch.Tensor | list[int] | None = None,
 ) -> torch.Tensor:
     """Return float32 `(len(nodes), vocab)` scores, processed exactly as plain `generate` would at each node.
 
-    `prefix_ids` is `(1, L)` and ends *before* the root; node i's sequence is prefix + root..i.
-    Nodes of equal depth share a sequence length, so they are processed as one batch per depth.
+    `prefix_ids` is `(1, L)` and ends *before* the root; node i's sequence is prefix + root..i. Everything runs
+    where `logits` are (the device of the model that made them). Nodes of equal depth share a sequence length, so
+    they are processed as one batch per depth, grouped on the host (give `nodes` as a list: no device read).
     """
     if not processors:
         return logits.float()  # no copy when already float32: nothing below writes into it
-    nodes = torch.arange(len(tree), device=tree.device) if nodes is None else nodes
+    device = logits.device
+    nodes = list(range(len(tree))) if nodes is None else nodes
+    nodes = nodes.tolist() if isinstance(nodes, torch.Tensor) else nodes
+    depths = tree.host().depths()
+    groups: dict[int, list[int]] = {}
+    for row, node in enumerate(nodes):
+        groups.setdefault(depths[node], []).append(row)
     scores = logits.to(dtype=torch.float32, copy=True)
-    depths = tree.depths[nodes]
-    for depth in depths.unique().tolist():
-        rows = torch.nonzero(depths == depth).flatten()
-        seqs = tree.prefix_tokens(nodes[rows]).to(prefix_ids.device)
+    prefix_ids = prefix_ids.to(device)
+    for rows in groups.values():
+        seqs = tree.prefix_tokens([nodes[row] for row in rows]).to(device)
         ids = torch.cat([prefix_ids.expand(len(rows), -1), seqs], dim=1)
-        scores[rows] = _apply(processors, ids, scores[rows])
+        index = torch.tensor(rows).to(device)
+        scores[index] = _apply(processors, ids, scores[index])
     return scores
 
 

@@ -44,7 +44,8 @@ class TokenTree:
         tokens: `(n,)` long tensor, `tokens[0]` is the root.
         parents: `(n,)` long tensor, `parents[0] == -1`, `parents[i] < i` otherwise.
         draft_probs: optional `(n, vocab)` tensor: row i is the (processed) draft distribution the children
-            of node i were drawn from. Sampling verifiers need it; greedy and target-matching do not.
+            of node i were drawn from (zero for childless nodes). Sampling verifiers need it; greedy and
+            target-matching do not. A drafter may hand out a buffer it reuses: valid until its next proposal.
     """
 
     tokens: torch.Tensor
@@ -152,20 +153,30 @@ class TokenTree:
         """
         return additive_mask(self.visibility(past_length, past_visible), dtype)
 
-    def prefix_tokens(self, nodes: torch.Tensor) -> torch.Tensor:
+    def prefix_tokens(self, nodes: list[int] | torch.Tensor) -> torch.Tensor:
         """`(len(nodes), d + 1)` token ids from the root to each node; all nodes must share depth d."""
-        d = self.host().depths()[int(nodes[0])]
+        nodes = nodes.tolist() if isinstance(nodes, torch.Tensor) else nodes
+        d = self.host().depths()[nodes[0]]
         out = torch.empty(len(nodes), d + 1, dtype=self.tokens.dtype, device=self.device)
-        current = nodes.clone()
+        current = torch.tensor(nodes).to(self.device)
         for level in range(d, -1, -1):
             out[:, level] = self.tokens[current]
             current = self.parents[current].clamp(min=0)
         return out
 
-    def select(self, keep: torch.Tensor) -> TokenTree:
-        """The nodes `keep` (sorted indices, root included, closed under taking parents), renumbered."""
+    def select(self, keep: torch.Tensor | list[int]) -> TokenTree:
+        """The nodes `keep` (sorted indices, root included, closed under taking parents), renumbered. Given as a list,
+        the host copy follows without a read."""
+        host = None
+        if isinstance(keep, list) and self._host is not None:
+            new = {old: i for i, old in enumerate(keep)}
+            tokens = self._host.tokens
+            host = HostTree(parents=[new.get(self._host.parents[old], -1) for old in keep],
+                            tokens=[tokens[old] for old in keep] if tokens is not None else None)
+        keep = torch.as_tensor(keep, dtype=torch.long).to(self.device)
         probs = self.draft_probs[keep] if self.draft_probs is not None else None
-        return TokenTree(tokens=self.tokens[keep], parents=renumber_parents(self.parents, keep), draft_probs=probs)
+        return TokenTree(tokens=self.tokens[keep], parents=renumber_parents(self.parents, keep), draft_probs=probs,
+                         _host=host)
 
     @classmethod
     def from_parents(cls, tokens: list[int] | torch.Tensor, parents: list[int] | torch.Tensor, **kwargs) -> TokenTree:
