@@ -10,7 +10,7 @@ first `propose` of the loop (the prompt's prefill and the setup) or after the lo
 from __future__ import annotations
 
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -20,9 +20,18 @@ READS = ("item", "tolist", "numpy", "cpu", "__bool__", "__int__", "__float__", "
 
 
 @dataclass
-class RoundTrips:
-    """What a counted `generate` call did."""
+class Step:
+    """One speculative step: its host reads and the draft passes it made."""
 
+    reads: int = 0
+    draft_passes: int = 0
+
+
+@dataclass
+class RoundTrips:
+    """What the counted `generate` calls did."""
+
+    steps: list[Step] = field(default_factory=list)
     reads: int = 0
     target_passes: int = 0  # = steps (the prefill pass is not one)
     draft_passes: int = 0
@@ -66,14 +75,22 @@ def count_round_trips(*models: torch.nn.Module):
 
     def counted_loop(target, input_ids, drafter, *args, **kwargs):
         propose = drafter.propose
+        last = [0, 0]  # reads and draft passes when the current step began
+
+        def close_step():
+            if counts.active:
+                counts.steps.append(Step(counts.reads - last[0], drafter.forward_count - last[1]))
 
         def first_propose_starts(ids):
+            close_step()
             counts.active = True
+            last[:] = counts.reads, drafter.forward_count
             return propose(ids)
 
         drafter.propose = first_propose_starts
         try:
             result = loop(target, input_ids, drafter, *args, **kwargs)
+            close_step()
         finally:
             counts.active = False
             del drafter.propose
