@@ -55,3 +55,34 @@ def _apply(processors: LogitsProcessorList, ids: torch.Tensor, scores: torch.Ten
         else:
             scores = LogitsProcessorList([processor])(ids, scores)
     return scores
+
+
+class NodeScores:
+    """`process_tree_scores` row by row, each node's row computed on first use and kept.
+
+    A sampling verifier walks down from the root and reads a handful of nodes of a tree of dozens or thousands, and
+    the processors are most of its cost (top-p sorts the whole vocabulary per row): only the visited rows are
+    processed, each exactly as `process_tree_scores` does it. Index with a node, or a list of nodes.
+    """
+
+    def __init__(
+        self, processors: LogitsProcessorList | None, prefix_ids: torch.Tensor, tree: TokenTree, logits: torch.Tensor
+    ) -> None:
+        self.processors, self.prefix_ids, self.tree, self.logits = processors, prefix_ids, tree, logits
+        self.rows: dict[int, torch.Tensor] = {}
+
+    @property
+    def device(self) -> torch.device:
+        return self.logits.device
+
+    def __len__(self) -> int:
+        return len(self.logits)
+
+    def __getitem__(self, node: int | list[int]) -> torch.Tensor:
+        if isinstance(node, list):
+            return torch.stack([self[n] for n in node])
+        node = int(node)
+        if node not in self.rows:
+            row = self.logits[node : node + 1]
+            self.rows[node] = process_tree_scores(self.processors, self.prefix_ids, self.tree, row, [node])[0]
+        return self.rows[node]

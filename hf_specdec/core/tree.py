@@ -64,6 +64,17 @@ class TokenTree:
         if any(not 0 <= parent < node for node, parent in enumerate(parents[1:], 1)):
             raise ValueError("TokenTree nodes must be in breadth-first order: 0 <= parents[i] < i for i > 0.")
 
+    def to(self, device: torch.device) -> TokenTree:
+        """This tree on `device` (itself when already there), its host copy and cached structure kept."""
+        if self.tokens.device == torch.device(device) and self.parents.device == torch.device(device):
+            return self
+
+        def move(tensor: torch.Tensor | None) -> torch.Tensor | None:
+            return None if tensor is None else tensor.to(device)
+
+        return TokenTree(tokens=move(self.tokens), parents=move(self.parents), draft_probs=self.draft_probs,
+                         _depths=move(self._depths), _ancestors=move(self._ancestors), _host=self._host)
+
     def host(self, tokens: bool = False) -> HostTree:
         """Parents (with `tokens`, tokens too) as Python lists, each read from the device at most once per tree."""
         if self._host is None and tokens:

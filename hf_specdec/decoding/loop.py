@@ -14,7 +14,7 @@ from ..core.attention import AttentionLayout
 from ..core.devices import PassClock, execution_device
 from ..core.drafter import Drafter
 from ..core.kv_cache import cache_length, crop, keep_positions
-from ..core.processing import process_tree_scores
+from ..core.processing import NodeScores, process_tree_scores
 from ..core.tree import TokenTree
 from ..core.verdict import Verdict, Verifier
 from .stats import SpeculationStats
@@ -71,7 +71,9 @@ def speculative_loop(
         drafter.observe_target_pass(len(tree), seconds)
         if root_logits is not None:  # the first token as plain generate computes it (see _prefill)
             logits, root_logits = torch.cat([root_logits.to(logits.dtype), logits[1:]]), None
-        scores = process_tree_scores(logits_processor, input_ids[:, :-1].to(device), tree, logits)
+        # a walking verifier reads a few nodes: their rows are processed when it reads them, the others never
+        score_rows = NodeScores if getattr(verifier, "walks", False) else process_tree_scores
+        scores = score_rows(logits_processor, input_ids[:, :-1].to(device), tree, logits)
         verdict = verifier.verify(tree, scores, generator)
         t2 = time.perf_counter()
 
@@ -166,7 +168,9 @@ def tree_logits(
     device: torch.device,
 ) -> torch.Tensor:
     """Logits `(n, vocab)` of one target pass over `tree` after `past` cached tokens: each node sees its ancestors
-    (and, in sliding-window layers, only keys less than a window behind it) at position past + its depth."""
+    (and, in sliding-window layers, only keys less than a window behind it) at position past + its depth. Masks
+    and position ids are built on the target's device."""
+    tree = tree.to(device)
     return target(
         input_ids=tree.tokens[None].to(device),
         attention_mask=layout.tree_masks(tree, past, dtype, device),

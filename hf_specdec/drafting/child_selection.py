@@ -45,7 +45,8 @@ def select_children(
     if mode == "with_replacement":
         ok_rows = (probs > 0).any(-1)
         safe = torch.where(ok_rows[:, None], probs, torch.ones_like(probs))
-        picked = torch.multinomial(safe.float(), width, replacement=True, generator=generator)
+        picked = torch.multinomial(safe.float().to(_random_device(generator, device)), width, replacement=True,
+                                   generator=generator).to(device)
         valid = ok_rows[:, None].expand(m, width)
     else:
         keys = probs.float()
@@ -53,7 +54,8 @@ def select_children(
             # Exponential race: arrival times E / p with E ~ Exp(1) come in the order of a sequential draw without
             # replacement (what torch.multinomial does). Keys log(U) / p = -E / p, largest first: 4x faster than
             # exponential_ on CPU, and zero-probability tokens get -inf, so rows with few candidates still work.
-            keys = torch.rand(probs.shape, generator=generator, device=device).log_().div_(keys)
+            uniform = torch.rand(probs.shape, generator=generator, device=_random_device(generator, device))
+            keys = uniform.to(device).log_().div_(keys)
         top = torch.topk(keys, min(width, vocab), dim=-1)
         picked, valid = top.indices, top.values > float("-inf")
         if picked.shape[1] < width:
@@ -62,3 +64,9 @@ def select_children(
             valid = torch.cat([valid, valid.new_zeros((m, pad))], dim=1)
     valid = valid & (torch.arange(width, device=device) < want[:, None])
     return torch.where(valid, picked, torch.full_like(picked, -1))
+
+
+def _random_device(generator: torch.Generator | None, device: torch.device) -> torch.device:
+    """Where draws come from: the generator's own device (a CUDA `speculation_generator` with a CPU draft, or the
+    reverse), else where the probabilities are."""
+    return generator.device if generator is not None else device

@@ -105,6 +105,7 @@ class SequoiaVerifier:
     """Exact for children drawn without replacement from q (Sequoia / SpecTr-style recursive rejection)."""
 
     name: ClassVar[str] = "sequoia"
+    walks: ClassVar[bool] = True  # reads the target scores of the nodes it visits only (see NodeScores)
     child_selection: ClassVar[str] = "without_replacement"
 
     def verify(
@@ -123,6 +124,7 @@ class SpecInferVerifier:
     """Exact for children drawn i.i.d. from q (SpecInfer's multi-step speculative sampling)."""
 
     name: ClassVar[str] = "specinfer"
+    walks: ClassVar[bool] = True  # reads the target scores of the nodes it visits only (see NodeScores)
     child_selection: ClassVar[str] = "with_replacement"
 
     def verify(
@@ -145,6 +147,7 @@ class TargetSampleVerifier:
     """
 
     name: ClassVar[str] = "target_sample"
+    walks: ClassVar[bool] = True  # reads the target scores of the nodes it visits only (see NodeScores)
     child_selection: ClassVar[str] = "top_k"
 
     def verify(
