@@ -279,11 +279,12 @@ class BestFirstDrafter(DraftModelCounts, Drafter):
             sees[row, slots] = True
         for at, ancestors, size in extra:
             sees[at : at + size, old + at : old + at + size] = ancestors
-        spent = self.runner.forward_time
+        timing = self.sizer is not None and not first  # the first pass also feeds the accepted tokens: not comparable
+        spent = self.runner.forward_time if timing else 0.0
         root_logits, logits = self.runner.forward_tree(torch.tensor(tokens, dtype=torch.long),
                                                        torch.tensor(depths, dtype=torch.long), sees,
                                                        growth.ids if first else None)
-        if self.sizer is not None and not first:  # the first pass also feeds the accepted tokens: not comparable
+        if timing:
             self.sizer.observe_draft(k, self.runner.forward_time - spent)
         for i, node in enumerate(frontier):
             growth.nodes[node].slot = old + i

@@ -87,7 +87,6 @@ class DraftModelRunner:
         self.num_nodes = 0  # tree-node slots after the committed positions
         self.node_positions = torch.empty(0, dtype=torch.long, device=self.device)  # position of each tree-node slot
         self.forward_count = 0
-        self.forward_time = 0.0
 
     def _forward(self, input_ids: torch.Tensor, logits_to_keep: int = 0, **kwargs: torch.Tensor) -> torch.Tensor:
         """float32 logits, on the draft's device, of one pass over `input_ids` `(len,)`: all rows, or the last
@@ -103,9 +102,14 @@ class DraftModelRunner:
                 **{name: _to(value, device) for name, value in kwargs.items()},
             )
         logits = fit_vocabulary(out.logits[0].float(), self.vocab)
+        self.clock.stop()
         self.forward_count += 1
-        self.forward_time += self.clock.stop()
         return logits
+
+    @property
+    def forward_time(self) -> float:
+        """Seconds spent in this runner's passes (on CUDA, read from events: asking waits for the last pass)."""
+        return self.clock.total
 
     def _catch_up(self, ids: list[int]) -> list[int]:
         """Drop tree slots and the committed tokens `ids` does not share; the tokens still to feed.
