@@ -153,3 +153,16 @@ def test_without_speculation_nothing_changes(pair):
     assert torch.equal(target.generate(ids, max_new_tokens=6, do_sample=False), expected)
     with pytest.raises(ValueError, match="are not used by the model"):
         target.generate(ids, max_new_tokens=2, not_a_kwarg=1)
+
+
+@pytest.mark.parametrize("role", ["target", "assistant_model"])
+def test_flash_attention_refused(pair, role):
+    """Flash-attention reads a 4-D tree mask as padding: refused up front, for either model, before anything runs."""
+    target, draft = pair
+    flash = copy.deepcopy(target if role == "target" else draft)
+    flash.config._attn_implementation = "flash_attention_2"  # the kernel itself needs a GPU; the check reads the name
+    model, assistant = (flash, draft) if role == "target" else (target, flash)
+    before = _state(model)
+    with pytest.raises(ValueError, match=f"{role} .*flash_attention_2.*sdpa"):
+        model.generate(_ids(), assistant_model=assistant, speculation="chain", max_new_tokens=4)
+    assert _state(model) == before

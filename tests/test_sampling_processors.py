@@ -16,8 +16,11 @@ from transformers import (
     NoRepeatNGramLogitsProcessor,
     RepetitionPenaltyLogitsProcessor,
     TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
 )
 
+from hf_specdec import TokenTree
 from hf_specdec.core import processing
 from hf_specdec.verification import SequoiaVerifier, SpecInferVerifier, TargetSampleVerifier, Verdict
 from tests.test_sampling_exact import (
@@ -132,3 +135,21 @@ def test_an_error_of_0_002_is_caught(verifier_cls):
     assert 0.001 < error <= 0.002
     with pytest.raises(AssertionError):
         check_exact("repetition_penalty", "star3", Leaky(verifier_cls()))
+
+
+def test_node_scores_process_only_the_rows_read_and_equal_the_batch(monkeypatch):
+    """What a walking verifier reads (NodeScores, row by row) is bit for bit what process_tree_scores gives the whole
+    tree, and nodes never read are never processed."""
+    generator = torch.Generator().manual_seed(0)
+    tree = TokenTree.from_parents([5, 9, 3, 7, 9, 4, 2], [-1, 0, 0, 1, 1, 2, 4])
+    raw = torch.randn(len(tree), 64, generator=generator) * 3
+    prefix_ids = torch.randint(3, 64, (1, 6), generator=generator)
+    processors = LogitsProcessorList([RepetitionPenaltyLogitsProcessor(1.3), TemperatureLogitsWarper(0.7),
+                                      TopKLogitsWarper(20), TopPLogitsWarper(0.9)])
+    batch = processing.process_tree_scores(processors, prefix_ids, tree, raw)
+    lazy = processing.NodeScores(processors, prefix_ids, tree, raw)
+    calls, real = [], processing.process_tree_scores
+    monkeypatch.setattr(processing, "process_tree_scores", lambda *args: calls.append(args[-1]) or real(*args))
+    assert torch.equal(lazy[4], batch[4]) and torch.equal(lazy[[0, 1, 4]], batch[[0, 1, 4]])
+    assert torch.equal(lazy[4], batch[4])
+    assert calls == [[4], [0], [1]]  # each row read is processed once; the other four never

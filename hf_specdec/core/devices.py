@@ -8,6 +8,7 @@ is where the forward pass really runs.
 from __future__ import annotations
 
 import platform
+import time
 from pathlib import Path
 
 import torch
@@ -32,6 +33,43 @@ def execution_device(model: PreTrainedModel) -> torch.device:
         if str(place) not in ("disk", "meta"):
             return torch.device(place)
     return model.device if model.device.type != "meta" else torch.device("cpu")
+
+
+class PassClock:
+    """Seconds model passes take on `device`, added up, for cost models and statistics.
+
+    On CUDA the kernels run after the Python call returns, so wall time would see only their launch: CUDA events
+    around each pass measure the work itself, and are read only when `total` is asked for (a step that never asks
+    never waits for them). Elsewhere, wall time.
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = torch.device(device).type == "cuda"
+        self._seconds = 0.0
+        self._began = 0.0
+        self._pending: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
+
+    def start(self) -> None:
+        if self.cuda:
+            self._pending.append((torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)))
+            self._pending[-1][0].record()
+        else:
+            self._began = time.perf_counter()
+
+    def stop(self) -> None:
+        if self.cuda:
+            self._pending[-1][1].record()
+        else:
+            self._seconds += time.perf_counter() - self._began
+
+    @property
+    def total(self) -> float:
+        """Seconds of every pass timed so far (on CUDA, waits for the last timed pass to finish)."""
+        for begin, end in self._pending:
+            end.synchronize()
+            self._seconds += begin.elapsed_time(end) / 1e3
+        self._pending.clear()
+        return self._seconds
 
 
 def is_offloaded(model: PreTrainedModel) -> bool:

@@ -50,18 +50,21 @@ def keep_positions(cache: Cache, start: int, kept: torch.Tensor | list[int]) -> 
     tail is cropped. Positions before `start` are never touched. Every layer must keep all its rows
     (`full_length_cache`): a sliding-window layer's row i is not position i.
     """
-    kept = torch.as_tensor(kept, dtype=torch.long)
+    kept = kept.tolist() if isinstance(kept, torch.Tensor) else list(kept)
     end = start + len(kept)
-    contiguous = bool((kept == torch.arange(start, end)).all()) if len(kept) else True
+    contiguous = kept == list(range(start, end))  # decided on the host: no device read
+    index: dict[torch.device, torch.Tensor] = {}  # one compaction index per device, shared by every layer there
     for layer in cache.layers:
         if getattr(layer, "is_sliding", False):
             raise TypeError("keep_positions needs full-length cache layers: build the cache with full_length_cache().")
         if not getattr(layer, "is_initialized", True) or layer.keys is None or layer.keys.numel() == 0:
             continue
         if not contiguous:
-            index = kept.to(layer.keys.device)
-            layer.keys[:, :, start:end] = layer.keys[:, :, index]
-            layer.values[:, :, start:end] = layer.values[:, :, index]
+            device = layer.keys.device
+            if device not in index:
+                index[device] = torch.tensor(kept, dtype=torch.long).to(device, non_blocking=True)
+            layer.keys[:, :, start:end] = layer.keys[:, :, index[device]]
+            layer.values[:, :, start:end] = layer.values[:, :, index[device]]
         layer.keys = layer.keys[:, :, :end]
         layer.values = layer.values[:, :, :end]
 

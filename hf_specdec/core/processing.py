@@ -18,23 +18,30 @@ def process_tree_scores(
     prefix_ids: torch.Tensor,
     tree: TokenTree,
     logits: torch.Tensor,
-    nodes: torch.Tensor | None = None,
+    nodes: torch.Tensor | list[int] | None = None,
 ) -> torch.Tensor:
     """Return float32 `(len(nodes), vocab)` scores, processed exactly as plain `generate` would at each node.
 
-    `prefix_ids` is `(1, L)` and ends *before* the root; node i's sequence is prefix + root..i.
-    Nodes of equal depth share a sequence length, so they are processed as one batch per depth.
+    `prefix_ids` is `(1, L)` and ends *before* the root; node i's sequence is prefix + root..i. Everything runs
+    where `logits` are (the device of the model that made them). Nodes of equal depth share a sequence length, so
+    they are processed as one batch per depth, grouped on the host (give `nodes` as a list: no device read).
     """
     if not processors:
         return logits.float()  # no copy when already float32: nothing below writes into it
-    nodes = torch.arange(len(tree), device=tree.device) if nodes is None else nodes
+    device = logits.device
+    nodes = list(range(len(tree))) if nodes is None else nodes
+    nodes = nodes.tolist() if isinstance(nodes, torch.Tensor) else nodes
+    depths = tree.host().depths()
+    groups: dict[int, list[int]] = {}
+    for row, node in enumerate(nodes):
+        groups.setdefault(depths[node], []).append(row)
     scores = logits.to(dtype=torch.float32, copy=True)
-    depths = tree.depths[nodes]
-    for depth in depths.unique().tolist():
-        rows = torch.nonzero(depths == depth).flatten()
-        seqs = tree.prefix_tokens(nodes[rows]).to(prefix_ids.device)
+    prefix_ids = prefix_ids.to(device)
+    for rows in groups.values():
+        seqs = tree.prefix_tokens([nodes[row] for row in rows]).to(device)
         ids = torch.cat([prefix_ids.expand(len(rows), -1), seqs], dim=1)
-        scores[rows] = _apply(processors, ids, scores[rows])
+        index = torch.tensor(rows).to(device)
+        scores[index] = _apply(processors, ids, scores[index])
     return scores
 
 
@@ -48,3 +55,34 @@ def _apply(processors: LogitsProcessorList, ids: torch.Tensor, scores: torch.Ten
         else:
             scores = LogitsProcessorList([processor])(ids, scores)
     return scores
+
+
+class NodeScores:
+    """`process_tree_scores` row by row, each node's row computed on first use and kept.
+
+    A sampling verifier walks down from the root and reads a handful of nodes of a tree of dozens or thousands, and
+    the processors are most of its cost (top-p sorts the whole vocabulary per row): only the visited rows are
+    processed, each exactly as `process_tree_scores` does it. Index with a node, or a list of nodes.
+    """
+
+    def __init__(
+        self, processors: LogitsProcessorList | None, prefix_ids: torch.Tensor, tree: TokenTree, logits: torch.Tensor
+    ) -> None:
+        self.processors, self.prefix_ids, self.tree, self.logits = processors, prefix_ids, tree, logits
+        self.rows: dict[int, torch.Tensor] = {}
+
+    @property
+    def device(self) -> torch.device:
+        return self.logits.device
+
+    def __len__(self) -> int:
+        return len(self.logits)
+
+    def __getitem__(self, node: int | list[int]) -> torch.Tensor:
+        if isinstance(node, list):
+            return torch.stack([self[n] for n in node])
+        node = int(node)
+        if node not in self.rows:
+            row = self.logits[node : node + 1]
+            self.rows[node] = process_tree_scores(self.processors, self.prefix_ids, self.tree, row, [node])[0]
+        return self.rows[node]

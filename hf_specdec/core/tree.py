@@ -15,6 +15,28 @@ import torch
 
 
 @dataclass
+class HostTree:
+    """A tree's parents (and tokens, once known) as Python lists: what the host decides with (the walk down, the
+    emitted tokens, statistics). Drafters pass in what they know; `TokenTree.host` reads the rest, once."""
+
+    parents: list[int]
+    tokens: list[int] | None = None
+
+    def depths(self) -> list[int]:
+        depths = [0] * len(self.parents)
+        for node in range(1, len(self.parents)):
+            depths[node] = depths[self.parents[node]] + 1
+        return depths
+
+    def children(self) -> list[list[int]]:
+        """Each node's children, in drafting order."""
+        out: list[list[int]] = [[] for _ in self.parents]
+        for node in range(1, len(self.parents)):
+            out[self.parents[node]].append(node)
+        return out
+
+
+@dataclass
 class TokenTree:
     """A tree of token ids rooted at the last accepted token.
 
@@ -22,7 +44,8 @@ class TokenTree:
         tokens: `(n,)` long tensor, `tokens[0]` is the root.
         parents: `(n,)` long tensor, `parents[0] == -1`, `parents[i] < i` otherwise.
         draft_probs: optional `(n, vocab)` tensor: row i is the (processed) draft distribution the children
-            of node i were drawn from. Sampling verifiers need it; greedy and target-matching do not.
+            of node i were drawn from (zero for childless nodes). Sampling verifiers need it; greedy and
+            target-matching do not. A drafter may hand out a buffer it reuses: valid until its next proposal.
     """
 
     tokens: torch.Tensor
@@ -30,15 +53,38 @@ class TokenTree:
     draft_probs: torch.Tensor | None = None
     _depths: torch.Tensor | None = field(default=None, repr=False)
     _ancestors: torch.Tensor | None = field(default=None, repr=False)
+    _host: HostTree | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if self.tokens.dim() != 1 or self.parents.shape != self.tokens.shape:
             raise ValueError("TokenTree wants 1-D `tokens` and `parents` of equal length.")
-        if int(self.parents[0]) != -1:
+        parents = self.host().parents  # checked on the host copy: no extra device reads
+        if parents[0] != -1:
             raise ValueError("TokenTree node 0 must be the root (parent -1).")
-        idx = torch.arange(len(self.parents), device=self.parents.device)
-        if len(self.parents) > 1 and not bool((self.parents[1:] < idx[1:]).all() & (self.parents[1:] >= 0).all()):
+        if any(not 0 <= parent < node for node, parent in enumerate(parents[1:], 1)):
             raise ValueError("TokenTree nodes must be in breadth-first order: 0 <= parents[i] < i for i > 0.")
+
+    def to(self, device: torch.device) -> TokenTree:
+        """This tree on `device` (itself when already there), its host copy and cached structure kept."""
+        if self.tokens.device == torch.device(device) and self.parents.device == torch.device(device):
+            return self
+
+        def move(tensor: torch.Tensor | None) -> torch.Tensor | None:
+            return None if tensor is None else tensor.to(device)
+
+        return TokenTree(tokens=move(self.tokens), parents=move(self.parents), draft_probs=self.draft_probs,
+                         _depths=move(self._depths), _ancestors=move(self._ancestors), _host=self._host)
+
+    def host(self, tokens: bool = False) -> HostTree:
+        """Parents (with `tokens`, tokens too) as Python lists, each read from the device at most once per tree."""
+        if self._host is None and tokens:
+            parents, token_list = torch.stack([self.parents, self.tokens.to(self.parents.device)]).tolist()
+            self._host = HostTree(parents=parents, tokens=token_list)
+        elif self._host is None:
+            self._host = HostTree(parents=self.parents.tolist())
+        elif tokens and self._host.tokens is None:
+            self._host.tokens = self.tokens.tolist()
+        return self._host
 
     def __len__(self) -> int:
         return int(self.tokens.shape[0])
@@ -56,7 +102,7 @@ class TokenTree:
 
     @property
     def max_depth(self) -> int:
-        return int(self.depths.max())
+        return max(self.host().depths())
 
     @property
     def ancestors(self) -> torch.Tensor:
@@ -66,15 +112,15 @@ class TokenTree:
         return self._ancestors
 
     def _walk_up(self) -> None:
-        # Pointer jumping one level per iteration: O(depth) tensor ops.
+        # Pointer jumping one level per iteration: O(depth) tensor ops, the depth known on the host (no reads).
         n = len(self)
         rows = torch.arange(n, device=self.device)
         ancestors = torch.eye(n, dtype=torch.bool, device=self.device)
         depths = torch.zeros(n, dtype=torch.long, device=self.device)
-        current = self.parents.clone()
-        while bool((current >= 0).any()):
+        current = self.parents.to(self.device, copy=True)
+        for _ in range(self.max_depth):
             alive = current >= 0
-            ancestors[rows[alive], current[alive]] = True
+            ancestors[rows, current.clamp(min=0)] |= alive
             depths += alive.long()
             current = torch.where(alive, self.parents[current.clamp(min=0)], current)
         self._depths, self._ancestors = depths, ancestors
@@ -86,7 +132,7 @@ class TokenTree:
     def path_to(self, node: int) -> list[int]:
         """Node indices from the root down to `node`, both included."""
         path = []
-        parents = self.parents.tolist()
+        parents = self.host().parents
         while node >= 0:
             path.append(node)
             node = parents[node]
@@ -118,23 +164,35 @@ class TokenTree:
         """
         return additive_mask(self.visibility(past_length, past_visible), dtype)
 
-    def prefix_tokens(self, nodes: torch.Tensor) -> torch.Tensor:
+    def prefix_tokens(self, nodes: list[int] | torch.Tensor) -> torch.Tensor:
         """`(len(nodes), d + 1)` token ids from the root to each node; all nodes must share depth d."""
-        d = int(self.depths[nodes[0]])
+        nodes = nodes.tolist() if isinstance(nodes, torch.Tensor) else nodes
+        d = self.host().depths()[nodes[0]]
         out = torch.empty(len(nodes), d + 1, dtype=self.tokens.dtype, device=self.device)
-        current = nodes.clone()
+        current = torch.tensor(nodes).to(self.device)
         for level in range(d, -1, -1):
             out[:, level] = self.tokens[current]
             current = self.parents[current].clamp(min=0)
         return out
 
-    def select(self, keep: torch.Tensor) -> TokenTree:
-        """The nodes `keep` (sorted indices, root included, closed under taking parents), renumbered."""
+    def select(self, keep: torch.Tensor | list[int]) -> TokenTree:
+        """The nodes `keep` (sorted indices, root included, closed under taking parents), renumbered. Given as a list,
+        the host copy follows without a read."""
+        host = None
+        if isinstance(keep, list) and self._host is not None:
+            new = {old: i for i, old in enumerate(keep)}
+            tokens = self._host.tokens
+            host = HostTree(parents=[new.get(self._host.parents[old], -1) for old in keep],
+                            tokens=[tokens[old] for old in keep] if tokens is not None else None)
+        keep = torch.as_tensor(keep, dtype=torch.long).to(self.device)
         probs = self.draft_probs[keep] if self.draft_probs is not None else None
-        return TokenTree(tokens=self.tokens[keep], parents=renumber_parents(self.parents, keep), draft_probs=probs)
+        return TokenTree(tokens=self.tokens[keep], parents=renumber_parents(self.parents, keep), draft_probs=probs,
+                         _host=host)
 
     @classmethod
     def from_parents(cls, tokens: list[int] | torch.Tensor, parents: list[int] | torch.Tensor, **kwargs) -> TokenTree:
+        if isinstance(parents, list) and "_host" not in kwargs:  # known on the host already: never read back
+            kwargs["_host"] = HostTree(parents=list(parents), tokens=list(tokens) if isinstance(tokens, list) else None)
         tokens = torch.as_tensor(tokens, dtype=torch.long)
         parents = torch.as_tensor(parents, dtype=torch.long, device=tokens.device)
         return cls(tokens=tokens, parents=parents, **kwargs)

@@ -38,5 +38,7 @@ class Verifier(Protocol):
     child_selection: ClassVar[str]
 
     def verify(self, tree: TokenTree, target_scores: torch.Tensor, generator: torch.Generator | None = None) -> Verdict:
-        """`target_scores` are `(n, vocab)` float32 processed scores (logits processors applied per node)."""
+        """`target_scores` are `(n, vocab)` float32 processed scores (logits processors applied per node). A verifier
+        with `walks = True` (it reads only the nodes it visits) gets them as `core.processing.NodeScores`, which
+        processes a node's row when it is first indexed."""
         ...

@@ -10,15 +10,16 @@ from dataclasses import dataclass
 
 import torch
 from transformers import Cache, LogitsProcessorList, PreTrainedModel, StoppingCriteriaList
+from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria, MaxTimeCriteria
 from transformers.generation.streamers import BaseStreamer
 from transformers.modeling_outputs import ModelOutput
 
 from ..core.attention import AttentionLayout
-from ..core.devices import execution_device
+from ..core.devices import PassClock, execution_device
 from ..core.drafter import Drafter
 from ..core.kv_cache import cache_length, crop, keep_positions
 from ..core.model_inputs import TokenInputs
-from ..core.processing import process_tree_scores
+from ..core.processing import NodeScores, process_tree_scores
 from ..core.tree import TokenTree
 from ..core.verdict import Verdict, Verifier
 from .outputs import TokenRecords
@@ -94,6 +95,8 @@ def speculative_loop(
     finished = False
     dtype, device = target.dtype, execution_device(target)  # fixed for the call: not looked up every step
     layout = AttentionLayout.of(target)
+    stops = BlockStops.of(stopping_criteria)
+    clock = PassClock(device)
     while not finished:
         t0 = time.perf_counter()
         drafted = drafter.propose(input_ids)
@@ -101,39 +104,38 @@ def speculative_loop(
 
         past = input_ids.shape[1] - 1
         tree, kept = fit_positions(drafted, layout, past, target)
-        t_forward = time.perf_counter()
-        output = tree_pass(target, tree, past, cache, layout, dtype, device,
-                           token_inputs.at(tree.position_ids(past), device), records.wants_pass_outputs)
+        timed = clock.total
+        clock.start()
+        extra = token_inputs.at(tree.position_ids(past), device) if token_inputs.prompt else None
+        output = tree_pass(target, tree, past, cache, layout, dtype, device, extra, records.wants_pass_outputs)
         logits = output.logits[0]
-        seconds = time.perf_counter() - t_forward
+        clock.stop()
+        seconds = clock.total - timed
         stats.time_target_forward += seconds
         drafter.observe_target_pass(len(tree), seconds)
         first_step = prefill is not None
         if first_step:  # the first token as plain generate computes it (see _prefill)
             logits = torch.cat([prefill.logits[0, -1:].to(logits.dtype), logits[1:]])
-        scores = process_tree_scores(logits_processor, input_ids[:, :-1], tree, logits.to(input_ids.device))
+        # a walking verifier reads a few nodes: their rows are processed when it reads them, the others never
+        score_rows = NodeScores if getattr(verifier, "walks", False) else process_tree_scores
+        scores = score_rows(logits_processor, input_ids[:, :-1].to(device), tree, logits)
         verdict = verifier.verify(tree, scores, generator)
         t2 = time.perf_counter()
 
         path = verdict.path
-        new_tokens = tree.tokens[path[1:]].tolist() + [verdict.bonus_token]
-        emitted = 0
-        for node, token in zip(path, new_tokens):
-            input_ids = torch.cat([input_ids, input_ids.new_tensor([[token]])], dim=1)
-            emitted += 1
-            if first_step and emitted == 1:  # the root's position was computed by the prompt's pass
+        block = [tree.host(tokens=True).tokens[node] for node in path[1:]] + [verdict.bonus_token]
+        input_ids, emitted, finished = emit(input_ids, block, scores[path], stopping_criteria, stops)
+        for j, node in enumerate(path[:emitted] if records.wants_any else ()):
+            if first_step and j == 0:  # the root's position was computed by the prompt's pass
                 records.add(scores[node], logits[node], prefill)
             else:
-                records.add(scores[node], logits[node], output, node, past, path[:emitted], layout)
-            if bool(stopping_criteria(input_ids, scores[node][None]).any()):
-                finished = True
-                break
+                records.add(scores[node], logits[node], output, node, past, path[: j + 1], layout)
         # Keep the path up to the last emitted token's parent: when a stop fires inside the accepted block, the
         # cache (returned with return_dict_in_generate) then holds exactly the sequence but its last token, as
         # plain generate's does, and a chat continued from it sees no token past the stop.
         keep_positions(cache, past, [past + node for node in path[:emitted]])
         if streamer is not None:
-            streamer.put(input_ids[0, -emitted:].cpu())
+            streamer.put(torch.tensor(block[:emitted]))
         if not finished:
             drafter.accept(input_ids, drafted, verdict if kept is None else _renumbered(verdict, kept))
         _record(stats, tree, verdict, emitted)
@@ -146,6 +148,47 @@ def speculative_loop(
     if streamer is not None:
         streamer.end()
     return LoopResult(sequences=input_ids, records=records, stats=stats)
+
+
+@dataclass(frozen=True)
+class BlockStops:
+    """When an accepted block can be emitted at once: every stopping criterion is one whose firing anywhere in the
+    block shows at its end (a length or time limit) or an end-of-sequence id the host spots in the block's tokens."""
+
+    monotone: bool  # no criterion but max length, max time and end-of-sequence ids
+    eos: frozenset[int]
+
+    @classmethod
+    def of(cls, criteria: StoppingCriteriaList) -> BlockStops:
+        eos = set()
+        for criterion in criteria:
+            if isinstance(criterion, EosTokenCriteria):
+                eos.update(torch.as_tensor(criterion.eos_token_id).flatten().tolist())
+        monotone = all(isinstance(c, (MaxLengthCriteria, MaxTimeCriteria, EosTokenCriteria)) for c in criteria)
+        return cls(monotone, frozenset(eos))
+
+
+def emit(
+    input_ids: torch.LongTensor,
+    block: list[int],
+    block_scores: torch.Tensor,
+    criteria: StoppingCriteriaList,
+    stops: BlockStops,
+) -> tuple[torch.LongTensor, int, bool]:
+    """Append the accepted `block` (`block_scores`: each token's processed scores); returns the sequence, how many
+    tokens went in and whether decoding stops.
+
+    One `cat` and one stopping check for the whole block when `stops` allows; otherwise (or when that check fires)
+    token by token, so a stop lands on the very token where plain generate's check fires.
+    """
+    grown = torch.cat([input_ids, torch.tensor([block], dtype=input_ids.dtype).to(input_ids.device)], dim=1)
+    if stops.monotone and stops.eos.isdisjoint(block) and not bool(criteria(grown, block_scores[-1:]).any()):
+        return grown, len(block), False
+    start = input_ids.shape[1]
+    for emitted in range(1, len(block) + 1):
+        if bool(criteria(grown[:, : start + emitted], block_scores[emitted - 1 : emitted]).any()):
+            return grown[:, : start + emitted], emitted, True
+    return grown, len(block), False
 
 
 def _prefill(
@@ -184,8 +227,9 @@ def tree_pass(
     """One target pass over `tree` after `past` cached tokens (logits `(1, n, vocab)`): each node sees its ancestors
     (and, in sliding-window layers, only keys less than a window behind it) at position past + its depth.
     `extra_inputs` are the per-token inputs at the nodes' positions; `pass_outputs` asks for hidden states and
-    attentions too."""
+    attentions too. Masks and position ids are built on the target's device."""
     flags = {"output_hidden_states": True, "output_attentions": True} if pass_outputs else {}
+    tree = tree.to(device)
     return target(
         input_ids=tree.tokens[None].to(device),
         attention_mask=layout.tree_masks(tree, past, dtype, device),
@@ -243,10 +287,9 @@ def _record(stats: SpeculationStats, tree, verdict, emitted: int) -> None:
     stats.drafted_tokens += len(tree) - 1
     stats.new_tokens += emitted
     stats.tokens_per_step.append(emitted)
-    has_children = torch.zeros(len(tree), dtype=torch.bool)
-    has_children[tree.parents[1:]] = True
+    children = tree.host().children()
     for depth, node in enumerate(verdict.path):
-        if has_children[node]:
+        if children[node]:
             stats.reached_depths[depth] += 1
             if depth < len(verdict.accepted_ranks):
                 stats.accepted_ranks[(depth, verdict.accepted_ranks[depth])] += 1

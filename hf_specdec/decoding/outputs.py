@@ -46,6 +46,10 @@ class TokenRecords:
             "output_scores", "output_logits", "output_hidden_states", "output_attentions")))
 
     @property
+    def wants_any(self) -> bool:
+        return self.want_scores or self.want_logits or self.wants_pass_outputs
+
+    @property
     def wants_pass_outputs(self) -> bool:
         """Whether model passes must return hidden states / attentions."""
         return self.want_hidden_states or self.want_attentions

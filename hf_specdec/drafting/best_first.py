@@ -12,93 +12,131 @@ anyway: it then joins the tree with logits computed over the right ancestors, so
 another pass, and so on down the lower tree (staged speculative decoding: several levels per draft pass). Unconfirmed
 lower nodes are forgotten (their cache slots are never seen again and dropped on commit). With no lower stage this
 is SpecExec's growth. It stops after `max_passes` passes, when no unexpanded node can still place a child, or when
-the best one is less probable than `min_prob`. Bookkeeping is a handful of tensor ops per pass over at most
-`budget + (beams + lower nodes) * width` nodes; the largest buffer is that size squared, as a bool ancestor matrix.
+the best one is less probable than `min_prob`.
+
+Where the work runs: logits, processors, log-softmax and top-k on the draft's device; only the `(rows, width)` top-k
+result crosses to the host, once per expansion round. The tree under construction is host bookkeeping (`Node`s that
+keep their index for the whole step: pruning marks nodes dropped instead of renumbering, and a node's forwarded
+ancestors come from walking its parents, so no ancestor matrix is ever built).
 """
 
 from __future__ import annotations
 
-import itertools
 import math
 import time
 import weakref
 from collections.abc import Hashable
+from dataclasses import dataclass
 
 import torch
 from transformers import LogitsProcessorList, PreTrainedModel
 
 from ..core.drafter import Drafter
 from ..core.processing import process_tree_scores
-from ..core.tree import TokenTree, breadth_first_order, renumber_parents, reorder
+from ..core.tree import HostTree, TokenTree
 from ..core.verdict import Verdict
 from ..planning.sizing import default_beams
 from ..planning.step_sizing import OnlineAcceptance, StepSizer
-from .draft_model import DraftModelCounts, DraftModelRunner, forwarded_prefix
+from .draft_model import DraftModelCounts, DraftModelRunner, HostSequence, emitted_tokens, forwarded_prefix
 
 
-class GrowingTree:
-    """The tree under construction, in creation order (parents first), with what best-first growth needs."""
+@dataclass(slots=True)
+class Node:
+    """One drafted token of the tree under construction."""
 
-    def __init__(self, root: int) -> None:
-        self.tokens = torch.tensor([root])
-        self.parents = torch.tensor([-1])
-        self.depths = torch.tensor([0])
-        self.logp = torch.tensor([0.0])  # rank of the node: cumulative log-probability (draft's, or calibrated)
-        self.logq = torch.tensor([0.0])  # the draft's log-probability of the node's token under its parent
-        self.expanded = torch.tensor([False])
-        self.slots = torch.tensor([-1])  # draft-cache slot of forwarded nodes, -1 otherwise (the root is committed)
-        self.ancestors = torch.ones(1, 1, dtype=torch.bool)
+    token: int
+    parent: int  # index of the parent node (-1: the root)
+    depth: int
+    logp: float  # rank: cumulative log-probability (the draft's, or the calibrated chance the target keeps it)
+    logq: float  # the draft's log-probability of the token under its parent
+    slot: int = -1  # draft-cache slot once forwarded (the root is committed: -1)
+    expanded: bool = False
+    kept: bool = True  # False once pruned
 
-    def __len__(self) -> int:
-        return len(self.tokens)
 
-    def as_tree(self) -> TokenTree:
-        return TokenTree(tokens=self.tokens, parents=self.parents, _depths=self.depths, _ancestors=self.ancestors)
+@dataclass
+class LowerTree:
+    """A lower stage's continuation tree forwarded in a pass below node `hang`."""
 
-    def add_children(
-        self, rows: torch.Tensor, tokens: torch.Tensor, logp: torch.Tensor, logq: torch.Tensor
-    ) -> torch.Tensor:
-        """Append `tokens[i, j]` (rank `logp[i, j]`, draft log-probability `logq[i, j]`) under node `rows[i]`;
-        returns the new indices `(i, j)`."""
-        n, k = len(self), tokens.numel()
-        parents = rows.repeat_interleave(tokens.shape[1])
-        ancestors = torch.zeros(n + k, n + k, dtype=torch.bool)
-        ancestors[:n, :n] = self.ancestors
-        ancestors[n:, :n] = self.ancestors[parents]
-        ancestors[n:, n:] = torch.eye(k, dtype=torch.bool)
-        self.expanded[rows] = True
-        self.tokens = torch.cat([self.tokens, tokens.flatten()])
-        self.parents = torch.cat([self.parents, parents])
-        self.depths = torch.cat([self.depths, self.depths[parents] + 1])
-        self.logp = torch.cat([self.logp, logp.flatten()])
-        self.logq = torch.cat([self.logq, logq.flatten()])
-        self.expanded = torch.cat([self.expanded, torch.zeros(k, dtype=torch.bool)])
-        self.slots = torch.cat([self.slots, torch.full((k,), -1, dtype=torch.long)])
-        self.ancestors = ancestors
-        return torch.arange(n, n + k).view(tokens.shape)
+    tree: TokenTree
+    host: HostTree
+    logits: torch.Tensor  # draft logits of the tree's nodes 1.. (device)
+    first_slot: int  # draft-cache slot of the tree's node 1
 
-    def prune(self, budget: int) -> torch.Tensor:
-        """Keep the `budget` most probable nodes, renumbered; returns the old -> new index map (-1: dropped)."""
-        ranked = torch.argsort(-self.logp, stable=True)[:budget]  # stable: parents before equally probable children
-        keep = ranked[torch.isfinite(self.logp[ranked])].sort().values
-        index = torch.full((len(self),), -1, dtype=torch.long)
-        index[keep] = torch.arange(len(keep))
-        self.parents = renumber_parents(self.parents, keep)
-        for name in ("tokens", "depths", "logp", "logq", "expanded", "slots"):
-            setattr(self, name, getattr(self, name)[keep])
-        self.ancestors = self.ancestors[keep][:, keep]
-        return index
 
-    def open_nodes(self, budget: int, max_depth: int) -> torch.Tensor:
-        """Unexpanded nodes that can still place a child: above max depth, and more probable than the weakest kept
-        node when the tree is full."""
-        weakest = self.logp.min() if len(self) >= budget else float("-inf")
-        return ~self.expanded & (self.depths < max_depth) & (self.logp > weakest)
+@dataclass
+class LowerAt:
+    """A node of the growing tree that stands on node `at` of a forwarded lower tree (its children may confirm)."""
 
-    def breadth_first(self) -> tuple[TokenTree, torch.Tensor]:
-        """The TokenTree (breadth first, siblings contiguous, most probable sibling first) and its node order."""
-        order = breadth_first_order(self.parents, self.depths, self.logp)
-        return TokenTree(tokens=self.tokens[order], parents=reorder(self.parents, order)), order
+    lower: LowerTree
+    at: int
+
+
+@dataclass
+class Growth:
+    """One step's tree under construction, in creation order (parents first)."""
+
+    nodes: list[Node]
+    prefix: torch.Tensor  # the committed sequence but its last token `(1, L - 1)`, on the draft's device
+    ids: list[int]  # the committed sequence (host)
+
+    def path_tokens(self, node: int) -> list[int]:
+        """Tokens from below the root down to `node`."""
+        tokens = []
+        while node > 0:
+            tokens.append(self.nodes[node].token)
+            node = self.nodes[node].parent
+        return tokens[::-1]
+
+    def ancestor_slots(self, node: int) -> list[int]:
+        """Draft-cache slots of `node`'s forwarded ancestors, itself excluded."""
+        slots, node = [], self.nodes[node].parent
+        while node > 0:
+            slots.append(self.nodes[node].slot)
+            node = self.nodes[node].parent
+        return slots
+
+    def as_tree(self, device: torch.device) -> TokenTree:
+        """Every node so far (pruned ones too: indices stay valid) as a TokenTree, for the logits processors."""
+        parents, tokens = [n.parent for n in self.nodes], [n.token for n in self.nodes]
+        return TokenTree(tokens=torch.tensor(tokens).to(device), parents=torch.tensor(parents).to(device),
+                         _host=HostTree(parents=parents, tokens=tokens))
+
+    def kept(self) -> list[int]:
+        return [i for i, n in enumerate(self.nodes) if n.kept]
+
+    def prune(self, budget: int) -> None:
+        """Keep the `budget` most probable nodes (finite ones; ties: earlier first, so parents before children)."""
+        ranked = sorted(self.kept(), key=lambda i: (-self.nodes[i].logp, i))
+        for rank, i in enumerate(ranked):
+            self.nodes[i].kept = rank < budget and math.isfinite(self.nodes[i].logp)
+
+    def open_nodes(self, budget: int, max_depth: int) -> list[int]:
+        """Unexpanded nodes that can still place a child, most probable first: above max depth, and more probable
+        than the weakest kept node when the tree is full."""
+        kept = self.kept()
+        weakest = min(self.nodes[i].logp for i in kept) if len(kept) >= budget else -math.inf
+        found = [i for i in kept if not self.nodes[i].expanded and self.nodes[i].depth < max_depth
+                 and self.nodes[i].logp > weakest]
+        return sorted(found, key=lambda i: (-self.nodes[i].logp, i))
+
+    def values(self) -> torch.Tensor:
+        """Probabilities (exp logp) of the kept non-root nodes, descending: what the cost model sizes with."""
+        return torch.tensor(sorted((math.exp(self.nodes[i].logp) for i in self.kept()[1:]), reverse=True),
+                            dtype=torch.float64)
+
+    def breadth_first(self) -> list[int]:
+        """Kept nodes breadth first, siblings contiguous in their parents' order, most probable sibling first."""
+        place, order, level = {0: 0}, [0], [0]
+        while level:
+            above = set(level)
+            children = [i for i in self.kept() if self.nodes[i].parent in above]
+            children.sort(key=lambda i: (place[self.nodes[i].parent], -self.nodes[i].logp, i))
+            for i in children:
+                place[i] = len(order)
+                order.append(i)
+            level = children
+        return order
 
 
 _LEARNED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -147,8 +185,11 @@ class BestFirstDrafter(DraftModelCounts, Drafter):
         self.lower, self.lower_leaves = lower, lower_leaves
         self.max_passes = max_passes  # None: until nothing can grow
         self.min_logp = math.log(min_prob) if min_prob > 0 else float("-inf")
+        self.sequence = HostSequence()
         self.lower_forwarded = 0  # lower-stage nodes forwarded (stats)
         self.lower_confirmed = 0  # ... of which joined the tree
+        self._slots: list[int] = []  # draft-cache slot of each node of the last proposed tree (-1: not forwarded)
+        self._logq: list[float] = []  # the draft's log-probability of each node of the last proposed tree
 
     def stage_counts(self) -> list[dict[str, float]]:
         """Per model stage, top first: its passes and how many forwarded lower-stage nodes it confirmed."""
@@ -158,129 +199,152 @@ class BestFirstDrafter(DraftModelCounts, Drafter):
 
     def propose(self, input_ids: torch.LongTensor) -> TokenTree:
         start = time.perf_counter()
-        ids = input_ids[0].cpu()
-        nodes = GrowingTree(int(ids[-1]))
-        self._slot_nodes = torch.empty(0, dtype=torch.long)  # node held by each forwarded slot (-1: none)
-        frontier, hangs = torch.empty(0, dtype=torch.long), [0]
-        for step in itertools.count():
-            ready, lower = self._pass(ids, nodes, frontier, hangs, first=step == 0)
-            self._grow(ids, nodes, ready, lower)
-            self._prune(nodes, self.budget)
-            open_nodes = nodes.open_nodes(self.budget, self.max_depth)
-            if not bool(open_nodes.any()) or float(nodes.logp[open_nodes].max()) < self.min_logp:
+        ids = self.sequence.read(input_ids)
+        growth = Growth(nodes=[Node(token=ids[-1], parent=-1, depth=0, logp=0.0, logq=0.0)],
+                        prefix=input_ids[:, :-1].to(self.runner.device), ids=ids)
+        frontier, hangs, passes = [], [0], 0
+        while True:
+            ready, lower = self._pass(growth, frontier, hangs, first=passes == 0)
+            passes += 1
+            self._grow(growth, ready, lower)
+            growth.prune(self.budget)
+            pool = growth.open_nodes(self.budget, self.max_depth)
+            if not pool or growth.nodes[pool[0]].logp < self.min_logp:
                 break  # nothing can grow, or not likely enough to be worth a draft pass
-            if self.max_passes is not None and step + 1 >= self.max_passes:
+            if self.max_passes is not None and passes >= self.max_passes:
                 break
-            pool = torch.nonzero(open_nodes).flatten()
-            pool = pool[torch.argsort(-nodes.logp[pool], stable=True)]
             beams = self.beams
             if self.sizer is not None:  # another pass only if the cost model predicts it pays, and over how many
-                values = nodes.logp[1:].exp().sort(descending=True).values
-                spent = time.perf_counter() - start
-                beams = min(beams, self.sizer.next_frontier(values, nodes.logp[pool].exp(), spent))
+                open_values = torch.tensor([math.exp(growth.nodes[i].logp) for i in pool], dtype=torch.float64)
+                beams = min(beams, self.sizer.next_frontier(growth.values(), open_values, time.perf_counter() - start))
                 if beams == 0:
                     break
             frontier = pool[:beams]
-            hangs = frontier[: self.lower_leaves].tolist()
+            hangs = frontier[: self.lower_leaves]
         if self.sizer is not None:  # hand the target the prefix that minimises the predicted time per token
-            values = nodes.logp[1:].exp().sort(descending=True).values
-            size, _ = self.sizer.best_size(values, time.perf_counter() - start)
-            self._prune(nodes, size)
-        tree, order = nodes.breadth_first()
-        self._slots, self._logq = nodes.slots[order], nodes.logq[order]
-        return tree
+            size, _ = self.sizer.best_size(growth.values(), time.perf_counter() - start)
+            growth.prune(size)
+        return self._output(growth)
 
-    def _prune(self, nodes: GrowingTree, size: int) -> None:
-        index = nodes.prune(size)
-        self._slot_nodes = torch.where(self._slot_nodes >= 0, index[self._slot_nodes.clamp(min=0)], -1)
+    def _output(self, growth: Growth) -> TokenTree:
+        """The kept nodes as a TokenTree, breadth first; remembers their slots and draft log-probabilities."""
+        order = growth.breadth_first()
+        place = {node: i for i, node in enumerate(order)}
+        nodes = [growth.nodes[i] for i in order]
+        parents = [place[n.parent] if n.parent >= 0 else -1 for n in nodes]
+        tokens = [n.token for n in nodes]
+        self._slots, self._logq = [n.slot for n in nodes], [n.logq for n in nodes]
+        device = self.runner.device
+        return TokenTree(tokens=torch.tensor(tokens).to(device), parents=torch.tensor(parents).to(device),
+                         _host=HostTree(parents=parents, tokens=tokens))
 
-    def _lower_tree(self, ids: torch.Tensor, nodes: GrowingTree, hang: int) -> TokenTree | None:
+    def _lower_tree(self, growth: Growth, hang: int) -> TokenTree | None:
         """The lower stage's continuations after the path to `hang`, cut to the nodes whose logits can be used."""
         if self.lower is None:
             return None
-        path = torch.nonzero(nodes.ancestors[hang]).flatten()[1:]  # creation order: root side first
-        tree = self.lower.propose(torch.cat([ids, nodes.tokens[path]])[None])
-        keep = torch.nonzero(tree.depths + nodes.depths[hang] < self.max_depth).flatten()
+        tree = self.lower.propose(torch.tensor([growth.ids + growth.path_tokens(hang)]))
+        room = self.max_depth - growth.nodes[hang].depth
+        depths = tree.host().depths()
+        keep = [node for node, depth in enumerate(depths) if depth < room]
         return tree if len(keep) == len(tree) else tree.select(keep)
 
-    def _pass(self, ids: torch.Tensor, nodes: GrowingTree, frontier: torch.Tensor, hangs: list[int], first: bool):
+    def _pass(self, growth: Growth, frontier: list[int], hangs: list[int], first: bool):
         """One draft pass over `frontier` and the lower trees off `hangs` (the first pass also syncs the cache).
 
-        Returns the nodes that now have logits (node -> logits) and, per hanging node, its forwarded lower tree
-        as (tree, node index in that tree, logits of the tree's nodes 1.., slot of the tree's node 1).
+        Returns the nodes that now have logits (node -> logits row) and, per hanging node, where it stands in its
+        forwarded lower tree.
         """
-        f, old = len(frontier), len(self._slot_nodes)
-        frontier_sees = nodes.ancestors[frontier][:, self._slot_nodes.clamp(min=0)] & (self._slot_nodes >= 0)
-        tokens, depths, rows = [nodes.tokens[frontier]], [nodes.depths[frontier]], [frontier_sees]
-        trees, start = [], f
+        old, f = 0 if first else self.runner.num_nodes, len(frontier)  # the first pass drops earlier node slots
+        sees_rows = [growth.ancestor_slots(node) for node in frontier]
+        tokens = [growth.nodes[node].token for node in frontier]
+        depths = [growth.nodes[node].depth for node in frontier]
+        extra: list[tuple[int, torch.Tensor, int]] = []  # (row offset, lower tree's ancestors among its nodes, size)
+        trees: list[tuple[int, TokenTree, int]] = []  # (hang, lower tree, position of its node 1 in this pass)
         for hang in hangs:
-            tree = self._lower_tree(ids, nodes, hang)
+            tree = self._lower_tree(growth, hang)
             if tree is None or len(tree) < 2:
                 continue
-            size = len(tree) - 1
-            sees = torch.zeros(size, old + start + size, dtype=torch.bool)
-            if hang != 0:  # the root is committed; any other hanging node is in this pass's frontier
-                at = int(torch.nonzero(frontier == hang).flatten()[0])
-                sees[:, : old + f] = torch.cat([frontier_sees[at], torch.arange(f) == at])
-            sees[:, old + start :] = tree.ancestors[1:, 1:]
-            tokens.append(tree.tokens[1:])
-            depths.append(tree.depths[1:] + nodes.depths[hang])
-            rows.append(sees)
-            trees.append((hang, tree, start))
-            start += size
-        k = start
+            at = len(tokens)
+            above = [] if hang == 0 else growth.ancestor_slots(hang) + [old + frontier.index(hang)]
+            host = tree.host(tokens=True)
+            for node, depth in zip(range(1, len(tree)), host.depths()[1:]):
+                sees_rows.append(above)
+                tokens.append(host.tokens[node])
+                depths.append(depth + growth.nodes[hang].depth)
+            extra.append((at, tree.ancestors[1:, 1:], len(tree) - 1))
+            trees.append((hang, tree, at))
+        k = len(tokens)
         sees = torch.zeros(k, old + k, dtype=torch.bool)
-        at = 0
-        for block in rows:
-            sees[at : at + len(block), : block.shape[1]] = block
-            at += len(block)
-        spent = self.runner.forward_time
-        root_logits, logits = self.runner.forward_tree(torch.cat(tokens), torch.cat(depths), sees,
-                                                       ids if first else None)
-        if self.sizer is not None and not first:  # the first pass also feeds the accepted tokens: not comparable
+        for row, slots in enumerate(sees_rows):
+            sees[row, slots] = True
+        for at, ancestors, size in extra:
+            sees[at : at + size, old + at : old + at + size] = ancestors
+        timing = self.sizer is not None and not first  # the first pass also feeds the accepted tokens: not comparable
+        spent = self.runner.forward_time if timing else 0.0
+        root_logits, logits = self.runner.forward_tree(torch.tensor(tokens, dtype=torch.long),
+                                                       torch.tensor(depths, dtype=torch.long), sees,
+                                                       growth.ids if first else None)
+        if timing:
             self.sizer.observe_draft(k, self.runner.forward_time - spent)
-        nodes.slots[frontier] = torch.arange(old, old + f)
-        self._slot_nodes = torch.cat([self._slot_nodes, frontier, torch.full((k - f,), -1, dtype=torch.long)])
+        for i, node in enumerate(frontier):
+            growth.nodes[node].slot = old + i
         ready = {0: root_logits} if first else {}
-        ready.update(zip(frontier.tolist(), logits[:f]))
+        ready.update(zip(frontier, logits[:f]))
         lower = {}
-        for hang, tree, offset in trees:
-            lower[hang] = (tree, 0, logits[offset : offset + len(tree) - 1], old + offset)
+        for hang, tree, at in trees:
+            lower[hang] = LowerAt(LowerTree(tree, tree.host(), logits[at : at + len(tree) - 1], old + at), at=0)
             self.lower_forwarded += len(tree) - 1
         return ready, lower
 
-    def _grow(self, ids: torch.Tensor, nodes: GrowingTree, ready: dict[int, torch.Tensor], lower: dict) -> None:
+    def _grow(self, growth: Growth, ready: dict[int, torch.Tensor], lower: dict[int, LowerAt]) -> None:
         """Expand every node that has logits; a child matching a forwarded lower node takes over its logits and slot
         (it is confirmed) and is expanded in the next round, down the lower tree."""
-        prefix = ids[None, :-1]
         while ready:
-            rows = torch.tensor(list(ready))
+            rows = list(ready)
             raw = torch.stack(list(ready.values()))
-            scores = process_tree_scores(self.logits_processor, prefix, nodes.as_tree(), raw, rows)
-            child_logq, child_tokens = scores.log_softmax(-1).topk(self.width, dim=-1)
+            tree = growth.as_tree(raw.device) if self.logits_processor else None
+            scores = process_tree_scores(self.logits_processor, growth.prefix, tree, raw, rows)
+            top = scores.log_softmax(-1).topk(self.width, dim=-1)
             # rank by the draft's own probability, or by the calibrated chance the target keeps the node
-            child_logp = child_logq if self.sizer is None else self.sizer.acceptance(child_logq)
-            child_logp = child_logp + nodes.logp[rows, None]
-            new = nodes.add_children(rows, child_tokens, child_logp, child_logq)
+            rank = top.values if self.sizer is None else self.sizer.acceptance(top.values.cpu())
+            picked = torch.cat([top.values.double(), rank.double().to(top.values.device), top.indices.double()], dim=1)
+            picked = picked.tolist()  # the round's one read: (rows, 3 * width), everything the host decides with
+            w = self.width
             if self.sizer is not None:
-                self.sizer.observe_expansion(nodes.logp[rows].exp(), child_logp.exp())
+                parent_logp = torch.tensor([growth.nodes[p].logp for p in rows], dtype=torch.float64)
+                self.sizer.observe_expansion(parent_logp.exp(), (parent_logp[:, None] + rank.double()).exp())
             ready = {}
-            for i, parent in enumerate(rows.tolist()):
-                if parent not in lower:
-                    continue
-                tree, at, tree_logits, base = lower[parent]
-                kids = {int(tree.tokens[c]): int(c) for c in tree.children(at)}
-                for j, token in enumerate(child_tokens[i].tolist()):
-                    c = kids.get(token)
-                    if c is None or not bool(torch.isfinite(child_logq[i, j])):
-                        continue
-                    node, slot = int(new[i, j]), base + c - 1
-                    nodes.slots[node] = slot
-                    self._slot_nodes[slot] = node
-                    lower[node] = (tree, c, tree_logits, base)
-                    self.lower_confirmed += 1
-                    if int(nodes.depths[node]) < self.max_depth:
-                        ready[node] = tree_logits[c - 1]
+            for parent, row in zip(rows, picked):
+                ready.update(self._add_children(growth, parent, row[:w], row[w : 2 * w], [int(t) for t in row[2 * w :]],
+                                                lower))
+
+    def _add_children(
+        self, growth: Growth, parent: int, logq: list[float], rank: list[float], tokens: list[int],
+        lower: dict[int, LowerAt],
+    ) -> dict[int, torch.Tensor]:
+        """Add `parent`'s children (most probable first); the confirmed ones that can grow, with their logits."""
+        node = growth.nodes[parent]
+        node.expanded = True
+        first = len(growth.nodes)
+        for token, q, r in zip(tokens, logq, rank):
+            growth.nodes.append(Node(token=token, parent=parent, depth=node.depth + 1, logp=node.logp + r, logq=q))
+        place = lower.get(parent)
+        if place is None:
+            return {}
+        host = place.lower.host
+        kids = {host.tokens[c]: c for c in host.children()[place.at]}
+        ready = {}
+        for j, (token, q) in enumerate(zip(tokens, logq)):
+            c = kids.get(token)
+            if c is None or not math.isfinite(q):
+                continue
+            child = growth.nodes[first + j]
+            child.slot = place.lower.first_slot + c - 1
+            lower[first + j] = LowerAt(place.lower, at=c)
+            self.lower_confirmed += 1
+            if child.depth < self.max_depth:
+                ready[first + j] = place.lower.logits[c - 1]
+        return ready
 
     def observe_target_pass(self, tree_size: int, seconds: float) -> None:
         if self.sizer is not None:
@@ -289,12 +353,15 @@ class BestFirstDrafter(DraftModelCounts, Drafter):
     def accept(self, input_ids: torch.LongTensor, tree: TokenTree, verdict: Verdict) -> None:
         """Keep the committed prefix plus the accepted nodes already forwarded; drop every other slot. With a sizer,
         learn how often the target kept a child against the draft's probability of it."""
-        self.runner.commit(input_ids[0], forwarded_prefix(self._slots[verdict.path[1:]]))
+        self.sequence.extend(input_ids, emitted_tokens(tree, verdict))
+        slots = forwarded_prefix([self._slots[node] for node in verdict.path[1:]])
+        self.runner.commit(self.sequence.read(input_ids), slots)
         if self.sizer is not None and len(tree) > 1:
-            reached = torch.zeros(len(tree), dtype=torch.bool)
-            reached[verdict.path] = True
-            children = torch.nonzero(reached[tree.parents[1:]]).flatten() + 1
-            self.sizer.acceptance.update(self._logq[children], reached[children])
+            reached = set(verdict.path)
+            parents = tree.host().parents
+            children = [node for node in range(1, len(tree)) if parents[node] in reached]
+            self.sizer.acceptance.update(torch.tensor([self._logq[c] for c in children]),
+                                         torch.tensor([c in reached for c in children]))
 
 
 def step_memory_bound(

@@ -32,16 +32,21 @@ def select_children(
     if mode not in CHILD_SELECTIONS:
         raise ValueError(f"Unknown child selection {mode!r}; expected one of {', '.join(CHILD_SELECTIONS)}.")
     m, vocab = probs.shape
-    want = torch.as_tensor(k, dtype=torch.long, device=probs.device).expand(m) if m else torch.zeros(0).long()
-    width = int(want.max()) if m else 0
-    if width == 0:
-        return torch.full((m, 0), -1, dtype=torch.long, device=probs.device)
-    if mode != "top_k" and not bool((probs >= 0).all()):  # also catches NaN
-        raise ValueError("select_children: sampling modes need non-negative probabilities.")
+    device = probs.device
+    if isinstance(k, torch.Tensor):
+        k = k.tolist() if k.dim() else int(k)
+    want_list = list(k) if isinstance(k, (list, tuple)) else [int(k)] * m
+    width = max(want_list, default=0)  # known on the host: no device read
+    if width == 0 or m == 0:
+        return torch.full((m, width if m else 0), -1, dtype=torch.long, device=device)
+    want = torch.tensor(want_list, dtype=torch.long).to(device)
+    if mode != "top_k":  # also catches NaN; checked on the device, without waiting for it
+        torch._assert_async((probs >= 0).all(), "select_children: sampling modes need non-negative probabilities.")
     if mode == "with_replacement":
         ok_rows = (probs > 0).any(-1)
-        safe = probs if bool(ok_rows.all()) else torch.where(ok_rows[:, None], probs, torch.ones_like(probs))
-        picked = torch.multinomial(safe.float(), width, replacement=True, generator=generator)
+        safe = torch.where(ok_rows[:, None], probs, torch.ones_like(probs))
+        picked = torch.multinomial(safe.float().to(_random_device(generator, device)), width, replacement=True,
+                                   generator=generator).to(device)
         valid = ok_rows[:, None].expand(m, width)
     else:
         keys = probs.float()
@@ -49,12 +54,19 @@ def select_children(
             # Exponential race: arrival times E / p with E ~ Exp(1) come in the order of a sequential draw without
             # replacement (what torch.multinomial does). Keys log(U) / p = -E / p, largest first: 4x faster than
             # exponential_ on CPU, and zero-probability tokens get -inf, so rows with few candidates still work.
-            keys = torch.rand(probs.shape, generator=generator, device=probs.device).log_().div_(keys)
+            uniform = torch.rand(probs.shape, generator=generator, device=_random_device(generator, device))
+            keys = uniform.to(device).log_().div_(keys)
         top = torch.topk(keys, min(width, vocab), dim=-1)
         picked, valid = top.indices, top.values > float("-inf")
         if picked.shape[1] < width:
             pad = width - picked.shape[1]
             picked = torch.cat([picked, picked.new_full((m, pad), -1)], dim=1)
             valid = torch.cat([valid, valid.new_zeros((m, pad))], dim=1)
-    valid = valid & (torch.arange(width, device=probs.device) < want[:, None])
+    valid = valid & (torch.arange(width, device=device) < want[:, None])
     return torch.where(valid, picked, torch.full_like(picked, -1))
+
+
+def _random_device(generator: torch.Generator | None, device: torch.device) -> torch.device:
+    """Where draws come from: the generator's own device (a CUDA `speculation_generator` with a CPU draft, or the
+    reverse), else where the probabilities are."""
+    return generator.device if generator is not None else device

@@ -13,16 +13,18 @@ so sliding-window layers get their window by position in the masks (`core.attent
 
 from __future__ import annotations
 
-import time
+import itertools
 
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from ..core.attention import AttentionLayout
-from ..core.devices import execution_device
+from ..core.devices import PassClock, execution_device
 from ..core.kv_cache import keep_positions
 from ..core.model_info import embeddable, fit_vocabulary
 from ..core.model_inputs import TokenInputs, explicit_parameters
+from ..core.tree import TokenTree
+from ..core.verdict import Verdict
 
 
 class DraftModelCounts:
@@ -42,11 +44,39 @@ class DraftModelCounts:
         self.runner.token_inputs = inputs.for_model(self.runner.model)
 
 
+class HostSequence:
+    """A host copy of the sequence a drafter continues: `accept` hands it the emitted tokens, so the next `propose`
+    (given that very tensor) needs no copy of the prefix back from the device; any other tensor is read once."""
+
+    def __init__(self) -> None:
+        self.ids: list[int] = []
+        self._tensor: torch.Tensor | None = None
+
+    def read(self, input_ids: torch.Tensor) -> list[int]:
+        """`input_ids` `(1, L)` as a list."""
+        if input_ids is not self._tensor:
+            self.ids, self._tensor = input_ids[0].tolist(), input_ids
+        return self.ids
+
+    def extend(self, input_ids: torch.Tensor, tokens: list[int]) -> None:
+        """`input_ids` is the known sequence followed by `tokens`."""
+        known = self._tensor is not None and len(self.ids) + len(tokens) == input_ids.shape[1]
+        self.ids, self._tensor = (self.ids + tokens, input_ids) if known else ([], None)
+
+
+def emitted_tokens(tree: TokenTree, verdict: Verdict) -> list[int]:
+    """What the loop appended after `tree`'s root: the accepted drafted tokens, then the bonus token."""
+    tokens = tree.host(tokens=True).tokens
+    return [tokens[node] for node in verdict.path[1:]] + [verdict.bonus_token]
+
+
 class DraftModelRunner:
     """Runs `model` over committed tokens and tree nodes, keeping its KV cache between steps.
 
     With `vocab` (the target's output rows), logits come over the target's vocabulary (`fit_vocabulary`), and ids
     the draft cannot embed are fed as a stand-in (`embeddable`): pairs whose vocabularies differ by padding work.
+    Logits stay on the draft's device; the committed tokens are kept on the host (a list), so catching up with the
+    sequence compares lists, never reads the device.
     """
 
     def __init__(self, model: PreTrainedModel, vocab: int | None = None) -> None:
@@ -55,27 +85,27 @@ class DraftModelRunner:
         self.input_rows = getattr(model.get_input_embeddings(), "num_embeddings", None)
         self.layout = AttentionLayout.of(model)
         self.cache = DynamicCache()  # full-length layers, whatever the model's window
-        self.committed = torch.empty(0, dtype=torch.long)  # token id at each committed cache position
-        self.num_nodes = 0  # tree-node slots after the committed positions
-        self.node_positions = torch.empty(0, dtype=torch.long)  # position of each tree-node slot
-        self.forward_count = 0
-        self.forward_time = 0.0
         self.device = execution_device(model)  # where inputs go: accelerate's execution device if offloaded
+        self.clock = PassClock(self.device)
+        self.committed: list[int] = []  # token id at each committed cache position
+        self.num_nodes = 0  # tree-node slots after the committed positions
+        self.node_positions = torch.empty(0, dtype=torch.long, device=self.device)  # position of each tree-node slot
+        self.forward_count = 0
         self.token_inputs = TokenInputs()  # the call's token types, placed by position (`use_inputs`)
         self.keeps_logits = "logits_to_keep" in explicit_parameters(model)  # else the runner slices them itself
 
     def _forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, logits_to_keep: int = 0, **kwargs: torch.Tensor
     ) -> torch.Tensor:
-        """float32 CPU logits of one pass over `input_ids` `(len,)` at `positions`: all rows, or the last
-        `logits_to_keep` if > 0."""
-        start = time.perf_counter()
+        """float32 logits, on the draft's device, of one pass over `input_ids` `(len,)` at `positions`: all rows, or
+        the last `logits_to_keep` if > 0."""
+        self.clock.start()
         device = self.device
         kept = {"logits_to_keep": logits_to_keep} if self.keeps_logits else {}
         with torch.no_grad():
             out = self.model(
-                input_ids=embeddable(input_ids, self.input_rows)[None].to(device),
-                position_ids=self.layout.model_positions(positions)[None].to(device),
+                input_ids=embeddable(input_ids.to(device), self.input_rows)[None],
+                position_ids=self.layout.model_positions(positions)[None],
                 past_key_values=self.cache,
                 use_cache=True,
                 **self.token_inputs.at(positions, device),
@@ -83,70 +113,95 @@ class DraftModelRunner:
                 **kept,
             )
         logits = out.logits[0, -logits_to_keep:] if logits_to_keep else out.logits[0]
-        logits = fit_vocabulary(logits.float().cpu(), self.vocab)
+        logits = fit_vocabulary(logits.float(), self.vocab)
+        self.clock.stop()
         self.forward_count += 1
-        self.forward_time += time.perf_counter() - start
         return logits
 
-    def _catch_up(self, ids: torch.Tensor) -> torch.Tensor:
-        """Drop tree slots and the committed tokens `ids` `(L,)` does not share; the tokens still to feed.
+    @property
+    def forward_time(self) -> float:
+        """Seconds spent in this runner's passes (on CUDA, read from events: asking waits for the last pass)."""
+        return self.clock.total
+
+    def _catch_up(self, ids: list[int]) -> list[int]:
+        """Drop tree slots and the committed tokens `ids` does not share; the tokens still to feed.
 
         Keeps the longest common prefix (minus at least the last token, whose logits are needed), so a context
         that diverged (a new prompt, a rejected draft) costs one pass over the new tokens only.
         """
         n = min(len(self.committed), len(ids) - 1)
-        common = int((self.committed[:n] == ids[:n]).long().cumprod(0).sum()) if n else 0
+        common = next((i for i in range(n) if self.committed[i] != ids[i]), n)
         keep_positions(self.cache, common, [])
-        self.committed, self.num_nodes = ids[:common], 0
+        self.committed, self.num_nodes = self.committed[:common], 0
         self.node_positions = self.node_positions[:0]
         return ids[common:]
 
-    def sync(self, ids: torch.Tensor) -> torch.Tensor:
+    def sync(self, ids: torch.Tensor | list[int]) -> torch.Tensor:
         """Make the committed part equal `ids` `(L,)`, feeding only what the cache lacks; the logits of ids[-1]."""
         empty = torch.empty(0, dtype=torch.long)
         root_logits, _ = self.forward_tree(empty, empty, torch.empty(0, 0, dtype=torch.bool), ids)
         return root_logits
 
     def forward_tree(
-        self, tokens: torch.Tensor, depths: torch.Tensor, sees: torch.Tensor, ids: torch.Tensor | None = None
+        self,
+        tokens: torch.Tensor,
+        depths: torch.Tensor,
+        sees: torch.Tensor,
+        ids: torch.Tensor | list[int] | None = None,
     ) -> tuple[torch.Tensor | None, torch.Tensor]:
         """One pass over `k` tree nodes; with `ids`, first make the committed part equal `ids` in the same pass.
 
         `tokens`, `depths` are `(k,)` (depth 1 = a child of the root, the last committed token); `sees` is
         `(k, num_nodes + k)` bool: each node's forwarded ancestors among the earlier slots *and* among this pass's
-        nodes (a node always sees itself). With `ids`, earlier slots are dropped first (num_nodes = 0). The nodes
-        take the next k slots. Returns the logits of `ids[-1]` (None without `ids`) and the nodes' logits `(k, vocab)`.
+        nodes (a node always sees itself). With `ids` (a list, or a tensor read once), earlier slots are dropped
+        first (num_nodes = 0). The nodes take the next k slots. Returns the logits of `ids[-1]` (None without `ids`)
+        and the nodes' logits `(k, vocab)`, on the draft's device.
         """
-        fresh = self._catch_up(ids.cpu()) if ids is not None else torch.empty(0, dtype=torch.long)
+        ids = ids.tolist() if isinstance(ids, torch.Tensor) else ids
+        fresh = self._catch_up(ids) if ids is not None else []
         past, old, m, k = len(self.committed), self.num_nodes, len(fresh), len(tokens)
-        positions = torch.cat([torch.arange(past, past + m), past + m - 1 + depths])
+        device = self.device
+        positions = torch.cat([torch.arange(past, past + m, device=device), past + m - 1 + depths.to(device)])
+        fed = torch.cat([torch.tensor(fresh, dtype=torch.long).to(device), tokens.to(device)])
         if k == 0:  # catching up only: a plain causal pass (the model applies any window), the last row's logits
-            logits = self._forward(fresh, positions, logits_to_keep=1)
+            logits = self._forward(fed, positions, logits_to_keep=1)
         else:
-            allowed = torch.zeros(m + k, past + old + m + k, dtype=torch.bool)
-            allowed[:, :past] = True
-            allowed[:m, past : past + m] = torch.ones(m, m, dtype=torch.bool).tril()  # old == 0 when m > 0
-            allowed[m:, past + old : past + old + m] = True
-            allowed[m:, past : past + old] = sees[:, :old]
-            allowed[m:, past + old + m :] = sees[:, old:] | torch.eye(k, dtype=torch.bool)
-            keys = torch.cat([torch.arange(past), self.node_positions, positions])
-            mask = self.layout.masks(allowed, positions, keys, self.model.dtype, self.device)
-            logits = self._forward(torch.cat([fresh, tokens]), positions, logits_to_keep=k + (1 if m else 0),
-                                   attention_mask=mask)
+            mask = self.layout.masks(self._allowed(sees.to(device), m), positions, self._key_positions(positions),
+                                     self.model.dtype, device)
+            logits = self._forward(fed, positions, logits_to_keep=k + (1 if m else 0), attention_mask=mask)
         if ids is not None:
-            self.committed = ids.cpu().clone()
+            self.committed = list(ids)
         self.num_nodes = old + k
         self.node_positions = torch.cat([self.node_positions, positions[m:]])
         return (logits[0] if m else None), logits[len(logits) - k :]
 
-    def commit(self, ids: torch.Tensor, slots: list[int] | torch.Tensor) -> None:
+    def _allowed(self, sees: torch.Tensor, m: int) -> torch.Tensor:
+        """`(m + k, past + old + m + k)` bool on the device: which key each fed token sees (the `m` fresh committed
+        tokens causally, the `k` nodes the committed part, the fresh tokens and what `sees` says)."""
+        past, old, k = len(self.committed), self.num_nodes, sees.shape[0]
+        device = self.device
+        allowed = torch.zeros(m + k, past + old + m + k, dtype=torch.bool, device=device)
+        allowed[:, :past] = True
+        allowed[:m, past : past + m] = torch.ones(m, m, dtype=torch.bool, device=device).tril()  # old == 0 if m > 0
+        allowed[m:, past + old : past + old + m] = True
+        allowed[m:, past : past + old] = sees[:, :old]
+        allowed[m:, past + old + m :] = sees[:, old:] | torch.eye(k, dtype=torch.bool, device=device)
+        return allowed
+
+    def _key_positions(self, positions: torch.Tensor) -> torch.Tensor:
+        """Position of every key of a pass: the committed tokens, the earlier node slots, then the fed tokens."""
+        return torch.cat([torch.arange(len(self.committed), device=self.device), self.node_positions, positions])
+
+    def commit(self, ids: list[int] | torch.Tensor, slots: list[int] | torch.Tensor) -> None:
         """`ids` `(L,)` is the new context; `slots` are the forwarded nodes of its accepted path, root side first.
 
         Those slots become committed positions; every other node is dropped.
         """
+        ids = ids.tolist() if isinstance(ids, torch.Tensor) else ids
+        slots = slots.tolist() if isinstance(slots, torch.Tensor) else slots
         past = len(self.committed)
         keep_positions(self.cache, past, [past + int(s) for s in slots])
-        self.committed = ids[: past + len(slots)].cpu().clone()
+        self.committed = list(ids[: past + len(slots)])
         self.num_nodes = 0
         self.node_positions = self.node_positions[:0]
 
@@ -158,6 +213,6 @@ def _to(value: torch.Tensor | dict[str, torch.Tensor], device: torch.device):
     return value.to(device)
 
 
-def forwarded_prefix(slots: torch.Tensor) -> torch.Tensor:
+def forwarded_prefix(slots: list[int]) -> list[int]:
     """The leading run of `slots` that are >= 0: the part of an accepted path the draft already forwarded."""
-    return slots[: int((slots >= 0).long().cumprod(0).sum())]
+    return list(itertools.takewhile(lambda slot: slot >= 0, slots))

@@ -6,6 +6,8 @@ only in where the shape comes from.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from transformers import LogitsProcessorList, PreTrainedModel
 
@@ -13,10 +15,25 @@ from ..core.config import SpeculationConfig
 from ..core.drafter import Drafter
 from ..core.model_info import vocab_size
 from ..core.processing import process_tree_scores
-from ..core.tree import TokenTree
+from ..core.tree import HostTree, TokenTree
 from ..core.verdict import Verdict
 from .child_selection import CHILD_SELECTIONS, select_children
-from .draft_model import DraftModelCounts, DraftModelRunner, forwarded_prefix
+from .draft_model import DraftModelCounts, DraftModelRunner, HostSequence, emitted_tokens, forwarded_prefix
+
+
+@dataclass(frozen=True)
+class ShapeLevel:
+    """One level of the shape whose nodes have children, with everything a draft pass over it needs, known before
+    drafting (so a step reads nothing back from the device until the tree is done)."""
+
+    parents: torch.Tensor  # shape nodes of this level with children, on the draft's device
+    parent_list: list[int]
+    widths: list[int]  # children each wants
+    children: torch.Tensor  # their children, parent by parent: child j of parent i takes kids[rows[...], cols[...]]
+    rows: torch.Tensor
+    cols: torch.Tensor
+    depths: torch.Tensor  # of the parents
+    sees: torch.Tensor  # (parents, forwarded before + parents): each parent's forwarded ancestors, for the pass
 
 
 class ModelTreeDrafter(DraftModelCounts, Drafter):
@@ -24,7 +41,8 @@ class ModelTreeDrafter(DraftModelCounts, Drafter):
 
     The draft keeps its own KV cache across steps (see `DraftModelRunner`): after verification `accept` keeps
     only the accepted path, so the draft never re-reads a token. `vocab`: the target's output rows (see
-    `DraftModelRunner`), so a draft padded differently never proposes a token the target lacks.
+    `DraftModelRunner`), so a draft padded differently never proposes a token the target lacks. Logits, processors,
+    child selection and the tree's tensors stay on the draft's device; the tokens are read once per step.
     """
 
     def __init__(
@@ -37,75 +55,107 @@ class ModelTreeDrafter(DraftModelCounts, Drafter):
         vocab: int | None = None,
     ) -> None:
         self.runner = DraftModelRunner(draft_model, vocab)
-        self.shape = TokenTree.from_parents(torch.zeros(len(shape), dtype=torch.long), shape)
+        device = self.runner.device
+        self.host_shape = HostTree(parents=list(shape))
+        self.shape = TokenTree.from_parents(torch.zeros(len(shape), dtype=torch.long), list(shape))
+        self.shape = TokenTree(tokens=self.shape.tokens.to(device), parents=self.shape.parents.to(device),
+                               _depths=self.shape.depths.to(device), _ancestors=self.shape.ancestors.to(device),
+                               _host=self.host_shape)
         self.logits_processor = logits_processor
         self.child_selection = child_selection
         self.generator = generator
+        self.sequence = HostSequence()
+        self.levels, self.slot_of = self._plan_levels()
         self._score_rows: dict[int, torch.Tensor] = {}  # shape node -> processed draft scores (nodes with children)
-        self._kept = torch.arange(len(shape))  # shape node of each node of the last proposed tree
-        self._levels = [torch.nonzero(self.shape.depths == d).flatten() for d in range(self.shape.max_depth + 1)]
-        self._num_children = torch.bincount(self.shape.parents[1:], minlength=len(shape))
-        self._children = [self.shape.children(i) for i in range(len(shape))]
+        self._kept = list(range(len(shape)))  # shape node of each node of the last proposed tree
+        self._probs: torch.Tensor | None = None  # see _draft_probs
+
+    def _plan_levels(self) -> tuple[list[ShapeLevel], list[int]]:
+        """The levels to expand, and the draft-cache slot each shape node takes when forwarded (-1: never; the root
+        is committed, every other node with children is forwarded in the pass of its level)."""
+        host, device = self.host_shape, self.runner.device
+        children, depths = host.children(), host.depths()
+        slot_of, forwarded, levels = [-1] * len(host.parents), [], []
+        for depth in range(max(depths) + 1):
+            parents = [node for node, d in enumerate(depths) if d == depth and children[node]]
+            if not parents:
+                break
+            ancestors = self.shape.ancestors[torch.tensor(parents, device=device)]
+            sees = torch.cat([ancestors[:, torch.tensor(forwarded, dtype=torch.long, device=device)],
+                              torch.zeros(len(parents), len(parents), dtype=torch.bool, device=device)], dim=1)
+            if depth > 0:
+                for node in parents:
+                    slot_of[node] = len(forwarded)
+                    forwarded.append(node)
+            rows = [row for row, node in enumerate(parents) for _ in children[node]]
+            cols = [col for node in parents for col in range(len(children[node]))]
+            levels.append(ShapeLevel(
+                parents=torch.tensor(parents, device=device), parent_list=parents,
+                widths=[len(children[node]) for node in parents],
+                children=torch.tensor([c for node in parents for c in children[node]], device=device),
+                rows=torch.tensor(rows, device=device), cols=torch.tensor(cols, device=device),
+                depths=torch.full((len(parents),), depth, device=device), sees=sees))
+        return levels, slot_of
 
     def propose(self, input_ids: torch.LongTensor) -> TokenTree:
-        shape, n = self.shape, len(self.shape)
-        tokens = torch.full((n,), -1, dtype=torch.long)
-        tokens[0] = int(input_ids[0, -1])
-        slots = torch.full((n,), -1, dtype=torch.long)  # draft-cache slot of each forwarded node
-        self._slots, self._kept = slots, torch.arange(n)
-        self._score_rows = scores_rows = {}
+        shape, n, device = self.shape, len(self.shape), self.runner.device
+        ids = self.sequence.read(input_ids)
+        tokens = torch.full((n,), ids[-1], dtype=torch.long, device=device)
+        self._kept = list(range(n))
+        self._score_rows = {}
         if n == 1:  # a root-only plan (the draft never helps): no draft pass at all
-            return TokenTree(tokens=tokens, parents=shape.parents)
-        node_logits = {0: self.runner.sync(input_ids[0])}
+            return TokenTree(tokens=tokens, parents=shape.parents, _host=HostTree(self.host_shape.parents, ids[-1:]))
+        tokens[1:] = -1
+        root_logits = self.runner.sync(ids)
+        prefix = input_ids[:, :-1].to(device)
+        sampling = self.child_selection != "top_k"
         draft_probs = None
-        prefix = input_ids[:, :-1].cpu()
-        for level in self._levels:
-            parents = level[(self._num_children[level] > 0) & (tokens[level] >= 0)]
-            if len(parents) == 0:
-                break
-            if int(parents[0]) != 0:  # forward this level's nodes with tree attention over the cache
-                forwarded = torch.nonzero(slots >= 0).flatten()  # in slot order (BFS); the root is committed
-                sees = shape.ancestors[parents][:, forwarded]
-                sees = torch.cat([sees, torch.zeros(len(parents), len(parents), dtype=torch.bool)], dim=1)
-                _, logits = self.runner.forward_tree(tokens[parents], shape.depths[parents], sees)
-                slots[parents] = torch.arange(len(forwarded), len(forwarded) + len(parents))
-                node_logits.update(zip(parents.tolist(), logits))
-            raw = torch.stack([node_logits[int(p)] for p in parents])
-            tree_so_far = TokenTree(
-                tokens=tokens.clamp(min=0), parents=shape.parents, _depths=shape.depths, _ancestors=shape.ancestors
-            )
-            scores = process_tree_scores(self.logits_processor, prefix, tree_so_far, raw, parents)
-            probs = scores.softmax(-1) if self.child_selection != "top_k" else scores
-            if draft_probs is None and self.child_selection != "top_k":
-                draft_probs = torch.zeros(n, scores.shape[-1])
-            for row, parent in enumerate(parents.tolist()):
-                scores_rows[parent] = scores[row]
-                if draft_probs is not None:
-                    draft_probs[parent] = probs[row]
-            kids = select_children(probs, self._num_children[parents].tolist(), self.child_selection, self.generator)
-            for row, parent in enumerate(parents.tolist()):
-                child_ids = self._children[parent]
-                tokens[child_ids] = kids[row, : len(child_ids)]
-        return self._prune(tokens, slots, draft_probs)
+        for level in self.levels:
+            if level.parent_list[0] != 0:  # forward this level's nodes (the root's logits came with the sync)
+                _, logits = self.runner.forward_tree(tokens[level.parents].clamp(min=0), level.depths, level.sees)
+            else:
+                logits = root_logits[None]
+            so_far = TokenTree(tokens=tokens.clamp(min=0), parents=shape.parents, _depths=shape.depths,
+                               _ancestors=shape.ancestors, _host=self.host_shape)
+            scores = process_tree_scores(self.logits_processor, prefix, so_far, logits, level.parent_list)
+            probs = scores.softmax(-1) if sampling else scores
+            if sampling:
+                draft_probs = self._draft_probs(scores.shape[-1])
+                draft_probs[level.parents] = probs
+            self._score_rows.update(zip(level.parent_list, scores))
+            kids = select_children(probs, level.widths, self.child_selection, self.generator)
+            kids = torch.where(tokens[level.parents, None] >= 0, kids, -1)  # an undrafted node has no children
+            tokens[level.children] = kids[level.rows, level.cols]
+        return self._prune(tokens, draft_probs)
 
-    def _prune(self, tokens: torch.Tensor, slots: torch.Tensor, draft_probs: torch.Tensor | None) -> TokenTree:
-        """Drop nodes that could not be drafted (fewer candidates than the shape wanted)."""
-        tree = TokenTree(tokens=tokens.clamp(min=0), parents=self.shape.parents, draft_probs=draft_probs)
-        keep = tokens >= 0
-        if bool(keep.all()):
-            self._slots = slots
-            return TokenTree(tokens=tokens, parents=self.shape.parents, draft_probs=draft_probs)
-        self._kept = torch.nonzero(keep).flatten()
-        self._slots = slots[self._kept]
-        return tree.select(self._kept)
+    def _draft_probs(self, vocab: int) -> torch.Tensor:
+        """The `(n, vocab)` draft distributions of the proposed tree: one buffer, zeroed once, whose rows of nodes
+        with children are overwritten every step (the rest stay zero); valid until the next `propose`."""
+        if self._probs is None or self._probs.shape[1] != vocab:
+            self._probs = torch.zeros(len(self.shape), vocab, device=self.runner.device)
+        return self._probs
+
+    def _prune(self, tokens: torch.Tensor, draft_probs: torch.Tensor | None) -> TokenTree:
+        """Drop nodes that could not be drafted (fewer candidates than the shape wanted): the step's one read."""
+        token_list = tokens.tolist()
+        host = HostTree(parents=self.host_shape.parents, tokens=token_list)
+        tree = TokenTree(tokens=tokens, parents=self.shape.parents, draft_probs=draft_probs, _depths=self.shape.depths,
+                         _ancestors=self.shape.ancestors, _host=host)
+        keep = [node for node, token in enumerate(token_list) if token >= 0]
+        if len(keep) == len(token_list):
+            return tree
+        self._kept = keep
+        return tree.select(keep)
 
     def node_scores(self, nodes: list[int]) -> torch.Tensor | None:
-        rows = [self._score_rows.get(int(self._kept[i])) for i in nodes]
+        rows = [self._score_rows.get(self._kept[i]) for i in nodes]
         return None if any(row is None for row in rows) else torch.stack(rows)
 
     def accept(self, input_ids: torch.LongTensor, tree: TokenTree, verdict: Verdict) -> None:
         """Keep the committed prefix plus the accepted nodes the draft already forwarded."""
-        self.runner.commit(input_ids[0], forwarded_prefix(self._slots[verdict.path[1:]]))
+        self.sequence.extend(input_ids, emitted_tokens(tree, verdict))
+        slots = [self.slot_of[self._kept[node]] for node in verdict.path[1:]]
+        self.runner.commit(self.sequence.read(input_ids), forwarded_prefix(slots))
 
 
 class StaticShapeConfig(SpeculationConfig):

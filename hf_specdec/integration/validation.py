@@ -47,6 +47,7 @@ def check_call(model: PreTrainedModel, call: SpeculationCall, kwargs: dict[str, 
             "Drop `speculation` to use Transformers' own assisted generation for it."
         )
     check_supported(model, "target")
+    check_attention_kernel(model, "target")
     draft = call.assistant_model
     if call.config.needs_assistant and draft is None:
         raise ValueError(
@@ -62,6 +63,7 @@ def check_call(model: PreTrainedModel, call: SpeculationCall, kwargs: dict[str, 
         if draft.config.is_encoder_decoder:
             raise ValueError("The assistant_model must be a decoder-only causal LM.")
         check_supported(draft, "assistant_model")
+        check_attention_kernel(draft, "assistant_model")
         tokenizer = kwargs.get("tokenizer")
         mismatch = vocabulary_mismatch(model, draft, len(tokenizer) if tokenizer is not None else None)
         if mismatch is not None:
@@ -89,6 +91,19 @@ def check_call(model: PreTrainedModel, call: SpeculationCall, kwargs: dict[str, 
         raise ValueError(
             "Speculation runs one process's decoding loop and cannot keep GPUs in step (synced_gpus=True, for "
             "DeepSpeed ZeRO-3 / FSDP): drop synced_gpus, or drop `speculation`."
+        )
+
+
+def check_attention_kernel(model: PreTrainedModel, role: str) -> None:
+    """Refuse flash-attention kernels: Transformers hands them the 4-D tree mask as a padding mask and takes tree
+    position ids for packed sequences, so every drafted node would attend to the wrong keys."""
+    kernel = str(getattr(model.config, "_attn_implementation", None) or "")
+    if "flash" in kernel.lower():
+        raise ValueError(
+            f"The {role} {type(model).__name__} runs attn_implementation={kernel!r}, which cannot take a tree "
+            "attention mask (flash-attention reads a 4-D mask as padding and tree position ids as packed sequences): "
+            "load it with attn_implementation='sdpa' (or 'eager'), e.g. `model.set_attn_implementation('sdpa')`, or "
+            "drop `speculation`."
         )
 
 

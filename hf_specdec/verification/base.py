@@ -8,13 +8,10 @@ from ..core.verdict import Verdict
 
 def walk_down(tree: TokenTree, choose) -> Verdict:
     """Descend from the root: `choose(node, children)` returns (child index or None, token if stopping)."""
-    children_of: dict[int, list[int]] = {}
-    for child, parent in enumerate(tree.parents.tolist()):
-        if parent >= 0:
-            children_of.setdefault(parent, []).append(child)
+    children_of = tree.host().children()
     node, path, ranks = 0, [0], []
     while True:
-        children = children_of.get(node, [])
+        children = children_of[node]
         picked, token = choose(node, children)
         if picked is None:
             return Verdict(path=path, bonus_token=token, accepted_ranks=ranks)

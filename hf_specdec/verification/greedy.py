@@ -1,4 +1,4 @@
-"""Greedy verification: follow the target's argmax down the tree."""
+"""Greedy verification: follow the target's argmax down the tree, decided on the target's device in one read."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ from typing import ClassVar
 
 import torch
 
-from ..core.tree import TokenTree
-from .base import Verdict, walk_down
+from ..core.tree import HostTree, TokenTree
+from .base import Verdict
 from .registry import register_verifier
 
 
@@ -19,13 +19,40 @@ class GreedyVerifier:
     child_selection: ClassVar[str] = "top_k"
 
     def verify(self, tree: TokenTree, target_scores: torch.Tensor, generator: torch.Generator | None = None) -> Verdict:
-        best = target_scores.argmax(dim=-1).tolist()
-        tokens = tree.tokens.tolist()
+        best, accepted = accepted_nodes(tree, target_scores)
+        host = tree.host()
+        if host.tokens is None:  # one transfer: what is accepted, the argmax, and the tokens the host lacks
+            accepted, best, tokens = torch.stack([accepted.long(), best, tree.tokens.to(best.device)]).tolist()
+            host.tokens = tokens
+        else:
+            accepted, best = torch.stack([accepted.long(), best]).tolist()
+        path = [node for node, ok in enumerate(accepted) if ok]  # a chain from the root: BFS order is root first
+        return Verdict(path=path, bonus_token=best[path[-1]], accepted_ranks=_ranks(host, path))
 
-        def choose(node: int, children: list[int]):
-            for child in children:
-                if tokens[child] == best[node]:
-                    return child, None
-            return None, best[node]
 
-        return walk_down(tree, choose)
+def accepted_nodes(tree: TokenTree, target_scores: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The argmax `(n,)` of every node and which nodes the greedy walk accepts `(n,)` bool, on the scores' device.
+
+    A node is accepted when it and each of its ancestors carry their parent's argmax; among siblings repeating a
+    token only the first-drafted one counts (the walk tries children in drafting order), so the accepted nodes form
+    one path from the root.
+    """
+    device = target_scores.device
+    best = target_scores.argmax(dim=-1)
+    parents, tokens = tree.parents.to(device), tree.tokens.to(device)
+    n = len(tree)
+    index = torch.arange(n, device=device)
+    match = torch.ones(n, dtype=torch.bool, device=device)
+    if n > 1:
+        hit = tokens[1:] == best[parents[1:]]
+        first = torch.full((n,), n, device=device).scatter_reduce(0, parents[1:], torch.where(hit, index[1:], n),
+                                                                  "amin")
+        match[1:] = hit & (first[parents[1:]] == index[1:])
+    accepted = ~(tree.ancestors.to(device) & ~match).any(dim=-1)
+    return best, accepted
+
+
+def _ranks(host: HostTree, path: list[int]) -> list[int]:
+    """Each accepted node's rank among its siblings (0 = drafted first)."""
+    children = host.children()
+    return [children[parent].index(child) for parent, child in zip(path, path[1:])]

@@ -70,7 +70,7 @@ def _residual_verify(
     p <- norm(max(p - q, 0)), the target conditioned on "not this proposal"; children drawn without replacement
     also drop x from q, since the next child was drawn from q without x. Nothing accepted: sample from p.
     """
-    tokens = tree.tokens.tolist()
+    tokens = tree.host(tokens=True).tokens
     dtype = _work_dtype(target_scores.device)
 
     def choose(node: int, children: list[int]):
@@ -105,6 +105,7 @@ class SequoiaVerifier:
     """Exact for children drawn without replacement from q (Sequoia / SpecTr-style recursive rejection)."""
 
     name: ClassVar[str] = "sequoia"
+    walks: ClassVar[bool] = True  # reads the target scores of the nodes it visits only (see NodeScores)
     child_selection: ClassVar[str] = "without_replacement"
 
     def verify(
@@ -123,6 +124,7 @@ class SpecInferVerifier:
     """Exact for children drawn i.i.d. from q (SpecInfer's multi-step speculative sampling)."""
 
     name: ClassVar[str] = "specinfer"
+    walks: ClassVar[bool] = True  # reads the target scores of the nodes it visits only (see NodeScores)
     child_selection: ClassVar[str] = "with_replacement"
 
     def verify(
@@ -145,6 +147,7 @@ class TargetSampleVerifier:
     """
 
     name: ClassVar[str] = "target_sample"
+    walks: ClassVar[bool] = True  # reads the target scores of the nodes it visits only (see NodeScores)
     child_selection: ClassVar[str] = "top_k"
 
     def verify(
@@ -156,7 +159,7 @@ class TargetSampleVerifier:
         source: RandomSource | None = None,
     ) -> Verdict:
         source = source or TorchRandom(generator)
-        tokens = tree.tokens.tolist()
+        tokens = tree.host(tokens=True).tokens
         dtype = _work_dtype(target_scores.device)
 
         def choose(node: int, children: list[int]):

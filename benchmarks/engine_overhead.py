@@ -1,0 +1,136 @@
+"""Engine time per generated token: wall time minus the time spent inside model forward passes, per new token.
+
+Tiny "peaky" random Qwen2-shaped models with Qwen's 151,936-token vocabulary (a scaled output layer makes their
+distributions peaked, like a trained model's), the draft a noisy copy of the target, 64 new tokens from 3 prompts,
+greedy and sampled (T=0.7, top_k=50, top_p=0.9). Methods: chain, sequoia (a fixed 32-node plan), specexec and
+staged (budget 32), next to Transformers' assisted generation (the same draft) and plain decoding. The models'
+passes are cheap, so what is left is what the engine costs around them: host round trips and vocabulary-wide work.
+
+    .venv/bin/python benchmarks/engine_overhead.py --output benchmarks/engine-overhead/before.json
+
+Prints a table of medians (over prompts) and writes JSON with the machine (CPU model, flags, torch version).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, Qwen2Config
+
+import hf_specdec  # noqa: F401  (installs `speculation=`)
+from hf_specdec import ChainConfig, SequoiaConfig, SpecExecConfig, StagedConfig
+from hf_specdec.core.devices import cpu_flags, cpu_model
+from hf_specdec.planning.sequoia import plan_tree
+
+VOCAB = 151_936
+NEW_TOKENS = 64
+SAMPLING = {"do_sample": True, "temperature": 0.7, "top_k": 50, "top_p": 0.9}
+ACCEPTANCE = [0.6, 0.15, 0.08, 0.05, 0.03, 0.02]  # a plausible sequoia acceptance vector for the 32-node plan
+
+
+def peaky_model(seed: int, noise: float = 0.0, base: torch.nn.Module | None = None) -> torch.nn.Module:
+    """A 2-layer Qwen2 with the full vocabulary; with `base`, a copy of it with Gaussian noise on every weight."""
+    torch.manual_seed(seed)
+    config = Qwen2Config(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+                         tie_word_embeddings=False, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").eval()
+    with torch.no_grad():
+        if base is not None:
+            for mine, theirs in zip(model.parameters(), base.parameters()):
+                mine.copy_(theirs + noise * theirs.std() * torch.randn_like(theirs))
+        else:
+            model.lm_head.weight.mul_(12.0)  # peaked next-token distributions
+    model.generation_config.eos_token_id = None
+    model.generation_config.pad_token_id = 0
+    return model
+
+
+class ForwardTimer:
+    """Seconds spent inside the forward passes of the given models (outermost call only)."""
+
+    def __init__(self, *models: torch.nn.Module) -> None:
+        self.seconds, self.passes, self._depth, self._start = 0.0, 0, 0, 0.0
+        for model in models:
+            model.register_forward_pre_hook(self._enter)
+            model.register_forward_hook(self._leave)
+
+    def _enter(self, *_) -> None:
+        if self._depth == 0:
+            self._start = time.perf_counter()
+        self._depth += 1
+
+    def _leave(self, *_) -> None:
+        self._depth -= 1
+        if self._depth == 0:
+            self.seconds += time.perf_counter() - self._start
+            self.passes += 1
+
+
+def methods(draft: torch.nn.Module) -> dict[str, dict]:
+    sequoia = SequoiaConfig(plan=plan_tree(ACCEPTANCE, 32, 8))
+    return {
+        "plain": {},
+        "assisted (Transformers)": {"assistant_model": draft},
+        "chain": {"assistant_model": draft, "speculation": ChainConfig(num_draft_tokens=4)},
+        "sequoia": {"assistant_model": draft, "speculation": sequoia},
+        "specexec": {"assistant_model": draft, "speculation": SpecExecConfig(budget=32)},
+        "staged": {"assistant_model": draft, "speculation": StagedConfig(budget=32)},
+    }
+
+
+def run(target, draft, timer: ForwardTimer, prompt: torch.Tensor, mode: str, kwargs: dict) -> dict:
+    sampling = SAMPLING if mode == "sampled" else {"do_sample": False}
+    torch.manual_seed(0)
+    timer.seconds, timer.passes = 0.0, 0
+    start = time.perf_counter()
+    with torch.no_grad():
+        out = target.generate(prompt, max_new_tokens=NEW_TOKENS, **sampling, **kwargs)
+    wall = time.perf_counter() - start
+    tokens = out.shape[1] - prompt.shape[1]
+    return {"wall_ms_per_token": 1e3 * wall / tokens, "engine_ms_per_token": 1e3 * (wall - timer.seconds) / tokens,
+            "passes": timer.passes, "tokens": tokens}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--output", type=Path, default=Path("benchmarks/engine-overhead/results.json"))
+    parser.add_argument("--prompts", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--only", nargs="*", help="Method names to run (default: all).")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    target = peaky_model(0)
+    draft = peaky_model(1, noise=0.3, base=target)
+    timer = ForwardTimer(target, draft)
+    generator = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(3, 5000, (1, 16 + 8 * i), generator=generator) for i in range(args.prompts)]
+    table = methods(draft)
+    for name, kwargs in table.items():  # warm-up: first-call costs (plan checks, allocations) out of the medians
+        if not args.only or name in args.only:
+            run(target, draft, timer, prompts[0][:, :4], "greedy", kwargs)
+    results = {}
+    for mode in ("greedy", "sampled"):
+        for name, kwargs in table.items():
+            if args.only and name not in args.only:
+                continue
+            runs = [run(target, draft, timer, prompt, mode, kwargs) for prompt in prompts]
+            summary = {key: statistics.median(r[key] for r in runs) for key in runs[0]}
+            results[f"{mode}/{name}"] = {**summary, "runs": runs}
+            print(f"{mode:8s} {name:24s} engine {summary['engine_ms_per_token']:7.2f} ms/token   "
+                  f"wall {summary['wall_ms_per_token']:7.2f} ms/token   passes {summary['passes']:5.0f}", flush=True)
+    machine = {"cpu": cpu_model(), "cpu_flags": cpu_flags(), "torch": torch.__version__, "threads": args.threads,
+               "transformers": __import__("transformers").__version__}
+    print(f"machine: {machine}")
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(json.dumps({"machine": machine, "new_tokens": NEW_TOKENS, "vocab": VOCAB,
+                                       "results": results}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,111 @@
+"""Count host round trips during speculative steps on CPU: every read of a tensor's values into Python.
+
+On a GPU each such read of a device tensor (`item`, `bool`, `int`, `float`, `tolist`, `numpy`, `.cpu()`, a tensor
+used as a Python index) blocks until the stream catches up. On CPU every tensor is a host tensor, so this counts
+every read, which bounds the syncs a GPU run would make with all step tensors on the device. Reads inside model
+forward passes (Transformers' own code, the same as in plain generate) are not counted, nor is anything before the
+first `propose` of the loop (the prompt's prefill and the setup) or after the loop returns.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import torch
+
+import hf_specdec.integration.generate as integration
+
+READS = ("item", "tolist", "numpy", "cpu", "__bool__", "__int__", "__float__", "__index__")
+
+
+@dataclass
+class Step:
+    """One speculative step: its host reads and the draft passes it made."""
+
+    reads: int = 0
+    draft_passes: int = 0
+
+
+@dataclass
+class RoundTrips:
+    """What the counted `generate` calls did."""
+
+    steps: list[Step] = field(default_factory=list)
+    reads: int = 0
+    target_passes: int = 0  # = steps (the prefill pass is not one)
+    draft_passes: int = 0
+    active: bool = False
+    in_model: int = 0
+
+    @property
+    def per_step(self) -> float:
+        return self.reads / max(self.target_passes, 1)
+
+    @property
+    def allowed(self) -> int:
+        """The issue's bound: at most the draft passes + 2 reads per step."""
+        return self.draft_passes + 2 * self.target_passes
+
+
+@contextmanager
+def count_round_trips(*models: torch.nn.Module):
+    """Count reads during the speculative loop's steps of every `generate` inside; yields a `RoundTrips`."""
+    counts = RoundTrips()
+    originals = {name: getattr(torch.Tensor, name) for name in READS}
+
+    def counting(name):
+        original = originals[name]
+
+        def read(self, *args, **kwargs):
+            if counts.active and not counts.in_model:
+                counts.reads += 1
+            return original(self, *args, **kwargs)
+
+        return read
+
+    def enter(*_):
+        counts.in_model += 1
+
+    def leave(*_):
+        counts.in_model -= 1
+
+    hooks = [h for m in models for h in (m.register_forward_pre_hook(enter), m.register_forward_hook(leave))]
+    loop = integration.speculative_loop
+
+    def counted_loop(target, input_ids, drafter, *args, **kwargs):
+        propose = drafter.propose
+        last = [0, 0]  # reads and draft passes when the current step began
+
+        def close_step():
+            if counts.active:
+                counts.steps.append(Step(counts.reads - last[0], drafter.forward_count - last[1]))
+
+        def first_propose_starts(ids):
+            close_step()
+            counts.active = True
+            last[:] = counts.reads, drafter.forward_count
+            return propose(ids)
+
+        drafter.propose = first_propose_starts
+        try:
+            result = loop(target, input_ids, drafter, *args, **kwargs)
+            close_step()
+        finally:
+            counts.active = False
+            del drafter.propose
+        counts.target_passes += result.stats.target_forwards
+        counts.draft_passes += result.stats.draft_forwards
+        return result
+
+    for name in READS:
+        setattr(torch.Tensor, name, counting(name))
+    integration.speculative_loop = counted_loop
+    try:
+        yield counts
+    finally:
+        integration.speculative_loop = loop
+        for name, original in originals.items():
+            setattr(torch.Tensor, name, original)
+        for hook in hooks:
+            hook.remove()

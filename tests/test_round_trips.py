@@ -1,0 +1,59 @@
+"""Host round trips per speculative step: at most the step's draft passes + 2 (the verdict and the stopping check).
+
+Counted on CPU by tests/roundtrips.py (every read of a tensor's values outside the models' own forward passes, a
+bound on the syncs a GPU run makes). The step where a stopping criterion fires inside the accepted block checks the
+block token by token, as plain generate would, so it may read once more per token of that block; the first step
+copies the prompt to the drafter's host copy, once.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hf_specdec import ChainConfig, SequoiaConfig, SpecExecConfig, TokenTree, TreeConfig
+from hf_specdec.planning.sequoia import plan_tree
+from hf_specdec.verification.greedy import GreedyVerifier
+from tests.conftest import random_prompt
+from tests.roundtrips import count_round_trips
+
+GREEDY = {
+    "chain": ChainConfig(num_draft_tokens=4),
+    "tree": TreeConfig(widths=[3, 2]),
+    "sequoia": SequoiaConfig(plan=plan_tree([0.6, 0.2, 0.1, 0.05], 32, 6)),
+    "specexec": SpecExecConfig(budget=32, max_depth=6, width=4),
+}
+
+
+@pytest.mark.parametrize("name", sorted(GREEDY))
+def test_greedy_step_reads_at_most_draft_passes_plus_two(tiny_pair, name):
+    target, draft = tiny_pair
+    for seed, prompt_length in ((0, 5), (1, 60)):  # the prefix is never copied back: a long prompt costs no more
+        ids = random_prompt(torch.Generator().manual_seed(seed), prompt_length)
+        expected = target.generate(ids, max_new_tokens=30, do_sample=False)
+        with count_round_trips(target, draft) as counts:
+            out = target.generate(ids, assistant_model=draft, speculation=GREEDY[name], max_new_tokens=30,
+                                  do_sample=False)
+        assert torch.equal(out, expected)
+        first, *steps, last = counts.steps
+        assert len(counts.steps) == counts.target_passes > 2
+        for step in steps:
+            assert step.reads <= step.draft_passes + 2, (name, [(s.reads, s.draft_passes) for s in counts.steps])
+        assert first.reads <= first.draft_passes + 3  # + the prompt, copied to the host once
+        assert last.reads <= last.draft_passes + 2 + GREEDY_DEPTH_LIMIT
+
+
+GREEDY_DEPTH_LIMIT = 7  # the deepest accepted block above + its bonus token: the stopping step's token-by-token checks
+
+
+def test_greedy_verifier_follows_the_first_drafted_of_repeated_siblings():
+    """Siblings repeating a token: the walk takes the first-drafted one, even when the other's subtree goes deeper."""
+    # root -> a(5), b(5); b -> c(7); a has no children. Target argmax: 5 after the root, 7 after any 5.
+    tree = TokenTree.from_parents([1, 5, 5, 7], [-1, 0, 0, 2])
+    scores = torch.full((4, 10), -1.0)
+    scores[0, 5] = scores[1, 7] = scores[2, 7] = scores[3, 3] = 1.0
+    verdict = GreedyVerifier().verify(tree, scores)
+    assert verdict.path == [0, 1] and verdict.bonus_token == 7 and verdict.accepted_ranks == [0]
+    deeper = TokenTree.from_parents([1, 4, 5, 7], [-1, 0, 0, 2])  # now only b matches: its subtree is followed
+    verdict = GreedyVerifier().verify(deeper, scores)
+    assert verdict.path == [0, 2, 3] and verdict.bonus_token == 3 and verdict.accepted_ranks == [1, 0]
