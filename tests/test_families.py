@@ -23,7 +23,7 @@ from hf_specdec import plan_tree
 from hf_specdec.core.attention import AttentionLayout
 from hf_specdec.core.kv_cache import full_length_cache
 from hf_specdec.core.tree import TokenTree
-from hf_specdec.decoding.loop import tree_logits
+from hf_specdec.decoding.loop import tree_pass
 from hf_specdec.drafting.draft_model import DraftModelRunner
 from hf_specdec.planning.latency import measure_latency
 from hf_specdec.verification import SequoiaVerifier, TargetSampleVerifier
@@ -290,8 +290,8 @@ class ModelCase(Case):
         cache = full_length_cache(None)
         with torch.no_grad():
             self.target(self.context[None, :-1], past_key_values=cache, use_cache=True)
-            logits = tree_logits(self.target, tree, past, cache, self.layout, torch.float32, torch.device("cpu"))
-        return logits.float() / TEMPERATURE
+            output = tree_pass(self.target, tree, past, cache, self.layout, torch.float32, torch.device("cpu"))
+        return output.logits[0].float() / TEMPERATURE
 
 
 SAMPLING_FAMILIES = {

@@ -242,19 +242,6 @@ def tree_pass(
     )
 
 
-def tree_logits(
-    target: PreTrainedModel,
-    tree: TokenTree,
-    past: int,
-    cache: Cache,
-    layout: AttentionLayout,
-    dtype: torch.dtype,
-    device: torch.device,
-) -> torch.Tensor:
-    """Logits `(n, vocab)` of `tree_pass` (calibration and timing need no more)."""
-    return tree_pass(target, tree, past, cache, layout, dtype, device).logits[0]
-
-
 def fit_positions(
     tree: TokenTree, layout: AttentionLayout, past: int, target: PreTrainedModel
 ) -> tuple[TokenTree, torch.Tensor | None]:
