@@ -51,6 +51,20 @@ def test_greedy_identical_to_plain_on_humaneval(real_pair_fp32, plain_outputs, s
     assert steps < len(PROMPTS) * NEW_TOKENS / 2
 
 
+def test_returned_scores_logits_and_hidden_states_equal_plain(real_pair_fp32, plain_outputs):
+    """return_dict_in_generate with every per-token output the real target's SDPA attention gives: plain's values."""
+    from tests.test_model_inputs import assert_outputs_equal
+
+    target, draft, _ = real_pair_fp32
+    ids = plain_outputs[1][0]
+    asked = dict(max_new_tokens=16, do_sample=False, return_dict_in_generate=True, output_scores=True,
+                 output_logits=True, output_hidden_states=True)
+    expected = target.generate(ids, **asked)
+    out = target.generate(ids, assistant_model=draft, speculation="tree", **asked)
+    assert out.speculation_stats.target_forwards < 16
+    assert_outputs_equal(out, expected, tolerance=1e-3, hidden_tolerance=1e-3)  # 1.5B in float32, other shapes
+
+
 @pytest.mark.parametrize("speculation", ["sequoia", "specexec"])
 def test_automatic_plans_are_lossless(real_pair_fp32, plain_outputs, speculation):
     """No settings at all: the plan or budget is found, re-sized for this machine, or calibrated, and says so."""
