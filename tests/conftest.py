@@ -48,6 +48,18 @@ def one_thread_for_tiny_models(request):
     torch.set_num_threads(threads)
 
 
+#: files outside the fast tier (`make test-fast`, `-m "not slow and not real"`): Monte-Carlo sampling frequencies,
+#: the model-family matrix, the benchmark harness, the command line and the examples, end to end
+SLOW_FILES = {"test_sampling_generate.py", "test_families.py", "test_bench.py", "test_cli.py", "test_examples.py",
+              "test_models_fetch.py"}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.path.name in SLOW_FILES:
+            item.add_marker(pytest.mark.slow)
+
+
 @pytest.fixture(autouse=True)
 def isolated_machine_choices(tmp_path, monkeypatch):
     """What demo/bench remember per machine goes to a temporary folder: each test measures afresh."""
