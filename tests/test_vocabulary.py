@@ -12,6 +12,7 @@ import torch
 
 import hf_specdec
 from hf_specdec import frequent_tokens, quantize_draft, restrict_vocabulary
+from hf_specdec.calibration.store import plan_filename
 from hf_specdec.core.model_info import quantization, vocab_size
 from hf_specdec.drafting.vocabulary import SubsetHead
 from tests.conftest import VOCAB, tiny_model
@@ -67,6 +68,8 @@ def test_quantized_restricted_draft():
     assert torch.equal(out, target.generate(ids, do_sample=False, max_new_tokens=16))
     with pytest.raises(TypeError, match="restrict the vocabulary before quantizing"):
         restrict_vocabulary(draft, KEEP)
+    names = {plan_filename(target, d, 0.0) for d in (target, quantize_draft(target), draft)}
+    assert len(names) == 3  # each draft's latency curves and plans are saved apart, never over each other
 
 
 def test_bad_token_ids_are_refused():

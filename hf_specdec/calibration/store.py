@@ -70,6 +70,9 @@ def plan_filename(target: PreTrainedModel, draft: PreTrainedModel, temperature: 
     weights = quantization(target)  # a quantized target's plan must not overwrite the plain one's
     if weights is not None:
         placement += "-" + re.sub(r"[^A-Za-z0-9.]+", "-", weights)
+    draft_weights = quantization(draft)  # nor an int8 or vocabulary-restricted draft's the plain draft's
+    if draft_weights is not None:
+        placement += "-draft-" + re.sub(r"[^A-Za-z0-9.]+", "-", draft_weights)
     return f"{PLAN_PREFIX}{_slug(target)}-{_slug(draft)}-{placement}-T{temperature:g}.json"
 
 
