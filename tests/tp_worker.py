@@ -81,8 +81,8 @@ def main(folder: Path, methods: list[str]) -> None:
                 runs.append(out[0].tolist())
             results[f"{method}/{mode}"] = runs
     try:  # a refusal on the deciding rank reaches every rank: none waits for a plan that never comes
-        target.generate(ids, assistant_model=draft, speculation="sequoia", speculation_config={"calibrate_online": False},
-                        max_new_tokens=4, do_sample=True, temperature=0.3)
+        target.generate(ids, assistant_model=draft, speculation="sequoia", max_new_tokens=4, do_sample=True,
+                        temperature=0.3, speculation_config={"calibrate_online": False})
         results["refused"] = "no error"
     except ValueError as error:
         results["refused"] = str(error).split(":")[0]
