@@ -18,6 +18,7 @@ import torch.distributed as dist
 
 from hf_specdec.calibration import store
 from hf_specdec.core.devices import PassClock, compute_devices, device_layout
+from hf_specdec.core import ranks as ranks_module
 from hf_specdec.core.ranks import ONE_PROCESS, Ranks, sharding_mesh
 from hf_specdec.core.tree import TokenTree
 from hf_specdec.planning.latency import placement
@@ -54,10 +55,13 @@ def test_two_ranks_agree_and_equal_the_unsharded_model(saved_target, tmp_path, l
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]  # a clean exit on both ranks: no abort, no lost peer
     first, second = (json.loads((run / f"rank{rank}.json").read_text()) for rank in (0, 1))
-    assert set(first) == {"plain", "unsharded-own-prompt", "sharded-plain", "refused",
+    assert set(first) == {"plain", "unsharded-own-prompt", "sharded-plain", "refused", "round-trips",
                           *(f"{m}/{mode}" for m in tp_worker.METHODS for mode in ("greedy", "sampled"))}
     plain = first["plain"][0]
     assert first["unsharded-own-prompt"] == second["unsharded-own-prompt"] == [True]  # each rank's own prompt
+    sharded, unsharded = first.pop("round-trips")
+    assert sharded == unsharded and sharded[1] > 0, f"deciding rank: {sharded}, unsharded: {unsharded} (reads, steps)"
+    assert second.pop("round-trips")[0][1] == sharded[1]  # the other rank ran the same steps (and drafted nothing)
     for key in first:
         assert first[key] == second[key], f"{key}: the ranks returned different tokens"
         if key.endswith("greedy") or key in ("plain", "sharded-plain"):
@@ -106,3 +110,17 @@ def test_pass_clock_over_several_cpu_devices_keeps_wall_time():
     torch.ones(64, 64) @ torch.ones(64, 64)
     clock.stop()
     assert clock.total > 0
+
+
+def test_ranks_on_another_backend_talk_on_a_gloo_group_of_their_own(one_rank_world, monkeypatch):
+    """Tensor parallelism on GPUs runs on NCCL, which broadcasts device tensors only: the tree and verdict travel on
+    a gloo group of the same ranks instead, so that no rank reads them back from a device."""
+    monkeypatch.setattr(dist, "get_backend", lambda group=None: "nccl")
+    monkeypatch.setattr(ranks_module, "_HOST_GROUPS", {})
+    host = ranks_module._host_group(dist.group.WORLD, (0,))
+    assert host is not dist.group.WORLD and ranks_module._host_group(dist.group.WORLD, (0,)) is host  # made once
+    monkeypatch.undo()
+    assert dist.get_backend(host) == "gloo"
+    ranks = Ranks(host, 0, True)
+    tree = TokenTree.from_parents(torch.tensor([3, 4, 5, 6]), [-1, 0, 0, 1])
+    assert ranks.tree(tree, torch.device("cpu")) is tree and ranks.decided({"a": 1}) == {"a": 1}

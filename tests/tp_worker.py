@@ -48,9 +48,19 @@ def noisy_copy(folder: Path) -> torch.nn.Module:
     return draft
 
 
+def counted_reads(target: torch.nn.Module, draft: torch.nn.Module, ids: torch.Tensor) -> list[int]:
+    """(host reads, target passes) of one specexec call with a fixed budget (as in tests/test_round_trips.py)."""
+    with count_round_trips(target, draft) as trips:
+        target.generate(ids, assistant_model=draft, speculation="specexec", speculation_config={"budget": 16},
+                        max_new_tokens=NEW_TOKENS)
+    return [trips.reads, trips.target_passes]
+
+
 def main(folder: Path, methods: list[str]) -> None:
     torch.set_num_threads(1)
     rank = int(os.environ["RANK"])
+    if os.environ.get("TP_WORKER_OWN_CACHE"):  # a plan folder per rank, as ranks on different nodes would have
+        os.environ["HF_SPECDEC_CACHE"] = os.path.join(os.environ["HF_SPECDEC_CACHE"], f"rank{rank}")
     dist.init_process_group("gloo")
     target = AutoModelForCausalLM.from_pretrained(
         folder, dtype=torch.float32, distributed_config=DistributedConfig(tp_size=dist.get_world_size())
@@ -66,6 +76,7 @@ def main(folder: Path, methods: list[str]) -> None:
         whole.generate(own, assistant_model=draft, speculation="specexec", max_new_tokens=NEW_TOKENS)[0].tolist()
         == whole.generate(own, max_new_tokens=NEW_TOKENS, do_sample=False)[0].tolist()
     ]
+    unsharded_reads = counted_reads(whole, draft, ids)
     del whole
     results["sharded-plain"] = [target.generate(ids, max_new_tokens=NEW_TOKENS, do_sample=False)[0].tolist()]
     for method in methods:
@@ -80,6 +91,9 @@ def main(folder: Path, methods: list[str]) -> None:
                                       speculation_generator=generator, **helper, **sampling)
                 runs.append(out[0].tolist())
             results[f"{method}/{mode}"] = runs
+    # Host reads on the deciding rank (the only one that drafts, so the only one the counter sees), against the same
+    # call on the unsharded model: the agreement adds none (its tree travels as the host copy the step reads anyway)
+    results["round-trips"] = [counted_reads(target, draft, ids), unsharded_reads]
     try:  # a refusal on the deciding rank reaches every rank: none waits for a plan that never comes
         target.generate(ids, assistant_model=draft, speculation="sequoia", max_new_tokens=4, do_sample=True,
                         temperature=0.3, speculation_config={"calibrate_online": False})
@@ -93,5 +107,6 @@ def main(folder: Path, methods: list[str]) -> None:
 
 if __name__ == "__main__":
     import hf_specdec  # noqa: F401  (installs `speculation=`)
+    from roundtrips import count_round_trips  # beside this file
 
     main(Path(sys.argv[1]), sys.argv[2:] or list(METHODS))

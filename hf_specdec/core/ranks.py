@@ -42,13 +42,13 @@ def sharding_mesh(model: Any) -> Any | None:
 
 
 def _host_group(group: Any, ranks: tuple[int, ...]) -> Any:
-    """`group` when it is gloo already (CPU tensor parallelism), else a gloo group of the same ranks (made by every
-    rank of the world at its first use, as `torch.distributed.new_group` requires), so host values travel on the
-    host: an NCCL broadcast would need device tensors, and reading them back costs a round trip."""
+    """`group` when it is gloo already (CPU tensor parallelism), else a gloo group of the same ranks, made once by
+    those ranks alone (other tensor-parallel groups of a bigger job make theirs), so host values travel on the host:
+    an NCCL broadcast would need device tensors, and reading them back costs a round trip."""
     if dist.get_backend(group) == "gloo":
         return group
     if ranks not in _HOST_GROUPS:
-        _HOST_GROUPS[ranks] = dist.new_group(list(ranks), backend="gloo")
+        _HOST_GROUPS[ranks] = dist.new_group(list(ranks), backend="gloo", use_local_synchronization=True)
     return _HOST_GROUPS[ranks]
 
 
