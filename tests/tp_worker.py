@@ -106,7 +106,8 @@ def main(folder: Path, methods: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    import hf_specdec  # noqa: F401  (installs `speculation=`)
     from roundtrips import count_round_trips  # beside this file
+
+    import hf_specdec  # noqa: F401  (installs `speculation=`)
 
     main(Path(sys.argv[1]), sys.argv[2:] or list(METHODS))
