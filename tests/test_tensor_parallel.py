@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -29,12 +28,6 @@ import tp_worker  # noqa: E402
 LAUNCHES = 2  # fresh processes and plan folders: the failures this guards against were intermittent
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def saved_target(tmp_path_factory) -> Path:
     folder = tmp_path_factory.mktemp("tp-target")
@@ -50,8 +43,9 @@ def test_two_ranks_agree_and_equal_the_unsharded_model(saved_target, tmp_path, l
     for name in ("config.json", "generation_config.json", "model.safetensors"):
         (run / name).write_bytes((saved_target / name).read_bytes())
     env = {**os.environ, "HF_SPECDEC_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
-               str(_free_port()), str(Path(tp_worker.__file__)), str(run)]
+    # --standalone: the launcher's store binds a port of its own (a port picked here could be taken before use)
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+               str(Path(tp_worker.__file__)), str(run)]
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]  # a clean exit on both ranks: no abort, no lost peer
     first, second = (json.loads((run / f"rank{rank}.json").read_text()) for rank in (0, 1))
