@@ -49,6 +49,8 @@ def test_two_ranks_agree_and_equal_the_unsharded_model(saved_target, tmp_path, l
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]  # a clean exit on both ranks: no abort, no lost peer
     first, second = (json.loads((run / f"rank{rank}.json").read_text()) for rank in (0, 1))
+    assert any("-tp2-" in name for name in first.pop("plans"))  # the sharded target's plans, named apart
+    second.pop("plans")
     assert set(first) == {"plain", "unsharded-own-prompt", "sharded-plain", "refused", "round-trips",
                           *(f"{m}/{mode}" for m in tp_worker.METHODS for mode in ("greedy", "sampled"))}
     plain = first["plain"][0]

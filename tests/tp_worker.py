@@ -16,7 +16,11 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from roundtrips import count_round_trips  # beside this file
 from transformers import AutoModelForCausalLM, DistributedConfig, LlamaConfig
+
+import hf_specdec  # noqa: F401  (installs `speculation=`)
+from hf_specdec.calibration import store
 
 METHODS = ("chain", "tree", "sequoia", "specexec", "staged", "prompt_lookup")
 PROMPT = [5, 17, 9, 33, 5, 17, 9, 40, 12, 5, 17]  # repeats, so prompt lookup finds matches too
@@ -100,14 +104,11 @@ def main(folder: Path, methods: list[str]) -> None:
         results["refused"] = "no error"
     except ValueError as error:
         results["refused"] = str(error).split(":")[0]
+    results["plans"] = sorted(path.name for path in store.user_plan_dir().glob("*.json"))
     Path(folder, f"rank{rank}.json").write_text(json.dumps(results))
     dist.barrier()
     dist.destroy_process_group()
 
 
 if __name__ == "__main__":
-    from roundtrips import count_round_trips  # beside this file
-
-    import hf_specdec  # noqa: F401  (installs `speculation=`)
-
     main(Path(sys.argv[1]), sys.argv[2:] or list(METHODS))
