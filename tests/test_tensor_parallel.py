@@ -1,6 +1,7 @@
 """A target sharded by Transformers' tensor parallelism over 2 ranks (gloo on CPU, launched with torchrun): every
 method at its defaults, greedy and sampled, returns the same tokens on both ranks, greedy equal to the unsharded
-model; the processes exit cleanly. Plus the pieces that need no second process: who agrees with whom, and how a
+model, and sampled too where the tree's shape depends on no clock (chain, tree, prompt lookup); the processes exit
+cleanly. Plus the pieces that need no second process: who agrees with whom, and how a
 sharded or device-mapped target's plans are named apart."""
 
 from __future__ import annotations
@@ -51,6 +52,9 @@ def test_two_ranks_agree_and_equal_the_unsharded_model(saved_target, tmp_path, l
     first, second = (json.loads((run / f"rank{rank}.json").read_text()) for rank in (0, 1))
     assert any("-tp2-" in name for name in first.pop("plans"))  # the sharded target's plans, named apart
     second.pop("plans")
+    for method in tp_worker.FIXED_SHAPES:  # the same draws as the unsharded model's, from the same seeds
+        assert first.pop(f"unsharded {method}/sampled") == first[f"{method}/sampled"], method
+        second.pop(f"unsharded {method}/sampled")
     assert set(first) == {"plain", "unsharded-own-prompt", "sharded-plain", "refused", "round-trips",
                           *(f"{m}/{mode}" for m in tp_worker.METHODS for mode in ("greedy", "sampled"))}
     plain = first["plain"][0]

@@ -23,6 +23,7 @@ import hf_specdec  # noqa: F401  (installs `speculation=`)
 from hf_specdec.calibration import store
 
 METHODS = ("chain", "tree", "sequoia", "specexec", "staged", "prompt_lookup")
+FIXED_SHAPES = ("chain", "tree", "prompt_lookup")  # trees shaped by settings alone, not by a clock or a plan
 PROMPT = [5, 17, 9, 33, 5, 17, 9, 40, 12, 5, 17]  # repeats, so prompt lookup finds matches too
 NEW_TOKENS = 24
 REPEATS = 2
@@ -50,6 +51,18 @@ def noisy_copy(folder: Path) -> torch.nn.Module:
         for parameter in draft.parameters():
             parameter.add_(0.3 * parameter.std() * torch.randn(parameter.shape, generator=generator))
     return draft
+
+
+def decode(target: torch.nn.Module, draft: torch.nn.Module, ids: torch.Tensor, method: str, mode: str, repeat: int
+           ) -> list[int]:
+    """One `generate` call of `method`, greedy or sampled from the seeds of this repeat."""
+    sampling = {"do_sample": True, "temperature": 0.8} if mode == "sampled" else {"do_sample": False}
+    generator = torch.Generator().manual_seed(100 + repeat) if mode == "sampled" else None
+    torch.manual_seed(200 + repeat)
+    helper = {} if method == "prompt_lookup" else {"assistant_model": draft}  # prompt lookup drafts from the prompt
+    out = target.generate(ids, speculation=method, max_new_tokens=NEW_TOKENS, speculation_generator=generator,
+                          **helper, **sampling)
+    return out[0].tolist()
 
 
 def counted_reads(target: torch.nn.Module, draft: torch.nn.Module, ids: torch.Tensor) -> list[int]:
@@ -81,20 +94,15 @@ def main(folder: Path, methods: list[str]) -> None:
         == whole.generate(own, max_new_tokens=NEW_TOKENS, do_sample=False)[0].tolist()
     ]
     unsharded_reads = counted_reads(whole, draft, ids)
+    # Methods whose trees do not depend on a clock draw the same samples unsharded, from the same seeds
+    for method in FIXED_SHAPES:
+        results[f"unsharded {method}/sampled"] = [decode(whole, draft, ids, method, "sampled", repeat)
+                                                  for repeat in range(REPEATS)]
     del whole
     results["sharded-plain"] = [target.generate(ids, max_new_tokens=NEW_TOKENS, do_sample=False)[0].tolist()]
     for method in methods:
         for mode in ("greedy", "sampled"):
-            runs = []
-            for repeat in range(REPEATS):
-                sampling = {"do_sample": True, "temperature": 0.8} if mode == "sampled" else {"do_sample": False}
-                generator = torch.Generator().manual_seed(100 + repeat) if mode == "sampled" else None
-                torch.manual_seed(200 + repeat)
-                helper = {} if method == "prompt_lookup" else {"assistant_model": draft}  # drafts from the prompt
-                out = target.generate(ids, speculation=method, max_new_tokens=NEW_TOKENS,
-                                      speculation_generator=generator, **helper, **sampling)
-                runs.append(out[0].tolist())
-            results[f"{method}/{mode}"] = runs
+            results[f"{method}/{mode}"] = [decode(target, draft, ids, method, mode, r) for r in range(REPEATS)]
     # Host reads on the deciding rank (the only one that drafts, so the only one the counter sees), against the same
     # call on the unsharded model: the agreement adds none (its tree travels as the host copy the step reads anyway)
     results["round-trips"] = [counted_reads(target, draft, ids), unsharded_reads]
