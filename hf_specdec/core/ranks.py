@@ -73,10 +73,6 @@ class Ranks:
     def shared(self) -> bool:
         return self.group is not None
 
-    @property
-    def size(self) -> int:
-        return 1 if self.group is None else dist.get_world_size(self.group)
-
     def decided(self, value: T | None) -> T:
         """The deciding rank's `value` on every rank (any picklable object; the others pass None)."""
         if not self.shared:
