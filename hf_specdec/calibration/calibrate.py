@@ -24,7 +24,7 @@ from transformers import (
 from ..core.attention import AttentionLayout
 from ..core.devices import execution_device
 from ..core.model_info import vocab_size
-from ..planning.latency import DEFAULT_SIZES, measure_latency
+from ..planning.latency import DEFAULT_SIZES, STOP_RATIO, measure_latency
 from ..planning.sequoia import TreePlanner
 from ..planning.sizing import HardwareProfile, choose_plan, step_seconds
 from .acceptance import estimate_acceptance
@@ -57,10 +57,13 @@ def measure_profile(
     past_length: int = 256,
     repeats: int = 3,
     progress: bool = True,
+    target_stop_ratio: float | None = STOP_RATIO,
 ) -> HardwareProfile:
-    """Latency curves of both models on their current device, dtype and offloading."""
+    """Latency curves of both models on their current device, dtype and offloading. `target_stop_ratio=None` times
+    the target at every size: a target sharded over ranks must run the same passes on each, whatever its clock."""
     return HardwareProfile(
-        target=measure_latency(target, sizes, past_length, repeats, progress, desc="latency target"),
+        target=measure_latency(target, sizes, past_length, repeats, progress, desc="latency target",
+                               stop_ratio=target_stop_ratio),
         draft=measure_latency(draft, sizes, past_length, repeats, progress, desc="latency draft"),
         placement=pair_placement(target, draft),
     )
@@ -129,6 +132,7 @@ def calibrate(
     top_p: float | None = None,
     online: bool = False,
     progress: bool = True,
+    target_stop_ratio: float | None = STOP_RATIO,
 ) -> SequoiaPlan:
     """Acceptance (teacher-forced, see `acceptance.py`) + latency curves -> the tree minimising time per token.
 
@@ -144,7 +148,8 @@ def calibrate(
     processors = sampling_processors(temperature, top_k, top_p)
     estimate = estimate_acceptance(target, draft, sequences, width, verifier, processors, progress=progress)
     if profile is None:
-        profile = measure_profile(target, draft, latency_sizes, repeats=1 if online else 3, progress=progress)
+        profile = measure_profile(target, draft, latency_sizes, repeats=1 if online else 3, progress=progress,
+                                  target_stop_ratio=target_stop_ratio)
     sized = choose_plan(estimate.acceptance, profile, max_budget, max_depth)
     return SequoiaPlan(
         tree=sized.plan,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -16,7 +17,10 @@ from transformers.utils import logging
 
 from ..core.config import PlanRequest
 from ..core.devices import is_offloaded
+from ..core.ranks import ONE_PROCESS, Ranks
+from ..planning.latency import STOP_RATIO
 from ..planning.sequoia import TreePlan
+from ..planning.sizing import HardwareProfile
 from . import store
 from .calibrate import calibrate, measure_profile, resize
 from .plan_file import INVALID_VALUE, SequoiaPlan
@@ -44,13 +48,56 @@ def plan_for_call(
     draft: PreTrainedModel,
     temperature: float,
     input_ids: torch.LongTensor,
+    ranks: Ranks = ONE_PROCESS,
 ) -> tuple[SequoiaPlan | TreePlan, str]:
     """(plan, where it came from). In order: `request.given` (a path, dict, SequoiaPlan or TreePlan); a stored plan
     for this pair, temperature and hardware; a stored plan of another hardware, re-sized with latency curves measured
     here; else a short calibration on the current prompt. Anything made here is saved for the next call (or kept in
-    memory where the plan folder cannot be written), under a lock so that processes sharing the folder make it once."""
+    memory where the plan folder cannot be written), under a lock so that processes sharing the folder make it once.
+
+    On a target sharded over `ranks`, the deciding rank looks the plan up, saves it and hands it (or its error) to
+    the others; they run the same target passes meanwhile (the route it announces: re-sizing's latency curves or
+    the whole online calibration), which a sharded target needs every rank for."""
     if request.given is not None:
         return given_plan(request.given)
+    if not ranks.deciding:
+        route = ranks.decided(None)
+        if route == _MEASURE:
+            _measure(target, draft, ranks)
+        elif route == _CALIBRATE:
+            _calibrate_online(request, target, draft, temperature, input_ids, ranks)
+        return _raised_or(ranks.decided(None))
+    announced: list[str] = []
+
+    def announce(route: str) -> None:
+        announced.append(route)
+        ranks.decided(route)
+
+    try:
+        found: tuple | BaseException = _plan_here(request, target, draft, temperature, input_ids, ranks, announce)
+    except Exception as exc:  # handed to the other ranks too, so that none waits for a plan that never comes
+        found = exc
+    if not announced:
+        ranks.decided(_NO_PASSES)
+    return _raised_or(ranks.decided(found))
+
+
+# what the deciding rank's lookup runs, announced so that the other ranks run the same target passes
+_NO_PASSES, _MEASURE, _CALIBRATE = "no target passes", "latency curves", "online calibration"
+
+
+def _raised_or(found: tuple | BaseException) -> tuple:
+    if isinstance(found, BaseException):
+        raise found
+    return found
+
+
+def _plan_here(
+    request: PlanRequest, target: PreTrainedModel, draft: PreTrainedModel, temperature: float,
+    input_ids: torch.LongTensor, ranks: Ranks, announce: Callable[[str], None],
+) -> tuple[SequoiaPlan, str]:
+    """The lookup itself (stored, re-sized or calibrated), on the deciding rank; `announce` is told which target
+    passes it runs before it runs them."""
     ready = _ready_plan(target, draft, temperature)
     if ready is not None:
         return ready
@@ -61,7 +108,8 @@ def plan_for_call(
         )
     with store.plan_lock():
         # another process may have made the plan while this one waited for the lock
-        return _ready_plan(target, draft, temperature) or _made_plan(request, target, draft, temperature, input_ids)
+        return (_ready_plan(target, draft, temperature)
+                or _made_plan(request, target, draft, temperature, input_ids, ranks, announce))
 
 
 def given_plan(given: Any) -> tuple[SequoiaPlan | TreePlan, str]:
@@ -91,7 +139,7 @@ def _ready_plan(target: PreTrainedModel, draft: PreTrainedModel, temperature: fl
 
 def _made_plan(
     request: PlanRequest, target: PreTrainedModel, draft: PreTrainedModel, temperature: float,
-    input_ids: torch.LongTensor,
+    input_ids: torch.LongTensor, ranks: Ranks, announce: Callable[[str], None],
 ) -> tuple[SequoiaPlan, str]:
     """A plan made now: a stored one of other hardware re-sized here, else calibrated on this prompt; saved."""
     found = store.find_plan(target, draft, temperature)
@@ -99,15 +147,14 @@ def _made_plan(
         plan, path = found
         profile, how = store.find_profile(target, draft), "latency curves saved for this hardware"
         if profile is None:
+            announce(_MEASURE)
             start = time.perf_counter()
-            # timing an offloaded target's big trees takes minutes: show a bar then, stay quiet otherwise
-            profile = measure_profile(target, draft, online_sizes(target), repeats=1, progress=is_offloaded(target))
+            profile = _measure(target, draft, ranks)
             how = f"latency measured now ({time.perf_counter() - start:.1f} s)"
         plan = resize(plan, profile, request.max_budget, request.max_depth, source="re-sized for this hardware")
         return plan, f"acceptance from {store.describe(path)}, {how}, re-sized and {_saved(plan, target, draft)}"
-    plan = calibrate(target, draft, [input_ids[0]], temperature=temperature, width=8, max_new_tokens=32,
-                     max_budget=request.max_budget, max_depth=request.max_depth, latency_sizes=online_sizes(target),
-                     online=True, progress=is_offloaded(target))
+    announce(_CALIBRATE)
+    plan = _calibrate_online(request, target, draft, temperature, input_ids, ranks)
     seconds = plan.environment.get("calibration_seconds", 0.0)
     source = f"online calibration on this prompt ({seconds:.1f} s), {_saved(plan, target, draft)}"
     logger.warning(
@@ -115,6 +162,24 @@ def _made_plan(
         "`hf-specdec calibrate` on representative prompts makes a better one."
     )
     return plan, source
+
+
+def _measure(target: PreTrainedModel, draft: PreTrainedModel, ranks: Ranks) -> HardwareProfile:
+    """Latency curves for re-sizing. Timing an offloaded target's big trees takes minutes: show a bar then, stay
+    quiet otherwise. A sharded target is timed at every size, so that every rank runs the same passes."""
+    return measure_profile(target, draft, online_sizes(target), repeats=1, progress=is_offloaded(target),
+                           target_stop_ratio=None if ranks.shared else STOP_RATIO)
+
+
+def _calibrate_online(
+    request: PlanRequest, target: PreTrainedModel, draft: PreTrainedModel, temperature: float,
+    input_ids: torch.LongTensor, ranks: Ranks,
+) -> SequoiaPlan:
+    """The short calibration on this prompt (its target passes are the same on every rank of a sharded target)."""
+    return calibrate(target, draft, [input_ids[0]], temperature=temperature, width=8, max_new_tokens=32,
+                     max_budget=request.max_budget, max_depth=request.max_depth, latency_sizes=online_sizes(target),
+                     online=True, progress=is_offloaded(target),
+                     target_stop_ratio=None if ranks.shared else STOP_RATIO)
 
 
 def _saved(plan: SequoiaPlan, target: PreTrainedModel, draft: PreTrainedModel) -> str:

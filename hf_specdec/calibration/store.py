@@ -23,7 +23,7 @@ from typing import Any
 
 from transformers import PreTrainedModel
 
-from ..core.devices import execution_device, is_offloaded
+from ..core.devices import device_layout, execution_device, is_offloaded
 from ..core.model_info import quantization
 from ..core.paths import CACHE_ENV, cache_dir
 from ..planning.latency import dtype_name
@@ -67,6 +67,9 @@ def _slug(model: PreTrainedModel) -> str:
 def plan_filename(target: PreTrainedModel, draft: PreTrainedModel, temperature: float) -> str:
     """A readable, unique name for the plan of this pair, placement and temperature."""
     placement = f"{dtype_name(target)}-{execution_device(target).type}{'-offloaded' if is_offloaded(target) else ''}"
+    spread = device_layout(target)  # nor a target sharded over ranks or devices the one-device one's
+    if spread is not None:
+        placement += "-" + spread
     weights = quantization(target)  # a quantized target's plan must not overwrite the plain one's
     if weights is not None:
         placement += "-" + re.sub(r"[^A-Za-z0-9.]+", "-", weights)

@@ -7,12 +7,15 @@ is where the forward pass really runs.
 
 from __future__ import annotations
 
+import hashlib
 import platform
 import time
 from pathlib import Path
 
 import torch
 from transformers import PreTrainedModel
+
+from .ranks import sharding_mesh
 
 #: set on a model whose kernels were swapped (see hf_specdec.kernels): its latency curves differ from the default's
 KERNELS_ATTRIBUTE = "_hf_specdec_kernels"
@@ -35,31 +38,71 @@ def execution_device(model: PreTrainedModel) -> torch.device:
     return model.device if model.device.type != "meta" else torch.device("cpu")
 
 
+def compute_devices(model: PreTrainedModel) -> list[torch.device]:
+    """Every device the model's layers compute on (accelerate's device map over several GPUs lists each once), the
+    execution device first; disk and CPU-offloaded weights compute on the execution device."""
+    first = execution_device(model)
+    places = [first]
+    for place in (getattr(model, "hf_device_map", None) or {}).values():
+        if str(place) in ("disk", "meta") or (str(place) == "cpu" and first.type != "cpu"):
+            continue
+        device = torch.device(place) if not isinstance(place, int) else torch.device("cuda", place)
+        if device not in places:
+            places.append(device)
+    return places
+
+
+def device_layout(model: PreTrainedModel) -> str | None:
+    """How the model is spread, where that changes its latency: "tp<N>" for a target sharded over N ranks, a short
+    hash of an accelerate device map over several devices; None for a model on one device (offloading is said
+    apart, by `is_offloaded`)."""
+    parts = []
+    mesh = sharding_mesh(model)
+    if mesh is not None:
+        parts.append(f"tp{mesh.size()}")
+    device_map = getattr(model, "hf_device_map", None) or {}
+    if len({str(place) for place in device_map.values()}) > 1:
+        listed = ",".join(f"{name}:{place}" for name, place in sorted(device_map.items()))
+        parts.append("map-" + hashlib.sha1(listed.encode()).hexdigest()[:8])
+    return "-".join(parts) or None
+
+
 class PassClock:
-    """Seconds model passes take on `device`, added up, for cost models and statistics.
+    """Seconds model passes take on `device` (or on each of several devices a model spans), added up, for cost
+    models and statistics.
 
     On CUDA the kernels run after the Python call returns, so wall time would see only their launch: CUDA events
     around each pass measure the work itself, and are read only when `total` is asked for (a step that never asks
-    never waits for them). Elsewhere, wall time.
+    never waits for them). A pass over several GPUs (an accelerate device map) ends on whichever GPU holds the last
+    layers, which one device's events do not see: its wall time is taken with every one of them synchronised.
+    Elsewhere, wall time.
     """
 
-    def __init__(self, device: torch.device) -> None:
-        self.cuda = torch.device(device).type == "cuda"
+    def __init__(self, device: torch.device | list[torch.device]) -> None:
+        devices = [torch.device(d) for d in (device if isinstance(device, (list, tuple)) else [device])]
+        self._gpus = [d for d in devices if d.type == "cuda"]
+        self.cuda = len(self._gpus) == 1
         self._seconds = 0.0
         self._began = 0.0
         self._pending: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
 
+    def _synchronize(self) -> None:
+        for gpu in self._gpus if len(self._gpus) > 1 else ():
+            torch.cuda.synchronize(gpu)
+
     def start(self) -> None:
         if self.cuda:
             self._pending.append((torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)))
-            self._pending[-1][0].record()
+            self._pending[-1][0].record(torch.cuda.current_stream(self._gpus[0]))
         else:
+            self._synchronize()
             self._began = time.perf_counter()
 
     def stop(self) -> None:
         if self.cuda:
-            self._pending[-1][1].record()
+            self._pending[-1][1].record(torch.cuda.current_stream(self._gpus[0]))
         else:
+            self._synchronize()
             self._seconds += time.perf_counter() - self._began
 
     @property

@@ -15,11 +15,12 @@ from transformers.generation.streamers import BaseStreamer
 from transformers.modeling_outputs import ModelOutput
 
 from ..core.attention import AttentionLayout
-from ..core.devices import PassClock, execution_device
+from ..core.devices import PassClock, compute_devices, execution_device
 from ..core.drafter import Drafter
 from ..core.kv_cache import cache_length, crop, keep_positions
 from ..core.model_inputs import TokenInputs
 from ..core.processing import NodeScores, process_tree_scores
+from ..core.ranks import Ranks
 from ..core.tree import TokenTree
 from ..core.verdict import Verdict, Verifier
 from .outputs import TokenRecords
@@ -77,13 +78,15 @@ def speculative_loop(
     stats: SpeculationStats | None = None,
     model_kwargs: dict | None = None,
     token_inputs: TokenInputs | None = None,
+    ranks: Ranks | None = None,
 ) -> LoopResult:
     """Decode until a stopping criterion fires on some token; batch size 1.
 
     The target cache always holds every committed token but the last one, which is the next tree's root, and keeps
     all its rows (`core.kv_cache.full_length_cache`): sliding windows are applied by the tree masks. `model_kwargs`
     are the call's model inputs as Transformers prepared them: the prefill takes them all, as plain's first pass
-    does; tree passes take `token_inputs` (see `core.model_inputs`), which the drafter gets too.
+    does; tree passes take `token_inputs` (see `core.model_inputs`), which the drafter gets too. On a target
+    sharded over `ranks`, only the deciding rank drafts and verifies; the others receive its tree and verdict.
     """
     stats = stats or SpeculationStats()
     records = records or TokenRecords()
@@ -96,10 +99,11 @@ def speculative_loop(
     dtype, device = target.dtype, execution_device(target)  # fixed for the call: not looked up every step
     layout = AttentionLayout.of(target)
     stops = BlockStops.of(stopping_criteria)
-    clock = PassClock(device)
+    clock = PassClock(compute_devices(target))
+    ranks = ranks or Ranks.of(target)
     while not finished:
         t0 = time.perf_counter()
-        drafted = drafter.propose(input_ids)
+        drafted = ranks.tree(drafter.propose(input_ids) if ranks.deciding else None, device)
         t1 = time.perf_counter()
 
         past = input_ids.shape[1] - 1
@@ -119,7 +123,7 @@ def speculative_loop(
         # a walking verifier reads a few nodes: their rows are processed when it reads them, the others never
         score_rows = NodeScores if getattr(verifier, "walks", False) else process_tree_scores
         scores = score_rows(logits_processor, input_ids[:, :-1].to(device), tree, logits)
-        verdict = verifier.verify(tree, scores, generator)
+        verdict = ranks.verdict(verifier.verify(tree, scores, generator) if ranks.deciding else None, tree)
         t2 = time.perf_counter()
 
         path = verdict.path
@@ -136,7 +140,7 @@ def speculative_loop(
         keep_positions(cache, past, [past + node for node in path[:emitted]])
         if streamer is not None:
             streamer.put(torch.tensor(block[:emitted]))
-        if not finished:
+        if not finished and ranks.deciding:
             drafter.accept(input_ids, drafted, verdict if kept is None else _renumbered(verdict, kept))
         _record(stats, tree, verdict, emitted)
         prefill = None

@@ -29,6 +29,7 @@ from ..calibration.plan_lookup import call_temperature, plan_for_call
 from ..core.config import SpeculationConfig, make_config
 from ..core.kv_cache import full_length_cache
 from ..core.model_inputs import TokenInputs
+from ..core.ranks import Ranks
 from ..decoding.loop import speculative_loop
 from ..decoding.outputs import SpeculativeDecoderOnlyOutput, TokenRecords
 from ..decoding.stats import SpeculationStats
@@ -153,10 +154,11 @@ def speculative_generate(
     do_sample = bool(generation_config.do_sample)
     verifier = verifier_for(call.config, do_sample)
     config = call.config
+    ranks = Ranks.of(model)  # a sharded target's ranks: the lowest decides what depends on clocks, files, draws
     request = config.plan_request()
     if request is not None:  # look the plan up (given, stored, re-sized or calibrated now) before drafting
         plan, source = plan_for_call(request, model, call.assistant_model, call_temperature(generation_config),
-                                     input_ids)
+                                     input_ids, ranks)
         config = config.with_plan(plan, source)
     if call.streamer is not None:
         call.streamer.put(input_ids.cpu())
@@ -182,6 +184,7 @@ def speculative_generate(
         stats=stats,
         model_kwargs={**model_kwargs, "past_key_values": cache},
         token_inputs=TokenInputs.of(model, input_ids, model_kwargs),
+        ranks=ranks,
     )
     if not generation_config.return_dict_in_generate:
         return result.sequences

@@ -20,13 +20,14 @@ from tqdm.auto import tqdm
 from transformers import DynamicCache, PreTrainedModel
 
 from ..core.attention import AttentionLayout
-from ..core.devices import cpu_model, execution_device, is_offloaded, kernels
+from ..core.devices import compute_devices, cpu_model, device_layout, execution_device, is_offloaded, kernels
 from ..core.kv_cache import crop
 from ..core.model_info import quantization
 from ..core.paths import json_object
 from ..core.tree import TokenTree
 
 DEFAULT_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128)
+STOP_RATIO = 16.0  # see measure_latency
 
 
 def dtype_name(model: PreTrainedModel) -> str:
@@ -46,7 +47,7 @@ def device_name(device: torch.device) -> str:
 
 def placement(model: PreTrainedModel) -> dict:
     """Everything besides the model that decides its latency curve: hardware, threads, dtype, offloading,
-    kernels and weight quantization."""
+    kernels, weight quantization, and how many ranks or devices share it (`devices.device_layout`)."""
     device = execution_device(model)
     found = {
         "device": device.type,
@@ -57,7 +58,12 @@ def placement(model: PreTrainedModel) -> dict:
         "kernels": kernels(model),
     }
     weights = quantization(model)
-    return found if weights is None else {**found, "quantization": weights}  # plain models keep their old key
+    if weights is not None:  # plain models keep their old key
+        found["quantization"] = weights
+    spread = device_layout(model)
+    if spread is not None:  # tensor-parallel ranks, a device map over several devices; one device keeps its key
+        found["layout"] = spread
+    return found
 
 
 @dataclass(frozen=True)
@@ -111,7 +117,7 @@ def measure_latency(
     repeats: int = 3,
     progress: bool = True,
     desc: str | None = None,
-    stop_ratio: float | None = 16.0,
+    stop_ratio: float | None = STOP_RATIO,
 ) -> LatencyCurve:
     """Time `model` on n new tokens (a star tree under one root: the costliest mask shape) for each n in `sizes`.
 
@@ -143,8 +149,8 @@ def measure_latency(
                 start = time.perf_counter()
                 model(input_ids=tokens, attention_mask=mask, position_ids=positions, past_key_values=cache,
                       use_cache=True)
-                if device.type == "cuda":
-                    torch.cuda.synchronize(device)
+                for place in compute_devices(model) if device.type == "cuda" else ():
+                    torch.cuda.synchronize(place)
                 times.append(time.perf_counter() - start)
                 crop(cache, past_length)
             seconds.append(statistics.median(times[1:]))
