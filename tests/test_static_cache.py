@@ -18,6 +18,7 @@ from hf_specdec.decoding.loop import tree_pass
 from hf_specdec.decoding.pass_shapes import PassShapes, fit_tree
 from hf_specdec.verification import SequoiaVerifier, TargetSampleVerifier
 from tests.families import WINDOW, family
+from tests.roundtrips import count_round_trips
 from tests.test_families import METHODS, ModelCase, new_tokens, prompt, tiny
 from tests.test_sampling_exact import speculative_joint, target_joint, total_variation
 
@@ -111,6 +112,19 @@ def test_trees_lose_whole_levels_to_fit_the_cache():
     assert [shapes.size(n) for n in (1, 5, 8, 9)] == [1, 8, 8, 16] and shapes.sizes == {1, 8, 16}
     with pytest.raises(ValueError, match="static cache is full"):
         fit_tree(tree, 20, None, 0)
+
+
+@pytest.mark.parametrize("method", ["sequoia", "specexec"])
+def test_static_steps_read_the_device_no_more_than_dynamic_ones(method):
+    """Padding, cache-wide masks and in-place compaction add no host reads: at most draft passes + 2 per step."""
+    target, draft = tiny("Qwen2"), tiny("Qwen2", 1)
+    ids = prompt()
+    with count_round_trips(target, draft) as counts:
+        target.generate(ids, assistant_model=draft, speculation=method, speculation_config=ALL_METHODS[method],
+                        max_new_tokens=30, do_sample=False, cache_implementation="static")
+    first, *steps, _ = counts.steps
+    assert steps and all(step.reads <= step.draft_passes + 2 for step in steps), [
+        (s.reads, s.draft_passes) for s in counts.steps]
 
 
 # --------------------------------------------------------------------------- refusals, before anything runs
@@ -229,3 +243,21 @@ def test_inductor_compiled_run_is_identical():
     out = speculate(target, ids, n, "sequoia", cache_implementation="static", compile_config=config)
     assert torch.equal(out.sequences, expected)
     assert out.speculation_stats.compiled and 1 <= out.speculation_stats.graphs_compiled <= 3
+
+
+# --------------------------------------------------------------------------- the real pair
+
+
+@pytest.mark.real
+def test_real_pair_on_a_static_cache_equals_plain_static_generate(real_pair_fp32):
+    from hf_specdec_tools.prompts import humaneval_prompts
+
+    target, draft, tokenizer = real_pair_fp32
+    ids = tokenizer(humaneval_prompts(1)[0], return_tensors="pt").input_ids
+    expected = target.generate(ids, max_new_tokens=48, do_sample=False, cache_implementation="static")
+    out = target.generate(ids, assistant_model=draft, speculation="specexec", max_new_tokens=48, do_sample=False,
+                          speculation_config={"budget": 32, "max_depth": 8}, cache_implementation="static",
+                          return_dict_in_generate=True)
+    assert torch.equal(out.sequences, expected)
+    assert out.speculation_stats.target_forwards < 48 / 2
+    assert out.speculation_stats.tree_pass_sizes == {32}  # one shape for the whole call
