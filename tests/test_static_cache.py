@@ -8,18 +8,20 @@ import copy
 
 import pytest
 import torch
-from transformers import CompileConfig, StaticCache
+from transformers import CompileConfig, DynamicCache, StaticCache
 from transformers.cache_utils import StaticLayer
 
 from hf_specdec.core.attention import AttentionLayout
-from hf_specdec.core.kv_cache import cache_length, full_length_cache, keep_positions
+from hf_specdec.core.kv_cache import cache_length, full_length_cache, keep_positions, layer_rows
 from hf_specdec.core.tree import TokenTree
 from hf_specdec.decoding.loop import tree_pass
 from hf_specdec.decoding.pass_shapes import PassShapes, fit_tree
 from hf_specdec.verification import SequoiaVerifier, TargetSampleVerifier
+from tests.conftest import random_prompt, tiny_model
 from tests.families import WINDOW, family
 from tests.roundtrips import count_round_trips
 from tests.test_families import METHODS, ModelCase, new_tokens, prompt, tiny
+from tests.test_faults import FAULTS, Boom, _interrupt_in_layer
 from tests.test_sampling_exact import speculative_joint, target_joint, total_variation
 
 # Plain full attention, one sliding-window mask, full + sliding layers (a dict of masks), a learned position table.
@@ -125,6 +127,37 @@ def test_static_steps_read_the_device_no_more_than_dynamic_ones(method):
     first, *steps, _ = counts.steps
     assert steps and all(step.reads <= step.draft_passes + 2 for step in steps), [
         (s.reads, s.draft_passes) for s in counts.steps]
+
+
+@pytest.mark.parametrize("fault", list(FAULTS.values()), ids=list(FAULTS))
+def test_an_exception_leaves_only_committed_tokens_in_a_static_cache(fault):
+    """As with a dynamic cache (tests/test_faults.py): the write length drops back to the committed tokens, whose
+    rows are plain's, and the next call with the same cache decodes plain's tokens."""
+    target = tiny_model("qwen2", 0)
+    draft = copy.deepcopy(target)
+    ids = random_prompt(torch.Generator().manual_seed(7), 6)
+    plain = target.generate(ids, max_new_tokens=40, do_sample=False)
+    cache = StaticCache(config=target.config, max_cache_len=ids.shape[1] + 40 + 32)
+    kwargs = fault()
+    hook = _interrupt_in_layer(target, kwargs.pop("layer_interrupt")) if "layer_interrupt" in kwargs else None
+    try:
+        with pytest.raises((Boom, KeyboardInterrupt)):
+            target.generate(ids, assistant_model=draft, max_new_tokens=40, do_sample=False, past_key_values=cache,
+                            speculation="tree", **kwargs)
+    finally:
+        if hook is not None:
+            hook.remove()
+    rows = cache_length(cache)
+    assert rows < plain.shape[1] and all(layer_rows(layer) == rows for layer in cache.layers)
+    if rows:
+        reference = DynamicCache()
+        with torch.no_grad():
+            target(plain[:, :rows], past_key_values=reference, use_cache=True)
+        for ours, theirs in zip(cache.layers, reference.layers, strict=True):
+            torch.testing.assert_close(ours.keys[:, :, :rows], theirs.keys, rtol=1e-4, atol=1e-5)
+    again = target.generate(ids, assistant_model=draft, max_new_tokens=40, do_sample=False, past_key_values=cache,
+                            speculation="tree")
+    assert torch.equal(again, plain)
 
 
 # --------------------------------------------------------------------------- refusals, before anything runs

@@ -18,6 +18,13 @@ def cache_length(cache: Cache | None) -> int:
     return 0 if cache is None else int(cache.get_seq_length())
 
 
+def layer_rows(layer) -> int:
+    """The rows a cache layer holds: its write length for a static layer (its buffers are always full size)."""
+    if isinstance(layer, StaticLayer):
+        return int(layer.get_seq_length()) if layer.is_initialized else 0
+    return layer.keys.shape[-2] if getattr(layer, "keys", None) is not None else 0
+
+
 def dropped_rows(cache: Cache | None) -> bool:
     """True when a sliding-window layer of `cache` has already thrown its oldest rows away (past its window)."""
     return any(

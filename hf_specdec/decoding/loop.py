@@ -18,7 +18,7 @@ from transformers.modeling_outputs import ModelOutput
 from ..core.attention import AttentionLayout
 from ..core.devices import PassClock, compute_devices, execution_device
 from ..core.drafter import Drafter
-from ..core.kv_cache import cache_length, crop, is_static, keep_positions
+from ..core.kv_cache import cache_length, crop, is_static, keep_positions, layer_rows
 from ..core.model_inputs import TokenInputs
 from ..core.processing import NodeScores, process_tree_scores
 from ..core.ranks import Ranks
@@ -59,7 +59,7 @@ def _committed_on_error(loop: Callable[..., LoopResult]) -> Callable[..., LoopRe
 def keep_committed(cache: Cache, length: int, target: PreTrainedModel) -> None:
     """Crop `cache` to its first `length` rows, or to fewer when a pass stopped half way left some layer shorter
     (or not yet created), so that every layer holds the same committed tokens."""
-    rows = [layer.keys.shape[-2] if getattr(layer, "keys", None) is not None else 0 for layer in cache.layers]
+    rows = [layer_rows(layer) for layer in cache.layers]
     if len(rows) < target.config.get_text_config().num_hidden_layers:
         rows.append(0)  # a layer the interrupted pass never reached: the next pass creates it from position 0
     crop(cache, min([length, *rows]))
