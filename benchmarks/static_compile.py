@@ -88,7 +88,8 @@ def whole_calls(target, draft, prompts: list[torch.Tensor], new_tokens: int, met
             spec = {} if name == "plain" else {"assistant_model": draft, "speculation": name,
                                                "speculation_config": METHODS[name]}
             runs = []
-            for i, ids in enumerate([prompts[0], *prompts]):  # the first run warms up (compiles) and is not counted
+            warm_up = [prompts[0]] if compiled else []  # a compiled call's first run compiles: not counted
+            for i, ids in enumerate([*warm_up, *prompts]):
                 graphs = counters["stats"]["unique_graphs"]
                 start = time.perf_counter()
                 out = target.generate(ids, max_new_tokens=new_tokens, do_sample=False, cache_implementation="static",
@@ -96,7 +97,7 @@ def whole_calls(target, draft, prompts: list[torch.Tensor], new_tokens: int, met
                 seconds = time.perf_counter() - start
                 stats = getattr(out, "speculation_stats", None)
                 runs.append({"seconds": seconds, "tokens_per_s": (out.sequences.shape[1] - ids.shape[1]) / seconds,
-                             "graphs": counters["stats"]["unique_graphs"] - graphs, "warm_up": i == 0,
+                             "graphs": counters["stats"]["unique_graphs"] - graphs, "warm_up": i < len(warm_up),
                              "tree_pass_sizes": sorted(stats.tree_pass_sizes) if stats else None,
                              "target_forwards": stats.target_forwards if stats else None})
             measured = [r for r in runs if not r["warm_up"]]
