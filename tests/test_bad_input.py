@@ -50,7 +50,7 @@ CASES = [
     ("missing draft", dict(speculation="tree", assistant_model=None), "pass `assistant_model=`"),
     ("beam search", dict(speculation="tree", num_beams=2), "beam search"),
     ("several sequences", dict(speculation="chain", num_return_sequences=2, do_sample=True), "num_return_sequences=1"),
-    ("static cache", dict(speculation="tree", cache_implementation="static"), "DynamicCache"),
+    ("offloaded cache", dict(speculation="tree", cache_implementation="offloaded_static"), "'dynamic' or 'static'"),
     ("unknown setting", dict(speculation="tree", speculation_config={"width": [2]}), "has no setting"),
     ("bad widths", dict(speculation="tree", speculation_config={"widths": [2, 0]}), "positive integers"),
     ("unknown verifier", dict(speculation="tree", speculation_config={"verifier": "nope"}), "Known verifiers"),

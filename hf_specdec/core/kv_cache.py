@@ -1,44 +1,101 @@
-"""Keep only the accepted path in a KV cache, so no model re-processes tokens it has already seen."""
+"""Keep only the accepted path in a KV cache, so no model re-processes tokens it has already seen.
+
+Two kinds of cache: a `DynamicCache`, whose layers grow by concatenation (compaction moves rows, then slices the
+tail off), and Transformers' `StaticCache`, whose `StaticLayer`s preallocate `max_cache_len` rows and write at a
+device-side length (`cumulative_length`) with `index_copy_`: compaction copies the kept rows into place (at most
+depth + 1 of them) and resets that length in place, so the buffers keep their addresses (what a compiled forward
+and CUDA graphs rely on). Rows past the length are stale; the fixed-width tree masks hide them.
+"""
 
 from __future__ import annotations
 
 import torch
 from transformers import Cache, DynamicCache
-from transformers.cache_utils import DynamicLayer
+from transformers.cache_utils import DynamicLayer, StaticLayer
 
 
 def cache_length(cache: Cache | None) -> int:
     return 0 if cache is None else int(cache.get_seq_length())
 
 
+def layer_rows(layer) -> int:
+    """The rows a cache layer holds: its write length for a static layer (its buffers are always full size)."""
+    if isinstance(layer, StaticLayer):
+        return int(layer.get_seq_length()) if layer.is_initialized else 0
+    return layer.keys.shape[-2] if getattr(layer, "keys", None) is not None else 0
+
+
 def dropped_rows(cache: Cache | None) -> bool:
     """True when a sliding-window layer of `cache` has already thrown its oldest rows away (past its window)."""
     return any(
         getattr(layer, "is_sliding", False) and layer.is_initialized
-        and layer.cumulative_length > layer.keys.shape[-2]
+        and int(layer.get_seq_length()) > layer.keys.shape[-2]
         for layer in (cache.layers if cache is not None else [])
     )
 
 
-def full_length_cache(cache: DynamicCache | None) -> DynamicCache:
-    """`cache` (or a new one) with every layer a plain `DynamicLayer` that keeps all its rows.
+def is_static(cache: Cache | None) -> bool:
+    """Whether `cache` preallocates its rows (Transformers' `StaticCache` or any cache of `StaticLayer`s)."""
+    return cache is not None and bool(cache.layers) and all(isinstance(layer, StaticLayer) for layer in cache.layers)
+
+
+def static_capacity(cache: Cache) -> int | None:
+    """How many rows every layer of a static `cache` holds once made full length (None: not a static cache, or only
+    sliding-window layers, whose original `max_cache_len` the cache no longer knows)."""
+    if not is_static(cache):
+        return None
+    full = [layer.max_cache_len for layer in cache.layers if not getattr(layer, "is_sliding", False)]
+    return max(full) if full else None
+
+
+def make_room(cache: Cache, rows: int) -> None:
+    """Let every full-length static layer of `cache` not allocated yet hold at least `rows` rows (layers allocate
+    `max_cache_len` rows on their first write)."""
+    for layer in cache.layers:
+        if isinstance(layer, StaticLayer) and not layer.is_sliding and not layer.is_initialized:
+            layer.max_cache_len = max(layer.max_cache_len, rows)
+
+
+def full_length_cache(cache: Cache | None, capacity: int | None = None) -> Cache:
+    """`cache` (or a new `DynamicCache`) with every layer one that keeps all its rows.
 
     generate builds sliding-window layers for windowed models; they keep only the last window - 1 rows, so no path
     can be compacted into them. Each is swapped, in place, for a full layer holding the same rows (so a cache the
     user passed stays the object generate updates); it must not have dropped any yet (see `dropped_rows`). The
-    window itself is applied by the masks (`core.attention`).
+    window itself is applied by the masks (`core.attention`). In a static cache the new layers are `StaticLayer`s of
+    the full layers' `max_cache_len` (or `capacity` when every layer is sliding), so every layer has one width.
     """
     if cache is None:
         return DynamicCache()
     if dropped_rows(cache):
         raise ValueError("This cache's sliding-window layers dropped rows already: it cannot become a full one.")
+    static = is_static(cache)
+    rows = static_capacity(cache) or capacity
+    if static and rows is None:
+        raise ValueError("A static cache with only sliding-window layers needs the capacity of its full-length form.")
     for i, layer in enumerate(cache.layers):
         if getattr(layer, "is_sliding", False):
-            full = DynamicLayer()
-            if layer.is_initialized:
-                full.update(layer.keys, layer.values)
-            cache.layers[i] = full
+            cache.layers[i] = _full_static(layer, rows) if static else _full_dynamic(layer)
     return cache
+
+
+def _full_dynamic(layer) -> DynamicLayer:
+    full = DynamicLayer()
+    if layer.is_initialized:
+        full.update(layer.keys, layer.values)
+    return full
+
+
+def _full_static(layer: StaticLayer, rows: int) -> StaticLayer:
+    """A `StaticLayer` of `rows` rows holding `layer`'s (a sliding one that has not wrapped around yet)."""
+    full = StaticLayer(max_cache_len=rows)
+    if layer.is_initialized:
+        length = int(layer.get_seq_length())
+        full.lazy_initialization(layer.keys, layer.values)
+        full.keys[:, :, :length] = layer.keys[:, :, :length]
+        full.values[:, :, :length] = layer.values[:, :, :length]
+        full.cumulative_length.fill_(length)
+    return full
 
 
 def keep_positions(cache: Cache, start: int, kept: torch.Tensor | list[int]) -> None:
@@ -65,6 +122,9 @@ def keep_positions(cache: Cache, start: int, kept: torch.Tensor | list[int]) -> 
                 index[device] = torch.tensor(kept, dtype=torch.long).to(device, non_blocking=True)
             layer.keys[:, :, start:end] = layer.keys[:, :, index[device]]
             layer.values[:, :, start:end] = layer.values[:, :, index[device]]
+        if isinstance(layer, StaticLayer):  # the buffers stay where they are: only the write length moves
+            layer.cumulative_length.fill_(end)
+            continue
         layer.keys = layer.keys[:, :, :end]
         layer.values = layer.values[:, :, :end]
 

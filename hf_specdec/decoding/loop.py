@@ -9,6 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+from torch._dynamo.utils import counters
 from transformers import Cache, LogitsProcessorList, PreTrainedModel, StoppingCriteriaList
 from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria, MaxTimeCriteria
 from transformers.generation.streamers import BaseStreamer
@@ -17,13 +18,14 @@ from transformers.modeling_outputs import ModelOutput
 from ..core.attention import AttentionLayout
 from ..core.devices import PassClock, compute_devices, execution_device
 from ..core.drafter import Drafter
-from ..core.kv_cache import cache_length, crop, keep_positions
+from ..core.kv_cache import cache_length, crop, is_static, keep_positions, layer_rows
 from ..core.model_inputs import TokenInputs
 from ..core.processing import NodeScores, process_tree_scores
 from ..core.ranks import Ranks
 from ..core.tree import TokenTree
 from ..core.verdict import Verdict, Verifier
 from .outputs import TokenRecords
+from .pass_shapes import PassShapes, fit_tree, padded_pass
 from .stats import SpeculationStats
 
 
@@ -57,7 +59,7 @@ def _committed_on_error(loop: Callable[..., LoopResult]) -> Callable[..., LoopRe
 def keep_committed(cache: Cache, length: int, target: PreTrainedModel) -> None:
     """Crop `cache` to its first `length` rows, or to fewer when a pass stopped half way left some layer shorter
     (or not yet created), so that every layer holds the same committed tokens."""
-    rows = [layer.keys.shape[-2] if getattr(layer, "keys", None) is not None else 0 for layer in cache.layers]
+    rows = [layer_rows(layer) for layer in cache.layers]
     if len(rows) < target.config.get_text_config().num_hidden_layers:
         rows.append(0)  # a layer the interrupted pass never reached: the next pass creates it from position 0
     crop(cache, min([length, *rows]))
@@ -79,6 +81,7 @@ def speculative_loop(
     model_kwargs: dict | None = None,
     token_inputs: TokenInputs | None = None,
     ranks: Ranks | None = None,
+    forward: Callable[..., ModelOutput] | None = None,
 ) -> LoopResult:
     """Decode until a stopping criterion fires on some token; batch size 1.
 
@@ -87,6 +90,8 @@ def speculative_loop(
     are the call's model inputs as Transformers prepared them: the prefill takes them all, as plain's first pass
     does; tree passes take `token_inputs` (see `core.model_inputs`), which the drafter gets too. On a target
     sharded over `ranks`, only the deciding rank drafts and verifies; the others receive its tree and verdict.
+    `forward` runs the tree passes (a compiled `target.__call__`; default the target itself); the prefill always
+    runs eagerly, as in plain `generate`. On a static cache tree passes are padded to fixed shapes (`pass_shapes`).
     """
     stats = stats or SpeculationStats()
     records = records or TokenRecords()
@@ -101,18 +106,20 @@ def speculative_loop(
     stops = BlockStops.of(stopping_criteria)
     clock = PassClock(compute_devices(target))
     ranks = ranks or Ranks.of(target)
+    shapes = PassShapes(cache.layers[0].max_cache_len if is_static(cache) else None, stats.tree_pass_sizes)
+    graphs = counters["stats"]["unique_graphs"]  # what dynamo compiled before this call
     while not finished:
         t0 = time.perf_counter()
         drafted = ranks.tree(drafter.propose(input_ids) if ranks.deciding else None, device)
         t1 = time.perf_counter()
 
         past = input_ids.shape[1] - 1
-        tree, kept = fit_positions(drafted, layout, past, target)
+        tree, kept = fit_positions(drafted, layout, past, target, shapes.rows(past))
         timed = clock.total
         clock.start()
-        extra = token_inputs.at(tree.position_ids(past), device) if token_inputs.prompt else None
-        output = tree_pass(target, tree, past, cache, layout, dtype, device, extra, records.wants_pass_outputs)
-        logits = output.logits[0]
+        output = tree_pass(target, tree, past, cache, layout, dtype, device, token_inputs,
+                           records.wants_pass_outputs, shapes, forward)
+        logits = output.logits[0, : len(tree)]
         clock.stop()
         seconds = clock.total - timed
         stats.time_target_forward += seconds
@@ -146,6 +153,7 @@ def speculative_loop(
         prefill = None
         stats.time_drafting += t1 - t0
         stats.time_verifying += t2 - t1
+    stats.graphs_compiled = counters["stats"]["unique_graphs"] - graphs
     stats.draft_forwards = drafter.forward_count
     stats.time_draft_forward = drafter.forward_time
     stats.time_total = time.perf_counter() - start
@@ -225,51 +233,60 @@ def tree_pass(
     layout: AttentionLayout,
     dtype: torch.dtype,
     device: torch.device,
-    extra_inputs: dict[str, torch.Tensor] | None = None,
+    token_inputs: TokenInputs | None = None,
     pass_outputs: bool = False,
+    shapes: PassShapes | None = None,
+    forward: Callable[..., ModelOutput] | None = None,
 ) -> ModelOutput:
-    """One target pass over `tree` after `past` cached tokens (logits `(1, n, vocab)`): each node sees its ancestors
-    (and, in sliding-window layers, only keys less than a window behind it) at position past + its depth.
-    `extra_inputs` are the per-token inputs at the nodes' positions; `pass_outputs` asks for hidden states and
-    attentions too. Masks and position ids are built on the target's device."""
+    """One target pass over `tree` after `past` cached tokens (logits `(1, n, vocab)`, or more rows when `shapes`
+    pads the tree: the first n are the nodes'): each node sees its ancestors (and, in sliding-window layers, only
+    keys less than a window behind it) at position past + its depth. `token_inputs` places per-token inputs at the
+    nodes' positions; `pass_outputs` asks for hidden states and attentions too. Masks and position ids are built on
+    the target's device; `forward` (default `target`) runs the pass."""
     flags = {"output_hidden_states": True, "output_attentions": True} if pass_outputs else {}
     tree = tree.to(device)
-    return target(
-        input_ids=tree.tokens[None].to(device),
-        attention_mask=layout.tree_masks(tree, past, dtype, device),
-        position_ids=tree.position_ids(past).to(device),
+    width = shapes.width if shapes is not None else None
+    if width is None:
+        tokens, positions = tree.tokens[None], tree.position_ids(past)
+        masks = layout.tree_masks(tree, past, dtype, device)
+    else:
+        padded = padded_pass(tree, past, shapes.size(len(tree)), width, layout, dtype, device)
+        tokens, positions, masks = padded.tokens, padded.positions, padded.masks
+    extra = token_inputs.at(positions, device) if token_inputs is not None and token_inputs.prompt else {}
+    return (forward or target)(
+        input_ids=tokens.to(device),
+        attention_mask=masks,
+        position_ids=positions.to(device),
         past_key_values=cache,
         use_cache=True,
         return_dict=True,
-        **(extra_inputs or {}),
+        **extra,
         **flags,
     )
 
 
 def fit_positions(
-    tree: TokenTree, layout: AttentionLayout, past: int, target: PreTrainedModel
-) -> tuple[TokenTree, torch.Tensor | None]:
-    """`tree` without the nodes past the end of a learned position table, and the kept nodes (None: all kept).
+    tree: TokenTree, layout: AttentionLayout, past: int, target: PreTrainedModel, rows: int | None = None
+) -> tuple[TokenTree, list[int] | None]:
+    """`tree` without the nodes past the end of a learned position table, cut to at most `rows` nodes (what a
+    static cache can still take), and the kept nodes (None: all kept).
 
     Dropping whole levels leaves every kept node's children intact or empty, so any verifier stays exact.
     At the table's very end nothing fits, as in plain `generate`, which fails on the same token.
     """
     deepest = layout.deepest_node(past)
-    if deepest is None or tree.max_depth <= deepest:
-        return tree, None
-    if deepest < 0:
+    if deepest is not None and deepest < 0:
         raise IndexError(
             f"{type(target).__name__} has learned positions 0..{layout.position_limit - 1} only, and the next token "
             f"needs position {past}: plain generate fails here too. Ask for at most "
             f"max_length={layout.position_limit + 1} tokens (prompt included)."
         )
-    kept = torch.nonzero(tree.depths <= deepest).flatten()
-    return tree.select(kept), kept
+    return fit_tree(tree, past, deepest, rows)
 
 
-def _renumbered(verdict: Verdict, kept: torch.Tensor) -> Verdict:
+def _renumbered(verdict: Verdict, kept: list[int]) -> Verdict:
     """A verdict on `tree.select(kept)` in the numbering of the whole tree (what the drafter proposed)."""
-    return Verdict(path=kept[verdict.path].tolist(), bonus_token=verdict.bonus_token,
+    return Verdict(path=[kept[node] for node in verdict.path], bonus_token=verdict.bonus_token,
                    accepted_ranks=verdict.accepted_ranks)
 
 

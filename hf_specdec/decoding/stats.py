@@ -26,6 +26,9 @@ class SpeculationStats:
     time_total: float = 0.0
     time_target_forward: float = 0.0  # inside the target's tree passes (part of time_verifying)
     time_draft_forward: float = 0.0  # inside the draft model's passes (part of time_drafting)
+    tree_pass_sizes: set[int] = field(default_factory=set)  # padded node counts on a static cache (one graph each)
+    compiled: bool = False  # whether tree passes ran a compiled forward (compile_config / generation config)
+    graphs_compiled: int = 0  # graphs torch.compile made during the call (dynamo's unique_graphs)
 
     @property
     def mean_tokens_per_step(self) -> float:
@@ -75,4 +78,7 @@ class SpeculationStats:
             "time_target_forward": self.time_target_forward,
             "time_draft_forward": self.time_draft_forward,
             "time_engine": self.time_engine,
+            "tree_pass_sizes": sorted(self.tree_pass_sizes),
+            "compiled": self.compiled,
+            "graphs_compiled": self.graphs_compiled,
         }

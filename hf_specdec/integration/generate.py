@@ -27,7 +27,7 @@ from transformers.generation.utils import GenerationMixin
 
 from ..calibration.plan_lookup import call_temperature, plan_for_call
 from ..core.config import SpeculationConfig, make_config
-from ..core.kv_cache import full_length_cache
+from ..core.kv_cache import full_length_cache, is_static, make_room
 from ..core.model_inputs import TokenInputs
 from ..core.ranks import Ranks
 from ..decoding.loop import speculative_loop
@@ -43,6 +43,9 @@ _SIGNATURE = inspect.signature(_ORIGINAL_GENERATE)
 SPECULATION_KWARGS = ("speculation", "speculation_config", "speculation_generator")
 # What Transformers' generate takes out of **kwargs before merging the rest into the generation config.
 _NOT_SETTINGS = {*_SIGNATURE.parameters, "trust_remote_code", "tokenizer", "assistant_tokenizer"}
+# Rows added to a static cache generate builds (cache_implementation="static", no max_cache_len): plain decoding
+# sizes it to the call's tokens, and without room a tree near the end loses levels to fit (`decoding.pass_shapes`).
+TREE_ROOM = 64
 
 
 def stored_speculation(model: PreTrainedModel, kwargs: dict[str, Any]) -> SpeculationConfig | None:
@@ -165,11 +168,19 @@ def speculative_generate(
     if not config.drafts():
         return _decode_plainly(model, input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus,
                                call, config, verifier.name, model_kwargs)
-    cache = full_length_cache(model_kwargs.get("past_key_values"))  # sliding windows go into the tree masks
+    cache = model_kwargs.get("past_key_values")
+    rows = max(generation_config.max_length - 1, generation_config.max_cache_len or 0)
+    if is_static(cache) and not getattr(cache, "_is_user_defined", False) and generation_config.max_cache_len is None:
+        rows += TREE_ROOM  # a static cache Transformers sized for plain decoding: room for the last trees too
+        make_room(cache, rows)
+    # sliding windows go into the tree masks; a static cache's sliding layers become full ones of `rows` rows
+    cache = full_length_cache(cache, capacity=rows)
+    forward = compiled_forward(model, cache, generation_config)
     drafter = config.make_drafter(
         model, call.assistant_model, logits_processor, verifier.child_selection, call.generator
     )
-    stats = SpeculationStats(method=config.method, verifier=verifier.name, plan_source=config.plan_source)
+    stats = SpeculationStats(method=config.method, verifier=verifier.name, plan_source=config.plan_source,
+                             compiled=forward is not None)
     result = speculative_loop(
         model,
         input_ids,
@@ -185,6 +196,7 @@ def speculative_generate(
         model_kwargs={**model_kwargs, "past_key_values": cache},
         token_inputs=TokenInputs.of(model, input_ids, model_kwargs),
         ranks=ranks,
+        forward=forward,
     )
     if not generation_config.return_dict_in_generate:
         return result.sequences
@@ -194,6 +206,19 @@ def speculative_generate(
         past_key_values=cache if generation_config.use_cache else None,
         speculation_stats=result.stats,
     )
+
+
+def compiled_forward(model: PreTrainedModel, cache: Any, generation_config: GenerationConfig):
+    """The compiled `model.__call__` plain `generate` would decode with for this call and cache, or None (eager).
+
+    Transformers' own rule decides (`_valid_auto_compile_criteria`: a compileable cache that is not a DynamicCache, a
+    GPU or `compile_config._compile_all_devices`, no offloading, `disable_compile` unset) and its own compiled call
+    is used (`get_compiled_call(compile_config)`), so a call compiles exactly when plain generate's would, and the
+    graphs are shared with it. A forward the user compiled themselves is simply the model's call.
+    """
+    if not model._valid_auto_compile_criteria({"past_key_values": cache}, generation_config):
+        return None
+    return model.get_compiled_call(generation_config.compile_config)
 
 
 def with_stop_strings(criteria: StoppingCriteriaList, call: SpeculationCall) -> StoppingCriteriaList:

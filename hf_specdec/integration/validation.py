@@ -5,10 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from transformers import DynamicCache, GenerationConfig, PreTrainedModel
+from transformers import DynamicCache, GenerationConfig, PreTrainedModel, StaticCache
 
 from ..core.attention import check_supported
-from ..core.kv_cache import dropped_rows
+from ..core.kv_cache import dropped_rows, static_capacity
 from ..core.model_info import vocabulary_mismatch
 from ..core.model_inputs import unplaceable_inputs
 from ..verification import verifier_for
@@ -143,11 +143,7 @@ def check_generation_config(
             "Call generate once per prompt."
         )
     cache = model_kwargs.get("past_key_values")
-    if config.cache_implementation not in (None, "dynamic") or (cache is not None and type(cache) is not DynamicCache):
-        raise ValueError(
-            "Speculation compacts the KV cache to the accepted path, which needs a DynamicCache: drop "
-            "cache_implementation / the static cache you passed."
-        )
+    check_cache(config, input_ids, cache)
     if cache is not None and config.use_cache is False:
         raise ValueError(
             "use_cache=False with a past_key_values passed: speculation always decodes with a KV cache and would fill "
@@ -158,6 +154,33 @@ def check_generation_config(
     if mask is not None and not bool((mask == 1).all()):
         raise ValueError(padding_message(mask, input_ids, config.pad_token_id))
     check_model_inputs(model, input_ids, model_kwargs)
+
+
+CACHE_IMPLEMENTATIONS = (None, "dynamic", "static")
+
+
+def check_cache(config: GenerationConfig, input_ids: torch.Tensor, cache: Any) -> None:
+    """A cache speculation can compact in place (a DynamicCache, or a StaticCache with room for the whole call)."""
+    if config.cache_implementation not in CACHE_IMPLEMENTATIONS or (
+        cache is not None and type(cache) not in (DynamicCache, StaticCache)
+    ):
+        given = (f"cache_implementation={config.cache_implementation!r}" if cache is None
+                 else f"a {type(cache).__name__} as past_key_values")
+        raise ValueError(
+            f"Speculation compacts the KV cache to the accepted path in place, which it can do in a DynamicCache or a "
+            f"StaticCache, not with {given}: use cache_implementation='dynamic' or 'static' (or pass a DynamicCache "
+            "/ StaticCache), or drop `speculation`."
+        )
+    rows = static_capacity(cache) if cache is not None else None
+    new = config.max_new_tokens if config.max_new_tokens is not None else config.max_length - input_ids.shape[1]
+    needed = input_ids.shape[1] + new - 1  # the cache holds every token but the last, as in plain generate
+    if rows is not None and rows < needed:
+        raise ValueError(
+            f"The StaticCache passed holds max_cache_len={rows} tokens, but the prompt ({input_ids.shape[1]}) and "
+            f"max_new_tokens ({new}) need {needed} (plain generate would fail once it is full): build it with "
+            f"max_cache_len >= {needed}, or ask for fewer new tokens. Rows beyond that let the last trees stay whole "
+            "(speculation cuts a tree to the rows left)."
+        )
 
 
 def padding_message(mask: torch.Tensor, input_ids: torch.Tensor, pad_token_id: int | None) -> str:

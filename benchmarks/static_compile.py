@@ -1,0 +1,143 @@
+"""Static cache and compiled target on a CPU: compile time, tree-pass times per size compiled vs eager, whole-call
+tokens/s against plain static-cache `generate` compiled the same way (the embedded pair, bfloat16).
+
+    .venv/bin/python benchmarks/static_compile.py --output benchmarks/static-compile-zen4/results.json
+
+Part 1 times one target pass over a padded tree of each size on a StaticCache after a HumanEval prompt (median of
+`--repeats`), eagerly and through `target.get_compiled_call(config)`; the first compiled call's time is the compile.
+Part 2 runs whole calls (greedy, `--new-tokens` tokens) eager and compiled, plain first, in one process, and reports
+tokens/s and the graphs dynamo compiled during each call. torch.compile on 2 shared cores is slow: each part is
+time-boxed by `--sizes` / `--methods`. Every figure is from this process; the machine is written next to them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+from torch._dynamo.utils import counters
+from transformers import CompileConfig, StaticCache
+
+import hf_specdec  # noqa: F401  (installs `speculation=`)
+from hf_specdec.core.attention import AttentionLayout
+from hf_specdec.core.devices import cpu_flags, cpu_model
+from hf_specdec.core.kv_cache import crop
+from hf_specdec.core.tree import TokenTree
+from hf_specdec.decoding.loop import tree_pass
+from hf_specdec.decoding.pass_shapes import PassShapes
+from hf_specdec.planning.sequoia import plan_tree
+from hf_specdec_tools.models import load_default_pair
+from hf_specdec_tools.prompts import humaneval_prompts
+
+METHODS = {
+    "chain": {"num_draft_tokens": 4},
+    "sequoia": {"plan": plan_tree([0.75, 0.1, 0.05, 0.02], budget=16, max_depth=6)},
+    "specexec": {"budget": 16, "max_depth": 8},
+}
+
+
+def compile_config() -> CompileConfig:
+    # dynamic=False: one graph per shape, as fixed shapes want; mode "default" (reduce-overhead means CUDA graphs)
+    config = CompileConfig(fullgraph=False, dynamic=False, backend="inductor", mode="default")
+    config._compile_all_devices = True  # Transformers compiles on a CPU only with this switch
+    return config
+
+
+def chain_tree(size: int, token: int) -> TokenTree:
+    return TokenTree.from_parents([token] * size, [-1, *range(size - 1)])
+
+
+def pass_times(target, ids: torch.Tensor, sizes: list[int], repeats: int, config: CompileConfig) -> dict:
+    """ms per tree pass at each padded size, eager and compiled, and each size's compile seconds."""
+    layout, past = AttentionLayout.of(target), ids.shape[1] - 1
+    cache = StaticCache(config=target.config, max_cache_len=ids.shape[1] + 2 * max(sizes))
+    with torch.no_grad():
+        target(ids[:, :-1], past_key_values=cache, use_cache=True)
+    compiled = target.get_compiled_call(config)
+    out = {}
+    for size in sizes:
+        row = {}
+        for name, forward in (("eager", target), ("compiled", compiled)):
+            times = []
+            for i in range(repeats + 1):
+                shapes = PassShapes(cache.layers[0].max_cache_len)
+                start = time.perf_counter()
+                with torch.no_grad():
+                    tree_pass(target, chain_tree(size, int(ids[0, -1])), past, cache, layout, target.dtype,
+                              torch.device("cpu"), shapes=shapes, forward=forward)
+                times.append(time.perf_counter() - start)
+                crop(cache, past)
+                if i == 0 and name == "compiled":
+                    row["compile_s"] = times[0]
+            row[f"{name}_ms"] = 1e3 * statistics.median(times[1:])
+        out[size] = row
+        print(f"size {size:4d}: {row}", flush=True)
+    return out
+
+
+def whole_calls(target, draft, prompts: list[torch.Tensor], new_tokens: int, methods: list[str],
+                config: CompileConfig) -> dict:
+    results = {}
+    for compiled in (False, True):
+        extra = {"compile_config": config} if compiled else {"disable_compile": True}
+        for name in ["plain", *methods]:
+            spec = {} if name == "plain" else {"assistant_model": draft, "speculation": name,
+                                               "speculation_config": METHODS[name]}
+            runs = []
+            warm_up = [prompts[0]] if compiled else []  # a compiled call's first run compiles: not counted
+            for i, ids in enumerate([*warm_up, *prompts]):
+                graphs = counters["stats"]["unique_graphs"]
+                start = time.perf_counter()
+                out = target.generate(ids, max_new_tokens=new_tokens, do_sample=False, cache_implementation="static",
+                                      return_dict_in_generate=True, **spec, **extra)
+                seconds = time.perf_counter() - start
+                stats = getattr(out, "speculation_stats", None)
+                runs.append({"seconds": seconds, "tokens_per_s": (out.sequences.shape[1] - ids.shape[1]) / seconds,
+                             "graphs": counters["stats"]["unique_graphs"] - graphs, "warm_up": i < len(warm_up),
+                             "tree_pass_sizes": sorted(stats.tree_pass_sizes) if stats else None,
+                             "target_forwards": stats.target_forwards if stats else None})
+            measured = [r for r in runs if not r["warm_up"]]
+            key = f"{'compiled' if compiled else 'eager'}/{name}"
+            results[key] = {"tokens_per_s": statistics.median(r["tokens_per_s"] for r in measured),
+                            "first_call_s": runs[0]["seconds"], "graphs_first_call": runs[0]["graphs"],
+                            "graphs_later_calls": sum(r["graphs"] for r in measured), "runs": runs}
+            print(f"{key:20s} {results[key]['tokens_per_s']:6.2f} tokens/s  first call {runs[0]['seconds']:6.1f} s "
+                  f"graphs {runs[0]['graphs']} then {results[key]['graphs_later_calls']}", flush=True)
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--output", type=Path, default=Path("benchmarks/static-compile/results.json"))
+    parser.add_argument("--sizes", type=int, nargs="*", default=[1, 8, 16, 32])
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--methods", nargs="*", default=["chain", "sequoia"])
+    parser.add_argument("--prompts", type=int, default=2)
+    parser.add_argument("--new-tokens", type=int, default=48)
+    parser.add_argument("--skip-passes", action="store_true")
+    args = parser.parse_args()
+    target, draft, tokenizer = load_default_pair(torch.bfloat16)
+    prompts = [tokenizer(p, return_tensors="pt").input_ids for p in humaneval_prompts(args.prompts)]
+    config = compile_config()
+    report = {"machine": {"cpu": cpu_model(), "cpu_flags": cpu_flags(), "torch": torch.__version__,
+                          "threads": torch.get_num_threads(), "transformers": __import__("transformers").__version__},
+              "dtype": "bfloat16", "models": "Qwen2.5-Coder-1.5B-Instruct target, 0.5B draft (eager draft)",
+              "compile_config": config.to_dict(), "new_tokens": args.new_tokens, "methods": METHODS}
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    if not args.skip_passes:
+        start = time.perf_counter()
+        report["pass_times"] = pass_times(target, prompts[0], args.sizes, args.repeats, config)
+        report["pass_times_seconds"] = time.perf_counter() - start
+        args.output.write_text(json.dumps(report, indent=1, default=str))
+    torch._dynamo.reset()
+    report["whole_calls"] = whole_calls(target, draft, prompts, args.new_tokens, args.methods, config)
+    args.output.write_text(json.dumps(report, indent=1, default=str))
+    print(f"machine: {report['machine']['cpu']}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,91 @@
+"""Fixed shapes for the target's tree passes on a static cache, so a compiled forward reuses a few graphs.
+
+On a `StaticCache` every layer returns all `max_cache_len` rows, so the masks are that wide whatever the past
+length; positions are past + depth (a tensor, not a shape). What is left to vary is the node count: the tree handed
+to the target is padded to a power-of-two bucket (a fixed-shape method's tree keeps one size for the whole call;
+a best-first one lands in a few buckets). Padding nodes are the root's token at the root's position, each seeing
+only itself; their rows are written past the tree and dropped by the compaction, their logits never read. Near the
+cache's end the tree loses whole levels until its bucket fits the rows left (`fit_tree`), so the sizes stay powers
+of two: at most log2(max_cache_len) + 1 graphs, in practice the tree's own bucket and a few smaller ones in the
+last steps (a larger `max_cache_len` keeps the last trees whole). This module decides shapes only: no drafter sizes
+its trees for it, so any method's trees get the same treatment.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from ..core.attention import AttentionLayout, Masks
+from ..core.tree import TokenTree
+
+
+@dataclass
+class PassShapes:
+    """How one call shapes its tree passes: `width` is the static cache's rows (None: a dynamic cache, no padding);
+    `sizes` the padded node counts used so far (each is one graph for a compiled forward)."""
+
+    width: int | None = None
+    sizes: set[int] = field(default_factory=set)
+
+    def rows(self, past: int) -> int | None:
+        """How many nodes a tree after `past` cached tokens may keep: the largest bucket the rows left can hold."""
+        if self.width is None:
+            return None
+        left = self.width - past
+        return 1 << (left.bit_length() - 1) if left > 0 else 0
+
+    def size(self, nodes: int) -> int:
+        """The padded node count of a pass over `nodes` nodes: the smallest power of two holding them."""
+        if self.width is None:
+            return nodes
+        size = 1 << max(nodes - 1, 0).bit_length()
+        self.sizes.add(size)
+        return size
+
+
+@dataclass(frozen=True)
+class PaddedPass:
+    """The target inputs of one pass over a tree padded to `size` nodes."""
+
+    tokens: torch.Tensor  # (1, size)
+    positions: torch.Tensor  # (1, size)
+    masks: Masks
+
+
+def padded_pass(
+    tree: TokenTree, past: int, size: int, width: int, layout: AttentionLayout, dtype: torch.dtype,
+    device: torch.device,
+) -> PaddedPass:
+    """Inputs of a pass over `tree` (on `device`) padded to `size` nodes, masks `width` keys wide (the cache rows)."""
+    n, pad = len(tree), size - len(tree)
+    if pad < 0 or past + size > width:
+        raise ValueError(f"A {n}-node tree padded to {size} does not fit {width} cache rows after {past} tokens.")
+    nodes = tree.depths + past
+    positions = torch.cat([nodes, torch.full((pad,), past, dtype=nodes.dtype, device=device)])
+    keys = torch.cat([torch.arange(past, device=device), positions,
+                      torch.zeros(width - past - size, dtype=nodes.dtype, device=device)])
+    allowed = torch.zeros(size, width, dtype=torch.bool, device=device)
+    allowed[:n, : past + n] = tree.visibility(past)
+    allowed[n:, past + n : past + size] = torch.eye(pad, dtype=torch.bool, device=device)
+    tokens = torch.cat([tree.tokens, tree.tokens[:1].expand(pad)])
+    return PaddedPass(tokens[None], positions[None], layout.masks(allowed, positions, keys, dtype, device))
+
+
+def fit_tree(tree: TokenTree, past: int, deepest: int | None, rows: int | None) -> tuple[TokenTree, list[int] | None]:
+    """`tree` cut to whole levels: none deeper than `deepest`, and no more nodes than `rows` (what the cache's rows
+    left can take); and the kept nodes (None: all kept). Whole levels leave every kept node's children intact or
+    empty, so any verifier stays exact. `past` is for the error message only."""
+    depths = tree.host().depths()
+    limit = max(depths) if deepest is None else min(deepest, max(depths))
+    if rows is not None:
+        while limit >= 0 and sum(d <= limit for d in depths) > rows:
+            limit -= 1
+        if limit < 0:
+            raise ValueError(f"The static cache is full: no row is left for the next token after {past} tokens. "
+                             "Pass a larger max_cache_len.")
+    if limit == max(depths):
+        return tree, None
+    kept = [node for node, depth in enumerate(depths) if depth <= limit]
+    return tree.select(kept), kept

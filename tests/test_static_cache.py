@@ -1,0 +1,296 @@
+"""Speculation on a static KV cache (`cache_implementation="static"`, a `StaticCache` passed in) and with a compiled
+target forward: greedy token-identical to plain static-cache `generate`, sampling exact, fixed tree-pass shapes, the
+cache compacted in place, clear refusals."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from transformers import CompileConfig, DynamicCache, StaticCache
+from transformers.cache_utils import StaticLayer
+
+from hf_specdec.core.attention import AttentionLayout
+from hf_specdec.core.kv_cache import cache_length, full_length_cache, keep_positions, layer_rows
+from hf_specdec.core.tree import TokenTree
+from hf_specdec.decoding.loop import tree_pass
+from hf_specdec.decoding.pass_shapes import PassShapes, fit_tree
+from hf_specdec.verification import SequoiaVerifier, TargetSampleVerifier
+from tests.conftest import random_prompt, tiny_model
+from tests.families import WINDOW, family
+from tests.roundtrips import count_round_trips
+from tests.test_families import METHODS, ModelCase, new_tokens, prompt, tiny
+from tests.test_faults import FAULTS, Boom, _interrupt_in_layer
+from tests.test_sampling_exact import speculative_joint, target_joint, total_variation
+
+# Plain full attention, one sliding-window mask, full + sliding layers (a dict of masks), a learned position table.
+FAMILIES = ["Llama", "Mistral (sliding window)", "Gemma 3 (text)", "GPT-2"]
+ALL_METHODS = {"chain": {}, **METHODS}
+
+
+def plain_static(target, ids, n, **kwargs):
+    return target.generate(ids, do_sample=False, max_new_tokens=n, cache_implementation="static", **kwargs)
+
+
+def speculate(target, ids, n, method, **kwargs):
+    return target.generate(ids, assistant_model=copy.deepcopy(target), speculation=method,
+                           speculation_config=ALL_METHODS[method], do_sample=False, max_new_tokens=n,
+                           return_dict_in_generate=True, **kwargs)
+
+
+def is_power_of_two(n: int) -> bool:
+    return n > 0 and n & (n - 1) == 0
+
+
+@pytest.mark.parametrize("method", ALL_METHODS)
+@pytest.mark.parametrize("name", FAMILIES)
+def test_identical_to_plain_static_generate(name, method):
+    target = tiny(name)
+    ids, n = prompt(), new_tokens(family(name))
+    expected = plain_static(target, ids, n)
+    out = speculate(target, ids, n, method, cache_implementation="static")
+    assert torch.equal(out.sequences, expected)
+    stats = out.speculation_stats
+    assert stats.target_forwards / n <= 0.5 or method == "staged", stats.tokens_per_step  # it really speculates
+    # fixed shapes: every pass a power-of-two bucket, so a compiled forward makes at most log2(cache rows) + 1 graphs
+    assert stats.tree_pass_sizes and all(is_power_of_two(size) for size in stats.tree_pass_sizes)
+    assert isinstance(out.past_key_values, StaticCache)
+    assert all(isinstance(layer, StaticLayer) and not layer.is_sliding for layer in out.past_key_values.layers)
+    assert cache_length(out.past_key_values) == expected.shape[1] - 1
+
+
+@pytest.mark.parametrize("name", ["Llama", "Gemma 3 (text)"])
+def test_static_cache_passed_in_is_the_one_filled(name):
+    """A StaticCache the user passes stays their object: its sliding layers become full-length ones in place, and it
+    ends holding the sequence but its last token, as plain's does; with room to spare the tree keeps one size."""
+    target = tiny(name)
+    ids, n = prompt(), 30
+    expected = plain_static(target, ids, n)
+    config = target.config.get_text_config(decoder=True)
+    cache = StaticCache(config=config, max_cache_len=ids.shape[1] + n + 64)
+    out = speculate(target, ids, n, "sequoia", past_key_values=cache)
+    assert torch.equal(out.sequences, expected)
+    assert out.past_key_values is cache and cache_length(cache) == expected.shape[1] - 1
+    assert out.speculation_stats.tree_pass_sizes == {16}  # the 16-node plan, never cut: one graph
+
+
+def test_static_compaction_writes_the_path_rows_in_place():
+    """Compaction copies at most depth + 1 rows into the preallocated buffers and resets the device-side length."""
+    layer = StaticLayer(max_cache_len=12)
+    cache = StaticCache.__new__(StaticCache)
+    cache.layers = [layer]
+    rows = torch.arange(8, dtype=torch.float32).view(1, 1, 8, 1).expand(1, 2, 8, 3).contiguous()
+    layer.update(rows, rows + 100)
+    keys, values = layer.keys.data_ptr(), layer.values.data_ptr()
+    keep_positions(cache, 3, [3, 5, 7])
+    assert layer.keys.data_ptr() == keys and layer.values.data_ptr() == values  # same buffers: compiled graphs hold
+    assert layer.keys.shape[-2] == 12 and int(layer.cumulative_length) == 6
+    assert layer.keys[0, 0, :6, 0].tolist() == [0, 1, 2, 3, 5, 7]
+    assert layer.values[0, 1, :6, 2].tolist() == [100, 101, 102, 103, 105, 107]
+    layer.update(rows[:, :, :1] + 50, rows[:, :, :1])  # the next write lands right after the kept path
+    assert layer.keys[0, 0, 6, 0] == 50 and int(layer.cumulative_length) == 7
+
+
+def test_static_sliding_layer_that_wrapped_is_refused():
+    target = tiny("Mistral (sliding window)")
+    cache = StaticCache(config=target.config, max_cache_len=64)
+    with torch.no_grad():
+        target(prompt(2 * WINDOW), past_key_values=cache, use_cache=True)  # fills past the window: rows dropped
+    before = [layer.keys.clone() for layer in cache.layers]
+    with pytest.raises(ValueError, match="sliding-window layers that already dropped"):
+        speculate(target, prompt(2 * WINDOW), 8, "chain", past_key_values=cache)
+    assert all(torch.equal(layer.keys, old) for layer, old in zip(cache.layers, before))  # left as it was
+
+
+def test_trees_lose_whole_levels_to_fit_the_cache():
+    tree = TokenTree.from_parents(list(range(7)), [-1, 0, 0, 1, 1, 2, 3])  # levels of 1, 2, 3, 1 nodes
+    assert fit_tree(tree, 10, None, 7) == (tree, None)
+    cut, kept = fit_tree(tree, 10, None, 4)
+    assert kept == [0, 1, 2] and cut.host().parents == [-1, 0, 0]
+    assert fit_tree(tree, 10, 1, 16)[1] == [0, 1, 2]  # a learned position table's limit, too
+    shapes = PassShapes(width=20)
+    assert [shapes.rows(past) for past in (0, 4, 12, 19, 20)] == [16, 16, 8, 1, 0]
+    assert [shapes.size(n) for n in (1, 5, 8, 9)] == [1, 8, 8, 16] and shapes.sizes == {1, 8, 16}
+    with pytest.raises(ValueError, match="static cache is full"):
+        fit_tree(tree, 20, None, 0)
+
+
+@pytest.mark.parametrize("method", ["sequoia", "specexec"])
+def test_static_steps_read_the_device_no_more_than_dynamic_ones(method):
+    """Padding, cache-wide masks and in-place compaction add no host reads: at most draft passes + 2 per step."""
+    target, draft = tiny("Qwen2"), tiny("Qwen2", 1)
+    ids = prompt()
+    with count_round_trips(target, draft) as counts:
+        target.generate(ids, assistant_model=draft, speculation=method, speculation_config=ALL_METHODS[method],
+                        max_new_tokens=30, do_sample=False, cache_implementation="static")
+    first, *steps, _ = counts.steps
+    assert steps and all(step.reads <= step.draft_passes + 2 for step in steps), [
+        (s.reads, s.draft_passes) for s in counts.steps]
+
+
+@pytest.mark.parametrize("fault", list(FAULTS.values()), ids=list(FAULTS))
+def test_an_exception_leaves_only_committed_tokens_in_a_static_cache(fault):
+    """As with a dynamic cache (tests/test_faults.py): the write length drops back to the committed tokens, whose
+    rows are plain's, and the next call with the same cache decodes plain's tokens."""
+    target = tiny_model("qwen2", 0)
+    draft = copy.deepcopy(target)
+    ids = random_prompt(torch.Generator().manual_seed(7), 6)
+    plain = target.generate(ids, max_new_tokens=40, do_sample=False)
+    cache = StaticCache(config=target.config, max_cache_len=ids.shape[1] + 40 + 32)
+    kwargs = fault()
+    hook = _interrupt_in_layer(target, kwargs.pop("layer_interrupt")) if "layer_interrupt" in kwargs else None
+    try:
+        with pytest.raises((Boom, KeyboardInterrupt)):
+            target.generate(ids, assistant_model=draft, max_new_tokens=40, do_sample=False, past_key_values=cache,
+                            speculation="tree", **kwargs)
+    finally:
+        if hook is not None:
+            hook.remove()
+    rows = cache_length(cache)
+    assert rows < plain.shape[1] and all(layer_rows(layer) == rows for layer in cache.layers)
+    if rows:
+        reference = DynamicCache()
+        with torch.no_grad():
+            target(plain[:, :rows], past_key_values=reference, use_cache=True)
+        for ours, theirs in zip(cache.layers, reference.layers, strict=True):
+            torch.testing.assert_close(ours.keys[:, :, :rows], theirs.keys, rtol=1e-4, atol=1e-5)
+    again = target.generate(ids, assistant_model=draft, max_new_tokens=40, do_sample=False, past_key_values=cache,
+                            speculation="tree")
+    assert torch.equal(again, plain)
+
+
+# --------------------------------------------------------------------------- refusals, before anything runs
+
+
+def test_static_cache_too_small_is_refused_up_front():
+    target = tiny("Llama")
+    ids = prompt()
+    cache = StaticCache(config=target.config, max_cache_len=ids.shape[1] + 10)
+    with pytest.raises(ValueError, match=r"max_cache_len=20 tokens.*need 29.*max_cache_len >= 29"):
+        speculate(target, ids, 20, "chain", past_key_values=cache)
+    assert all(not layer.is_initialized for layer in cache.layers)  # untouched
+
+
+@pytest.mark.parametrize("implementation", ["offloaded_static", "quantized", "offloaded"])
+def test_other_cache_implementations_are_refused(implementation):
+    with pytest.raises(ValueError, match=rf"cache_implementation='{implementation}'.*'dynamic' or 'static'"):
+        speculate(tiny("Llama"), prompt(), 8, "chain", cache_implementation=implementation)
+
+
+# --------------------------------------------------------------------------- sampling: one step, enumerated exactly
+
+
+class StaticCase(ModelCase):
+    """ModelCase's tree scores from the pass the loop runs on a static cache: a StaticCache made full length,
+    the tree padded to its bucket, masks as wide as the cache."""
+
+    def tree_scores(self, tree) -> torch.Tensor:
+        past = len(self.context) - 1
+        cache = StaticCache(config=self.target.config.get_text_config(decoder=True), max_cache_len=past + 40)
+        cache = full_length_cache(cache)
+        shapes = PassShapes(cache.layers[0].max_cache_len)
+        with torch.no_grad():
+            self.target(self.context[None, :-1], past_key_values=cache, use_cache=True)
+            output = tree_pass(self.target, tree, past, cache, AttentionLayout.of(self.target), torch.float32,
+                               torch.device("cpu"), shapes=shapes)
+        assert shapes.sizes == {8}  # 5 nodes padded with 3
+        return output.logits[0, : len(tree)].float() / 0.7
+
+
+@pytest.mark.parametrize("verifier_cls", [SequoiaVerifier, TargetSampleVerifier])
+@pytest.mark.parametrize("name", ["Llama", "Gemma 3 (text)"])
+def test_one_sampled_step_is_exact_on_a_static_cache(name, verifier_cls):
+    case = StaticCase(family(name), 3 * WINDOW)
+    spec = [[[]], [[]]]  # two children with a child each: depth 2, siblings and cousins in the mask, 3 padding rows
+    got, accepted = speculative_joint(case, spec, verifier_cls(), 3, build=case.build)
+    want = target_joint(case, case.prompt, 3)
+    assert abs(sum(got.values()) - 1) < 1e-9
+    assert total_variation(got, want) < 1e-5
+    assert accepted > 0.05
+
+
+def test_sampling_on_a_static_cache_matches_the_dynamic_run():
+    """Same seed, same draws: a sampled call on a static cache emits what it emits on a dynamic one. (A draft other
+    than the target: with a copy, p/q sits at 1 +- rounding, and whether an acceptance draws a number at all flips.)"""
+    target, draft = tiny("Qwen2"), tiny("Qwen2", 1)
+    ids = prompt()
+    outs = [
+        target.generate(ids, assistant_model=draft, speculation="sequoia",
+                        speculation_config=METHODS["sequoia"], do_sample=True, temperature=0.8, max_new_tokens=24,
+                        speculation_generator=torch.Generator().manual_seed(5), cache_implementation=impl)
+        for impl in ("dynamic", "static")
+    ]
+    assert torch.equal(outs[0], outs[1])
+
+
+# --------------------------------------------------------------------------- compiled forwards
+
+
+def compile_config(backend: str) -> CompileConfig:
+    config = CompileConfig(backend=backend, mode=None if backend != "inductor" else "default")
+    config._compile_all_devices = True  # Transformers' switch for compiling on a CPU, as plain generate reads it
+    return config
+
+
+@pytest.mark.parametrize("method", ["chain", "specexec"])
+def test_compile_config_is_honoured_with_few_graphs(method):
+    """compile_config reaches the tree passes through Transformers' own compiled call; the output stays plain's, and
+    the graphs stay few (dynamo compiles one per bucket at most, and turns to a dynamic-size graph after two)."""
+    target = tiny("Llama")
+    ids, n = prompt(), 40
+    config = compile_config("aot_eager")
+    expected = plain_static(target, ids, n, compile_config=config)
+    torch._dynamo.reset()
+    out = speculate(target, ids, n, method, cache_implementation="static", compile_config=config)
+    stats = out.speculation_stats
+    assert torch.equal(out.sequences, expected)
+    assert stats.compiled and 1 <= stats.graphs_compiled <= min(len(stats.tree_pass_sizes), 3)
+    again = speculate(target, ids, n, method, cache_implementation="static", compile_config=config)
+    assert torch.equal(again.sequences, expected) and again.speculation_stats.graphs_compiled == 0  # all reused
+
+
+def test_no_compile_without_a_compile_config_on_cpu():
+    """As plain generate: on a CPU a static cache alone does not compile."""
+    out = speculate(tiny("Llama"), prompt(), 8, "chain", cache_implementation="static")
+    assert not out.speculation_stats.compiled and out.speculation_stats.graphs_compiled == 0
+
+
+def test_forward_the_user_compiled_works():
+    target = copy.deepcopy(tiny("Gemma 3 (text)"))
+    ids, n = prompt(), 24
+    expected = plain_static(target, ids, n)
+    target.forward = torch.compile(target.forward, backend="eager")
+    out = speculate(target, ids, n, "tree", cache_implementation="static")
+    assert torch.equal(out.sequences, expected) and not out.speculation_stats.compiled
+
+
+@pytest.mark.slow
+def test_inductor_compiled_run_is_identical():
+    """A real inductor compile (CPU, C++ codegen; about a minute here): same tokens as plain compiled generate."""
+    target = tiny("Llama")
+    ids, n = prompt(), 24
+    config = compile_config("inductor")
+    expected = plain_static(target, ids, n, compile_config=config)
+    torch._dynamo.reset()
+    out = speculate(target, ids, n, "sequoia", cache_implementation="static", compile_config=config)
+    assert torch.equal(out.sequences, expected)
+    assert out.speculation_stats.compiled and 1 <= out.speculation_stats.graphs_compiled <= 3
+
+
+# --------------------------------------------------------------------------- the real pair
+
+
+@pytest.mark.real
+def test_real_pair_on_a_static_cache_equals_plain_static_generate(real_pair_fp32):
+    from hf_specdec_tools.prompts import humaneval_prompts
+
+    target, draft, tokenizer = real_pair_fp32
+    ids = tokenizer(humaneval_prompts(1)[0], return_tensors="pt").input_ids
+    expected = target.generate(ids, max_new_tokens=48, do_sample=False, cache_implementation="static")
+    out = target.generate(ids, assistant_model=draft, speculation="specexec", max_new_tokens=48, do_sample=False,
+                          speculation_config={"budget": 32, "max_depth": 8}, cache_implementation="static",
+                          return_dict_in_generate=True)
+    assert torch.equal(out.sequences, expected)
+    assert out.speculation_stats.target_forwards < 48 / 2
+    assert out.speculation_stats.tree_pass_sizes == {32}  # one shape for the whole call
