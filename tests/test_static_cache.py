@@ -172,6 +172,20 @@ def test_static_cache_too_small_is_refused_up_front():
     assert all(not layer.is_initialized for layer in cache.layers)  # untouched
 
 
+def test_returned_attentions_on_a_static_cache_are_refused():
+    """Plain static-cache generate returns attention rows as wide as the cache; ours would hold the path's columns."""
+    target = tiny("Llama")
+    target.config._attn_implementation = "eager"
+    cache = StaticCache(config=target.config, max_cache_len=64)
+    with pytest.raises(ValueError, match=r"static cache returns rows as wide as the cache.*drop output_attentions"):
+        speculate(target, prompt(), 8, "chain", past_key_values=cache, output_attentions=True)
+    with pytest.raises(ValueError, match=r"cache_implementation='dynamic'"):
+        speculate(target, prompt(), 8, "tree", cache_implementation="static", output_attentions=True)
+    assert all(not layer.is_initialized for layer in cache.layers)  # untouched
+    out = speculate(target, prompt(), 8, "chain", cache_implementation="static", output_hidden_states=True)
+    assert len(out.hidden_states) == 8  # the other returned outputs stay available on a static cache
+
+
 @pytest.mark.parametrize("implementation", ["offloaded_static", "quantized", "offloaded"])
 def test_other_cache_implementations_are_refused(implementation):
     with pytest.raises(ValueError, match=rf"cache_implementation='{implementation}'.*'dynamic' or 'static'"):

@@ -171,6 +171,13 @@ def check_cache(config: GenerationConfig, input_ids: torch.Tensor, cache: Any) -
             f"StaticCache, not with {given}: use cache_implementation='dynamic' or 'static' (or pass a DynamicCache "
             "/ StaticCache), or drop `speculation`."
         )
+    static = config.cache_implementation == "static" or isinstance(cache, StaticCache)
+    if static and config.output_attentions and config.return_dict_in_generate:
+        raise ValueError(
+            "Speculation returns attentions over the accepted tokens' key columns, while plain generate on a static "
+            "cache returns rows as wide as the cache: drop output_attentions, or use cache_implementation='dynamic' "
+            "(or drop `speculation`)."
+        )
     rows = static_capacity(cache) if cache is not None else None
     new = config.max_new_tokens if config.max_new_tokens is not None else config.max_length - input_ids.shape[1]
     needed = input_ids.shape[1] + new - 1  # the cache holds every token but the last, as in plain generate
