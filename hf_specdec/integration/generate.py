@@ -32,6 +32,7 @@ from ..core.model_inputs import TokenInputs
 from ..decoding.loop import speculative_loop
 from ..decoding.outputs import SpeculativeDecoderOnlyOutput, TokenRecords
 from ..decoding.stats import SpeculationStats
+from ..drafting.guarded import GuardedDrafter
 from ..verification import verifier_for
 from .call import SpeculationCall
 from .generation_config import FIELD, get_speculation, keep_field_on_load
@@ -154,20 +155,24 @@ def speculative_generate(
     verifier = verifier_for(call.config, do_sample)
     config = call.config
     request = config.plan_request()
+    plan_seconds = 0.0
     if request is not None:  # look the plan up (given, stored, re-sized or calibrated now) before drafting
+        start = time.perf_counter()
         plan, source = plan_for_call(request, model, call.assistant_model, call_temperature(generation_config),
                                      input_ids)
         config = config.with_plan(plan, source)
+        plan_seconds = time.perf_counter() - start
     if call.streamer is not None:
         call.streamer.put(input_ids.cpu())
     if not config.drafts():
         return _decode_plainly(model, input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus,
                                call, config, verifier.name, model_kwargs)
     cache = full_length_cache(model_kwargs.get("past_key_values"))  # sliding windows go into the tree masks
-    drafter = config.make_drafter(
+    drafter = GuardedDrafter(config.make_drafter(
         model, call.assistant_model, logits_processor, verifier.child_selection, call.generator
-    )
-    stats = SpeculationStats(method=config.method, verifier=verifier.name, plan_source=config.plan_source)
+    ))
+    stats = SpeculationStats(method=config.method, verifier=verifier.name, plan_source=config.plan_source,
+                             time_plan=plan_seconds)
     result = speculative_loop(
         model,
         input_ids,
