@@ -3,10 +3,10 @@
 Every step's wall time (drafting, the target pass, verification, bookkeeping) and tokens are measured. A plain step
 (the root alone) costs plain decoding's time per token exactly. Until one has run, the plain rate is estimated as a
 speculative step without its draft passes (the target's pass over the tree, verification and bookkeeping: a pass
-over one token costs no more on the hardware that speculation suits). When the
-running seconds per token of speculative steps exceeds the plain rate (by a margin above timing noise), the next `backoff` steps run plain;
-then speculation resumes as a probe (its rate measured afresh), and `backoff` doubles each time the probe loses
-again and resets once it wins: acceptance that returns is found within a bounded number of steps.
+over one token costs no more on the hardware that speculation suits). When the running seconds per token of
+speculative steps exceed the plain rate by more than timing noise, the next `backoff` steps run plain; then
+speculation resumes as a probe (its rate measured afresh), and `backoff` doubles each time the probe loses again and
+resets once it wins: acceptance that returns is found within a bounded number of steps.
 """
 
 from __future__ import annotations
