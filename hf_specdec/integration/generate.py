@@ -24,6 +24,7 @@ from transformers import (
     StopStringCriteria,
 )
 from transformers.generation.utils import GenerationMixin
+from transformers.utils import logging
 
 from ..calibration.plan_lookup import call_temperature, plan_for_call
 from ..core.config import SpeculationConfig, make_config
@@ -37,6 +38,9 @@ from ..verification import verifier_for
 from .call import SpeculationCall
 from .generation_config import FIELD, get_speculation, keep_field_on_load
 from .validation import check_generation_config, check_processors, check_speculation
+
+logger = logging.get_logger(__name__)
+FIRST_CALL_NOTICE_SECONDS = 1.0  # a plan lookup this long is a first call on new hardware: say what it cost
 
 _ORIGINAL_GENERATE = GenerationMixin.generate
 _SIGNATURE = inspect.signature(_ORIGINAL_GENERATE)
@@ -162,6 +166,9 @@ def speculative_generate(
                                      input_ids)
         config = config.with_plan(plan, source)
         plan_seconds = time.perf_counter() - start
+        if plan_seconds >= FIRST_CALL_NOTICE_SECONDS:  # re-sized or calibrated here: once per pair and hardware
+            logger.warning(f"hf_specdec: speculation={config.method!r} spent {plan_seconds:.1f} s before decoding on "
+                           f"its plan ({config.plan_source}); later calls reuse it.")
     if call.streamer is not None:
         call.streamer.put(input_ids.cpu())
     if not config.drafts():
