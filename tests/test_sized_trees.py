@@ -144,6 +144,8 @@ def _useless_draft(arch: str) -> torch.nn.Module:
 
 
 def _generate(target, draft, ids, config, new=40, **kwargs):
+    if config == "tree":
+        config = TreeConfig(per_step=True)
     return target.generate(ids, assistant_model=draft, speculation=config, max_new_tokens=new,
                            return_dict_in_generate=True, do_sample=False, **kwargs)
 
@@ -188,7 +190,7 @@ def test_shapes_and_plans_given_are_drafted_as_given(given_curves):
     drafters = {
         "tree widths": TreeConfig(widths=[2, 1]),
         "tree parents": TreeConfig(parents=[-1, 0, 0, 1]),
-        "tree per_step=False": TreeConfig(per_step=False),
+        "tree default": TreeConfig(),
         "sequoia plan": SequoiaConfig(plan=given),
         "sequoia per_step=False": SequoiaConfig(per_step=False),
     }
@@ -199,7 +201,7 @@ def test_shapes_and_plans_given_are_drafted_as_given(given_curves):
         drafter = config.make_drafter(target, target, None, "top_k", None)
         assert type(drafter) is ModelTreeDrafter, name
         assert drafter.host_shape.parents == config.shape(), name
-    sized = TreeConfig()
+    sized = TreeConfig(per_step=True)
     sized = sized.with_plan(*integration.plan_for_call(sized.plan_request(), target, target, 0.0, None))
     assert isinstance(sized.make_drafter(target, target, None, "top_k", None), SizedShapeDrafter)
     ids = random_prompt(torch.Generator().manual_seed(6), 8)
