@@ -157,7 +157,6 @@ def test_a_perfect_draft_grows_deep_trees_and_output_stays_identical(given_curve
     out = _generate(target, target, ids, method)
     stats = out.speculation_stats
     assert torch.equal(out.sequences, target.generate(ids, do_sample=False, max_new_tokens=40))
-    assert "sized every step" in stats.plan_source or "sized every step" in stats.plan_source.lower()
     assert stats.mean_tokens_per_step >= 3.5 and stats.plain_steps == 0
 
 

@@ -58,7 +58,7 @@ class SizedShapeDrafter(ModelTreeDrafter):
         choice, _ = self.menu.best(self.sizer, self.ranks)
         if choice == 0:
             self.plain_choices += 1
-            if self.plain_choices > self.probe_after:  # probe: the best tree, drafted anyway
+            if self.plain_choices > self.probe_after and len(self.menu.shapes) > 1:  # probe: the best tree, anyway
                 self.plain_choices, self.probe_after = 0, min(2 * self.probe_after, MAX_PROBE_AFTER)
                 choice = self._best_tree()
         else:

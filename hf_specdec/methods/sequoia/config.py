@@ -77,8 +77,9 @@ class SequoiaConfig(StaticShapeConfig):
         resolved = dataclasses.replace(self, plan=plan)
         resolved.sized = (self.per_step and self.plan is None and isinstance(plan, SequoiaPlan)
                           and plan.profile is not None)
-        resolved.plan_source = source + ("; trees sized every step from its DP table" if resolved.sized else "")
-        logger.info(f"hf_specdec: speculation='sequoia' uses {resolved.plan_source}.")
+        resolved.plan_source = source  # where the plan came from, as for a static plan (the sizing is logged)
+        sizing = "; trees sized every step from its DP table" if resolved.sized else ""
+        logger.info(f"hf_specdec: speculation='sequoia' uses {source}{sizing}.")
         return resolved
 
     def drafts(self) -> bool:
