@@ -155,6 +155,7 @@ def speculative_loop(
         stats.time_verifying += t2 - t1
     stats.graphs_compiled = counters["stats"]["unique_graphs"] - graphs
     stats.draft_forwards = drafter.forward_count
+    stats.shrunk_steps = getattr(drafter, "shrunk_steps", 0)
     stats.time_draft_forward = drafter.forward_time
     stats.time_total = time.perf_counter() - start
     if streamer is not None:
@@ -295,6 +296,7 @@ def _record(stats: SpeculationStats, tree, verdict, emitted: int) -> None:
     stats.drafted_tokens += len(tree) - 1
     stats.new_tokens += emitted
     stats.tokens_per_step.append(emitted)
+    stats.plain_steps += len(tree) == 1
     children = tree.host().children()
     for depth, node in enumerate(verdict.path):
         if children[node]:

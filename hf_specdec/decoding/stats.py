@@ -18,8 +18,11 @@ class SpeculationStats:
     drafted_tokens: int = 0
     new_tokens: int = 0
     tokens_per_step: list[int] = field(default_factory=list)
+    plain_steps: int = 0  # steps that verified the root alone (a plain target step: the guard or the sizing chose it)
+    shrunk_steps: int = 0  # steps whose tree the sizing cut below the method's full tree (plain steps not counted)
     accepted_ranks: Counter = field(default_factory=Counter)  # (depth, rank) -> count
     reached_depths: Counter = field(default_factory=Counter)  # depth -> steps that verified a node there
+    time_plan: float = 0.0  # looking the plan up before decoding (a first call on new hardware measures its curves)
     time_prefill: float = 0.0
     time_drafting: float = 0.0
     time_verifying: float = 0.0
@@ -69,7 +72,10 @@ class SpeculationStats:
             "new_tokens": self.new_tokens,
             "mean_tokens_per_step": self.mean_tokens_per_step,
             "tokens_per_step_histogram": self.tokens_per_step_histogram,
+            "plain_steps": self.plain_steps,
+            "shrunk_steps": self.shrunk_steps,
             "acceptance_by_rank": self.acceptance_by_rank(),
+            "time_plan": self.time_plan,
             "time_prefill": self.time_prefill,
             "time_drafting": self.time_drafting,
             "time_verifying": self.time_verifying,

@@ -55,20 +55,29 @@ class ModelTreeDrafter(DraftModelCounts, Drafter):
         vocab: int | None = None,
     ) -> None:
         self.runner = DraftModelRunner(draft_model, vocab)
-        device = self.runner.device
-        self.host_shape = HostTree(parents=list(shape))
-        self.shape = TokenTree.from_parents(torch.zeros(len(shape), dtype=torch.long), list(shape))
-        self.shape = TokenTree(tokens=self.shape.tokens.to(device), parents=self.shape.parents.to(device),
-                               _depths=self.shape.depths.to(device), _ancestors=self.shape.ancestors.to(device),
-                               _host=self.host_shape)
         self.logits_processor = logits_processor
         self.child_selection = child_selection
         self.generator = generator
         self.sequence = HostSequence()
-        self.levels, self.slot_of = self._plan_levels()
+        self._shapes: dict[tuple[int, ...], tuple] = {}  # shape -> its device tensors and levels, built once
+        self.use_shape(shape)
         self._score_rows: dict[int, torch.Tensor] = {}  # shape node -> processed draft scores (nodes with children)
         self._kept = list(range(len(shape)))  # shape node of each node of the last proposed tree
+        self._levels_run = 0
         self._probs: torch.Tensor | None = None  # see _draft_probs
+
+    def use_shape(self, shape: list[int]) -> None:
+        """Draft `shape` from the next step on (what a drafter sized every step switches between)."""
+        key = tuple(shape)
+        if key not in self._shapes:
+            device = self.runner.device
+            self.host_shape = HostTree(parents=list(shape))
+            tree = TokenTree.from_parents(torch.zeros(len(shape), dtype=torch.long), list(shape))
+            self.shape = TokenTree(tokens=tree.tokens.to(device), parents=tree.parents.to(device),
+                                   _depths=tree.depths.to(device), _ancestors=tree.ancestors.to(device),
+                                   _host=self.host_shape)
+            self._shapes[key] = (self.host_shape, self.shape, *self._plan_levels())
+        self.host_shape, self.shape, self.levels, self.slot_of = self._shapes[key]
 
     def _plan_levels(self) -> tuple[list[ShapeLevel], list[int]]:
         """The levels to expand, and the draft-cache slot each shape node takes when forwarded (-1: never; the root
@@ -103,6 +112,7 @@ class ModelTreeDrafter(DraftModelCounts, Drafter):
         tokens = torch.full((n,), ids[-1], dtype=torch.long, device=device)
         self._kept = list(range(n))
         self._score_rows = {}
+        self._levels_run = 0  # levels forwarded this step: the draft cache holds nodes of depth 1 .. this - 1
         if n == 1:  # a root-only plan (the draft never helps): no draft pass at all
             return TokenTree(tokens=tokens, parents=shape.parents, _host=HostTree(self.host_shape.parents, ids[-1:]))
         tokens[1:] = -1
@@ -110,7 +120,11 @@ class ModelTreeDrafter(DraftModelCounts, Drafter):
         prefix = input_ids[:, :-1].to(device)
         sampling = self.child_selection != "top_k"
         draft_probs = None
-        for level in self.levels:
+        self._step_started(tokens)
+        for index, level in enumerate(self.levels):
+            if index > 0 and not self._level_pays(index):
+                break  # deeper nodes stay undrafted (-1) and are pruned
+            self._levels_run = index + 1
             if level.parent_list[0] != 0:  # forward this level's nodes (the root's logits came with the sync)
                 _, logits = self.runner.forward_tree(tokens[level.parents].clamp(min=0), level.depths, level.sees)
             else:
@@ -126,18 +140,34 @@ class ModelTreeDrafter(DraftModelCounts, Drafter):
             kids = select_children(probs, level.widths, self.child_selection, self.generator)
             kids = torch.where(tokens[level.parents, None] >= 0, kids, -1)  # an undrafted node has no children
             tokens[level.children] = kids[level.rows, level.cols]
+            self._level_drafted(level, scores, kids)
         return self._prune(tokens, draft_probs)
+
+    # --- hooks for a drafter sized every step (`SizedShapeDrafter`); no host reads here ----------------------
+    def _step_started(self, tokens: torch.Tensor) -> None:
+        """A step's drafting begins (`tokens`: the shape's tokens, -1 where not drafted yet)."""
+
+    def _level_pays(self, index: int) -> bool:
+        """Whether to run the pass of level `index` (> 0); a static shape always drafts every level."""
+        return True
+
+    def _level_drafted(self, level: ShapeLevel, scores: torch.Tensor, kids: torch.Tensor) -> None:
+        """Level `level`'s children were chosen: `kids` `(parents, max width)` from `scores` (-1: none)."""
 
     def _draft_probs(self, vocab: int) -> torch.Tensor:
         """The `(n, vocab)` draft distributions of the proposed tree: one buffer, zeroed once, whose rows of nodes
         with children are overwritten every step (the rest stay zero); valid until the next `propose`."""
-        if self._probs is None or self._probs.shape[1] != vocab:
+        if self._probs is None or self._probs.shape[1] != vocab or len(self._probs) < len(self.shape):
             self._probs = torch.zeros(len(self.shape), vocab, device=self.runner.device)
-        return self._probs
+        return self._probs[: len(self.shape)]  # rows of another shape's parents are stale, but only leaves here
+
+    def _read_tokens(self, tokens: torch.Tensor) -> list[int]:
+        """The drafted tokens on the host: the step's one read."""
+        return tokens.tolist()
 
     def _prune(self, tokens: torch.Tensor, draft_probs: torch.Tensor | None) -> TokenTree:
-        """Drop nodes that could not be drafted (fewer candidates than the shape wanted): the step's one read."""
-        token_list = tokens.tolist()
+        """Drop nodes that could not be drafted (fewer candidates than the shape wanted, or levels not run)."""
+        token_list = self._read_tokens(tokens)
         host = HostTree(parents=self.host_shape.parents, tokens=token_list)
         tree = TokenTree(tokens=tokens, parents=self.shape.parents, draft_probs=draft_probs, _depths=self.shape.depths,
                          _ancestors=self.shape.ancestors, _host=host)
@@ -154,7 +184,9 @@ class ModelTreeDrafter(DraftModelCounts, Drafter):
     def accept(self, input_ids: torch.LongTensor, tree: TokenTree, verdict: Verdict) -> None:
         """Keep the committed prefix plus the accepted nodes the draft already forwarded."""
         self.sequence.extend(input_ids, emitted_tokens(tree, verdict))
-        slots = [self.slot_of[self._kept[node]] for node in verdict.path[1:]]
+        depths = self.host_shape.depths()
+        slots = [self.slot_of[k] if depths[k] < self._levels_run else -1
+                 for k in (self._kept[node] for node in verdict.path[1:])]
         self.runner.commit(self.sequence.read(input_ids), forwarded_prefix(slots))
 
 

@@ -44,4 +44,11 @@ class StepSizedConfig(SpeculationConfig):
         if profile is None:
             raise RuntimeError(f"{type(self).__name__} without a budget needs latency curves: the integration passes "
                                "a plan to `with_plan` first (see `plan_request`).")
-        return StepSizer(profile, learned_acceptance(draft, (id(target), processors_key(processors))))
+        return online_sizer(profile, target, draft, processors)
+
+
+def online_sizer(
+    profile: Any, target: PreTrainedModel, draft: PreTrainedModel, processors: LogitsProcessorList | None
+) -> StepSizer:
+    """A call's cost model: these latency curves, and the acceptance learned so far for this pair and processors."""
+    return StepSizer(profile, learned_acceptance(draft, (id(target), processors_key(processors))))

@@ -24,6 +24,7 @@ from transformers import (
     StopStringCriteria,
 )
 from transformers.generation.utils import GenerationMixin
+from transformers.utils import logging
 
 from ..calibration.plan_lookup import call_temperature, plan_for_call
 from ..core.config import SpeculationConfig, make_config
@@ -33,10 +34,14 @@ from ..core.ranks import Ranks
 from ..decoding.loop import speculative_loop
 from ..decoding.outputs import SpeculativeDecoderOnlyOutput, TokenRecords
 from ..decoding.stats import SpeculationStats
+from ..drafting.guarded import GuardedDrafter
 from ..verification import verifier_for
 from .call import SpeculationCall
 from .generation_config import FIELD, get_speculation, keep_field_on_load
 from .validation import check_generation_config, check_processors, check_speculation
+
+logger = logging.get_logger(__name__)
+FIRST_CALL_NOTICE_SECONDS = 1.0  # a plan lookup this long is a first call on new hardware: say what it cost
 
 _ORIGINAL_GENERATE = GenerationMixin.generate
 _SIGNATURE = inspect.signature(_ORIGINAL_GENERATE)
@@ -159,10 +164,16 @@ def speculative_generate(
     config = call.config
     ranks = Ranks.of(model)  # a sharded target's ranks: the lowest decides what depends on clocks, files, draws
     request = config.plan_request()
+    plan_seconds = 0.0
     if request is not None:  # look the plan up (given, stored, re-sized or calibrated now) before drafting
+        start = time.perf_counter()
         plan, source = plan_for_call(request, model, call.assistant_model, call_temperature(generation_config),
                                      input_ids, ranks)
         config = config.with_plan(plan, source)
+        plan_seconds = time.perf_counter() - start
+        if plan_seconds >= FIRST_CALL_NOTICE_SECONDS:  # re-sized or calibrated here: once per pair and hardware
+            logger.warning(f"hf_specdec: speculation={config.method!r} spent {plan_seconds:.1f} s before decoding on "
+                           f"its plan ({config.plan_source}); later calls reuse it.")
     if call.streamer is not None:
         call.streamer.put(input_ids.cpu())
     if not config.drafts():
@@ -176,11 +187,11 @@ def speculative_generate(
     # sliding windows go into the tree masks; a static cache's sliding layers become full ones of `rows` rows
     cache = full_length_cache(cache, capacity=rows)
     forward = compiled_forward(model, cache, generation_config)
-    drafter = config.make_drafter(
+    drafter = GuardedDrafter(config.make_drafter(
         model, call.assistant_model, logits_processor, verifier.child_selection, call.generator
-    )
+    ))
     stats = SpeculationStats(method=config.method, verifier=verifier.name, plan_source=config.plan_source,
-                             compiled=forward is not None)
+                             compiled=forward is not None, time_plan=plan_seconds)
     result = speculative_loop(
         model,
         input_ids,

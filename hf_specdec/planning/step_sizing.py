@@ -104,24 +104,39 @@ class StepSizer:
         best = int(per_token.argmin())
         return best + 1, float(per_token[best])
 
+    def plain_seconds(self) -> float:
+        """Predicted seconds of a plain step (the root alone, no draft pass): what every tree must beat per token."""
+        return float(self.target_seconds(1)) + self.profile.step_overhead
+
+    def _after_pass(self, values: torch.Tensor, size: int, open_values: torch.Tensor, draft_seconds: float) -> float:
+        """Predicted seconds per token once one more draft pass expands all of `open_values`."""
+        expected = 1.0 + float(values[: size - 1].sum()) + self.expansion_gain * float(open_values.sum())
+        seconds = draft_seconds + self.draft_seconds(len(open_values)) + self.target_seconds(size + len(open_values))
+        return (seconds + self.profile.step_overhead) / expected
+
     def next_frontier(
         self, values: torch.Tensor, open_values: torch.Tensor, draft_seconds: float
     ) -> int:
         """How many of the best open nodes (values `open_values`, sorted descending) the next draft pass should
         expand; 0 when no pass is predicted to lower the time per token."""
         size, best = self.best_size(values, draft_seconds)
-        expected = 1.0 + float(values[: size - 1].sum())
         choice = 0
         for width in FRONTIER_SIZES:
             width = min(width, len(open_values))
-            gain = self.expansion_gain * float(open_values[:width].sum())
-            seconds = draft_seconds + self.draft_seconds(width) + self.target_seconds(size + width)
-            per_token = (seconds + self.profile.step_overhead) / (expected + gain)
+            per_token = self._after_pass(values, size, open_values[:width], draft_seconds)
             if per_token < best:
                 best, choice = per_token, width
             if width == len(open_values):
                 break
         return choice
+
+    def pass_pays(self, values: torch.Tensor, open_values: torch.Tensor, draft_seconds: float) -> bool:
+        """Whether one more draft pass over all of `open_values` (a planned shape's next level) is predicted to
+        lower the time per token: the early stop of a shaped tree when the draft is unsure."""
+        if len(open_values) == 0:
+            return False
+        size, best = self.best_size(values, draft_seconds)
+        return self._after_pass(values, size, open_values, draft_seconds) < best
 
     def observe_expansion(self, parent_values: torch.Tensor, children_values: torch.Tensor) -> None:
         """An expansion added `children_values` (each row: the children of one parent): update g."""

@@ -155,10 +155,11 @@ def run_benchmark(
     if draft is not None:
         counters["draft"] = ForwardCounter(draft)
     calls: list[dict[str, Any]] = []
+    first_calls: list[dict[str, Any]] = []
     interrupted, stopped_at = False, None
     start = run_clock()
     try:
-        _warm_up(target, draft, counters, strategies, prompts[0], settings, progress)
+        first_calls = _warm_up(target, draft, counters, strategies, prompts[0], settings, progress)
         bar = tqdm(total=len(prompts) * settings.repeats * len(strategies), desc="bench", unit="call",
                    disable=not progress)
         with bar:
@@ -194,6 +195,7 @@ def run_benchmark(
                                                          "max_seconds": settings.max_seconds},
         "settings": dataclasses.asdict(settings),
         "strategies": [s.to_dict() for s in strategies],
+        "first_calls": first_calls,
         "calls": calls,
         "summary": summarize(calls, [s.to_dict() for s in strategies], sampling=settings.sampling),
     }
@@ -204,13 +206,21 @@ def _out_of_time(max_seconds: float | None, start: float, seconds_per_prompt: fl
     return max_seconds is not None and run_clock() - start + seconds_per_prompt > max_seconds
 
 
-def _warm_up(target, draft, counters, strategies, input_ids, settings, progress) -> None:
-    """Unmeasured short calls of every strategy: first-call costs (allocator, thread pools, lazy init) go here."""
+def _warm_up(target, draft, counters, strategies, input_ids, settings, progress) -> list[dict[str, Any]]:
+    """Unmeasured short calls of every strategy: first-call costs (allocator, thread pools, lazy init, a plan looked
+    up or re-sized for this hardware) go here, out of the measured rows. Returns each strategy's first call: its
+    seconds, and the plan lookup's seconds and source where it has one."""
+    first: list[dict[str, Any]] = []
     if settings.warmup == 0:
-        return
+        return first
     tokens = min(settings.warmup_tokens, settings.max_new_tokens)
     with tqdm(total=settings.warmup * len(strategies), desc="warm-up", unit="call", disable=not progress) as bar:
         for _ in range(settings.warmup):
             for strategy in strategies:
-                measure_call(target, draft, counters, strategy, input_ids, settings, settings.seed, tokens)
+                record, _ = measure_call(target, draft, counters, strategy, input_ids, settings, settings.seed, tokens)
+                if len(first) < len(strategies):
+                    stats = record.get("speculation_stats") or {}
+                    first.append({"strategy": strategy.label, "seconds": record.get("seconds"),
+                                  "time_plan": stats.get("time_plan"), "plan_source": stats.get("plan_source")})
                 bar.update()
+    return first

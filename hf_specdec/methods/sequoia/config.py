@@ -12,8 +12,12 @@ from transformers.utils import logging
 
 from ...calibration.plan_file import SequoiaPlan
 from ...core.config import PlanRequest, register_speculation
-from ...drafting.shaped_tree import StaticShapeConfig
+from ...core.model_info import vocab_size
+from ...drafting.shaped_tree import ModelTreeDrafter, StaticShapeConfig
+from ...drafting.sized_shape import SizedShapeDrafter
+from ...drafting.step_sized import online_sizer
 from ...planning.sequoia import TreePlan
+from ...planning.shape_sizing import RankAcceptance, sequoia_menu
 
 logger = logging.get_logger(__name__)
 
@@ -24,8 +28,15 @@ class SequoiaConfig(StaticShapeConfig):
     """`speculation="sequoia"`: the DP-optimal tree for this pair's measured acceptance, sized to this hardware.
 
     The plan comes from, in this order: `plan` when given; a plan stored for this model pair, dtype, device and
-    temperature (saved on this machine, or shipped with the package for the embedded default pair); else a short
-    online calibration on the current prompt, saved for next time. `speculation_stats.plan_source` says which.
+    temperature (saved on this machine, or shipped with the package for the embedded default pair, re-sized with
+    latency curves measured here); else a short online calibration on the current prompt, saved for next time.
+    `speculation_stats.plan_source` says which.
+
+    A plan looked up (not given) is sized every step (`per_step`, the default): each step drafts the DP's best tree
+    for the size and depth with the least predicted time per token, under the acceptance learned while generating
+    and latency curves corrected by the passes measured (planning/shape_sizing.py), stops drafting deeper levels when
+    the draft is unsure, and runs a plain step (the root alone) when no tree is predicted to beat one. A plan given,
+    or `per_step=False`, is drafted as it is, every step.
     """
 
     method = "sequoia"
@@ -41,6 +52,11 @@ class SequoiaConfig(StaticShapeConfig):
     )
     max_budget: int = field(default=128, metadata={"help": "Largest tree (nodes, root included) online sizing tries."})
     max_depth: int = field(default=12, metadata={"help": "Most levels (root included) online sizing tries."})
+    per_step: bool = field(
+        default=True,
+        metadata={"help": "Size the tree every step from the DP's table (a looked-up plan lends its acceptance and "
+                  "latency curves); False drafts the plan's own tree every step. A `plan` given is always kept."},
+    )
 
     def validate(self) -> None:
         if isinstance(self.plan, (str, os.PathLike)) and not Path(self.plan).is_file():
@@ -59,9 +75,24 @@ class SequoiaConfig(StaticShapeConfig):
 
     def with_plan(self, plan: SequoiaPlan | TreePlan, source: str) -> SequoiaConfig:
         resolved = dataclasses.replace(self, plan=plan)
-        resolved.plan_source = source
-        logger.info(f"hf_specdec: speculation='sequoia' uses {source}.")
+        resolved.sized = (self.per_step and self.plan is None and isinstance(plan, SequoiaPlan)
+                          and plan.profile is not None)
+        resolved.plan_source = source  # where the plan came from, as for a static plan (the sizing is logged)
+        sizing = "; trees sized every step from its DP table" if resolved.sized else ""
+        logger.info(f"hf_specdec: speculation='sequoia' uses {source}{sizing}.")
         return resolved
+
+    def drafts(self) -> bool:
+        return getattr(self, "sized", False) or super().drafts()
+
+    def make_drafter(self, target, assistant_model, logits_processor, child_selection, generator) -> ModelTreeDrafter:
+        if not getattr(self, "sized", False):
+            return super().make_drafter(target, assistant_model, logits_processor, child_selection, generator)
+        menu = sequoia_menu(self.plan.acceptance, self.max_budget, self.max_depth)
+        return SizedShapeDrafter(assistant_model, menu, online_sizer(self.plan.profile, target, assistant_model,
+                                                                     logits_processor),
+                                 RankAcceptance(self.plan.acceptance, menu.width), len(self.plan.parents),
+                                 logits_processor, child_selection, generator, vocab_size(target))
 
     def shape(self) -> list[int]:
         if not isinstance(self.plan, (TreePlan, SequoiaPlan)):

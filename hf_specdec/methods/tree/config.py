@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
+from typing import Any
 
-from ...core.config import register_speculation
-from ...drafting.shaped_tree import StaticShapeConfig
+from ...core.config import PlanRequest, register_speculation
+from ...core.model_info import vocab_size
+from ...drafting.shaped_tree import ModelTreeDrafter, StaticShapeConfig
+from ...drafting.sized_shape import SizedShapeDrafter
+from ...drafting.step_sized import PLAN_BUDGET, online_sizer
+from ...planning.shape_sizing import RankAcceptance, sub_shapes_menu
 from ...planning.shapes import validate_parents, widths_parents
 
 # Wide and shallow: on a 2-core CPU a 32-node target pass costs < 2 single-token passes, while each
@@ -16,7 +22,12 @@ DEFAULT_TREE_WIDTHS = [4, 2, 1, 1]
 @register_speculation
 @dataclass
 class TreeConfig(StaticShapeConfig):
-    """A static tree: give `widths` (children of every node, per level) or an explicit `parents` list."""
+    """A static tree: give `widths` (children of every node, per level) or an explicit `parents` list.
+
+    With neither and `per_step=True`, the default shape is sized every step: each step drafts the smaller version of it
+    (fewer levels, fewer children) with the least predicted time per token, down to a plain step, with the latency
+    curves and acceptance vector of the pair's plan (planning/shape_sizing.py). A shape given is drafted as given.
+    """
 
     method = "tree"
     widths: list[int] | None = field(
@@ -27,6 +38,35 @@ class TreeConfig(StaticShapeConfig):
         default=None,
         metadata={"help": "Explicit shape: parents[i] is node i's parent, -1 for the root, breadth-first order."},
     )
+
+    per_step: bool = field(
+        default=False,
+        metadata={"help": "With no shape given: size the default shape every step (default False: draft it whole, "
+                  "which the test suite's draft-equals-target checks rely on)."},
+    )
+
+    def _sized(self) -> bool:
+        return self.per_step and self.widths is None and self.parents is None
+
+    def plan_request(self) -> PlanRequest | None:
+        return PlanRequest(max_budget=PLAN_BUDGET) if self._sized() else None
+
+    def with_plan(self, plan: Any, source: str) -> TreeConfig:
+        resolved = dataclasses.replace(self)
+        if getattr(plan, "profile", None) is not None:
+            resolved.plan = plan
+            resolved.plan_source = f"the default shape sized every step with the acceptance and latency of {source}"
+        return resolved
+
+    def make_drafter(self, target, assistant_model, logits_processor, child_selection, generator) -> ModelTreeDrafter:
+        plan = getattr(self, "plan", None)
+        if plan is None:
+            return super().make_drafter(target, assistant_model, logits_processor, child_selection, generator)
+        menu = sub_shapes_menu(DEFAULT_TREE_WIDTHS)
+        return SizedShapeDrafter(assistant_model, menu, online_sizer(plan.profile, target, assistant_model,
+                                                                     logits_processor),
+                                 RankAcceptance(plan.acceptance, menu.width), len(self.shape()),
+                                 logits_processor, child_selection, generator, vocab_size(target))
 
     def validate(self) -> None:
         if self.widths is not None and self.parents is not None:

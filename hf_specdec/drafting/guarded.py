@@ -1,0 +1,81 @@
+"""Any drafter behind the measured guard (planning/guard.py): a plain step is the root alone, proposed as a TokenTree.
+
+The loop never knows: it verifies a one-node tree with one target pass over one token, which is plain decoding's
+step (greedy output identical, sampling exact, the same code path), and the drafter underneath catches up with the
+tokens it did not see on its next proposal, as it does after any accepted block.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from ..core.drafter import Drafter
+from ..core.model_inputs import TokenInputs
+from ..core.tree import HostTree, TokenTree
+from ..core.verdict import Verdict
+from ..planning.guard import PlainGuard
+
+
+def root_only(last: int, device: torch.device) -> TokenTree:
+    """The tree of a plain step: the last committed token alone."""
+    return TokenTree(tokens=torch.tensor([last], device=device), parents=torch.tensor([-1], device=device),
+                     _host=HostTree(parents=[-1], tokens=[last]))
+
+
+class GuardedDrafter(Drafter):
+    """`inner`'s trees while they beat plain decoding's measured rate; plain steps while they do not."""
+
+    def __init__(self, inner: Drafter, guard: PlainGuard | None = None) -> None:
+        self.inner = inner
+        self.guard = guard or PlainGuard()
+        self._started: float | None = None  # when the last proposal began (a step runs until the next one)
+        self._last: tuple[bool, int] | None = None  # (plain, tokens emitted) of the last step
+        self._draft_time = 0.0  # the inner drafter's pass time when the last step began
+
+    @property
+    def forward_count(self) -> int:
+        return self.inner.forward_count
+
+    @property
+    def forward_time(self) -> float:
+        return self.inner.forward_time
+
+    @property
+    def shrunk_steps(self) -> int:
+        return getattr(self.inner, "shrunk_steps", 0)
+
+    @property
+    def guard_plain_steps(self) -> int:
+        return self.guard.plain_steps
+
+    def propose(self, input_ids: torch.LongTensor) -> TokenTree:
+        now = time.perf_counter()
+        if self._started is not None and self._last is not None:
+            self.guard.observe(now - self._started, self._last[1], self._last[0], self.forward_time - self._draft_time)
+        self._started, self._last, self._draft_time = now, None, self.forward_time
+        if self.guard.plain_next():
+            sequence = getattr(self.inner, "sequence", None)  # a host copy of the ids: no read from the device
+            last = sequence.read(input_ids)[-1] if sequence is not None else int(input_ids[0, -1])
+            return root_only(last, getattr(getattr(self.inner, "runner", None), "device", input_ids.device))
+        return self.inner.propose(input_ids)
+
+    def accept(self, input_ids: torch.LongTensor, tree: TokenTree, verdict: Verdict) -> None:
+        self._last = (len(tree) == 1, len(verdict.path))
+        self.inner.accept(input_ids, tree, verdict)
+
+    def use_inputs(self, inputs: TokenInputs) -> None:
+        self.inner.use_inputs(inputs)
+
+    def observe_target_pass(self, tree_size: int, seconds: float) -> None:
+        self.inner.observe_target_pass(tree_size, seconds)
+
+    def node_scores(self, nodes: list[int]) -> torch.Tensor | None:
+        return self.inner.node_scores(nodes)
+
+    def __getattr__(self, name: str):
+        """Everything else (stage counts, the runner, ...) is the inner drafter's."""
+        if name == "inner":
+            raise AttributeError(name)
+        return getattr(self.inner, name)

@@ -1,0 +1,135 @@
+"""A planned shape sized every step (`sequoia` and `tree` at their defaults): choose, draft, stop early, learn.
+
+Before a step: the shape of the menu with the least predicted time per token (planning/shape_sizing.py), possibly
+the root alone (a plain step). While drafting: before each level's pass, the drafted nodes are valued as SpecExec's
+sizer values them (a(v) = a(parent) f(q_v), f learned online from the draft's probabilities) and the pass runs only
+if `StepSizer.pass_pays`: an unsure draft stops after fewer levels. After: the verdict teaches both acceptance models.
+
+Sampling stays exact with Sequoia's verifier: the shape is chosen from earlier steps only, and an early stop only
+decides whether nodes already drafted get children, never whether a drafted sibling is kept.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import torch
+from transformers import LogitsProcessorList, PreTrainedModel
+
+from ..core.tree import TokenTree
+from ..core.verdict import Verdict
+from ..planning.shape_sizing import RankAcceptance, ShapeMenu
+from ..planning.step_sizing import StepSizer
+from .shaped_tree import ModelTreeDrafter, ShapeLevel
+
+#: plain steps the prediction chose before one tree is drafted anyway (doubling while it keeps losing), so that
+#: acceptance that returns is seen
+PROBE_AFTER, MAX_PROBE_AFTER = 8, 64
+
+
+class SizedShapeDrafter(ModelTreeDrafter):
+    """`ModelTreeDrafter` over the shape `menu.best` picks each step; deeper levels only while they pay."""
+
+    def __init__(
+        self,
+        draft_model: PreTrainedModel,
+        menu: ShapeMenu,
+        sizer: StepSizer,
+        ranks: RankAcceptance,
+        full_size: int,
+        logits_processor: LogitsProcessorList | None = None,
+        child_selection: str = "top_k",
+        generator: torch.Generator | None = None,
+        vocab: int | None = None,
+    ) -> None:
+        super().__init__(draft_model, [-1], logits_processor, child_selection, generator, vocab)
+        self.menu, self.sizer, self.ranks = menu, sizer, ranks
+        self.full_size = full_size  # nodes of the method's full tree: a smaller tree is a shrunk step
+        self.shrunk_steps = 0
+        self.plain_choices = 0  # consecutive steps the prediction chose plain
+        self.probe_after = PROBE_AFTER
+        self._start = 0.0
+        self._logq: torch.Tensor | None = None  # the draft's log-probability of each shape node (device)
+        self._host_logq: list[float] = []
+        self._draft_before = 0.0
+
+    def propose(self, input_ids: torch.LongTensor) -> TokenTree:
+        choice, _ = self.menu.best(self.sizer, self.ranks)
+        if choice == 0:
+            self.plain_choices += 1
+            if self.plain_choices > self.probe_after and len(self.menu.shapes) > 1:  # probe: the best tree, anyway
+                self.plain_choices, self.probe_after = 0, min(2 * self.probe_after, MAX_PROBE_AFTER)
+                choice = self._best_tree()
+        else:
+            self.plain_choices, self.probe_after = 0, PROBE_AFTER
+        self.use_shape(self.menu.shapes[choice])
+        self._start = time.perf_counter()
+        tree = super().propose(input_ids)
+        if 1 < len(tree) < self.full_size:
+            self.shrunk_steps += 1
+        return tree
+
+    def _best_tree(self) -> int:
+        per_token = self.menu.seconds_per_step(self.sizer) / self.menu.expected_tokens(self.ranks.vector())
+        return 1 + int(per_token[1:].argmin())
+
+    # --- the hooks of ModelTreeDrafter.propose ---------------------------------------------------------
+    def _step_started(self, tokens: torch.Tensor) -> None:
+        self._logq = torch.full((len(tokens),), -math.inf, device=tokens.device)
+        self._logq[0] = 0.0
+
+    def _level_drafted(self, level: ShapeLevel, scores: torch.Tensor, kids: torch.Tensor) -> None:
+        if level.parent_list[0] != 0:  # the root's pass also fed the accepted tokens: not a comparable timing
+            self.sizer.observe_draft(len(level.parent_list), self.runner.forward_time - self._draft_before)
+        logq = scores.float().log_softmax(-1).gather(1, kids.clamp(min=0))
+        logq = torch.where(kids >= 0, logq, -math.inf)
+        self._logq[level.children] = logq[level.rows, level.cols]
+
+    def _level_pays(self, index: int) -> bool:
+        """The pass of level `index` runs if predicted to lower the time per token (one read: the values so far)."""
+        values = self._values(self._logq.tolist())
+        depths = self.host_shape.depths()
+        drafted = sorted((v for node, v in enumerate(values) if 0 < node and depths[node] <= index and v > 0),
+                         reverse=True)
+        parents = self.levels[index].parent_list
+        above = self.levels[index - 1].parent_list
+        children = [c for p in above for c in self.host_shape.children()[p]]
+        self.sizer.observe_expansion(torch.tensor([values[p] for p in above], dtype=torch.float64),
+                                     torch.tensor([values[c] for c in children], dtype=torch.float64))
+        open_values = sorted((values[p] for p in parents if values[p] > 0), reverse=True)
+        self._draft_before = self.runner.forward_time
+        return self.sizer.pass_pays(torch.tensor(drafted, dtype=torch.float64),
+                                    torch.tensor(open_values, dtype=torch.float64), time.perf_counter() - self._start)
+
+    def _values(self, logq: list[float]) -> list[float]:
+        """a(v) per shape node: the chance the target keeps v's path, by the learned f(q) (0 where not drafted)."""
+        logf = self.sizer.acceptance(torch.tensor(logq, dtype=torch.float64)).tolist()
+        values = [1.0] * len(logq)
+        for node, parent in enumerate(self.host_shape.parents[1:], start=1):
+            values[node] = values[parent] * math.exp(logf[node]) if math.isfinite(logf[node]) else 0.0
+        return values
+
+    def _read_tokens(self, tokens: torch.Tensor) -> list[int]:
+        """Tokens and their draft log-probabilities in the step's one final read."""
+        token_list, self._host_logq = torch.stack([tokens.double(), self._logq.double()]).tolist()
+        return [int(t) for t in token_list]
+
+    # --- learning -------------------------------------------------------------------------------------
+    def observe_target_pass(self, tree_size: int, seconds: float) -> None:
+        self.sizer.observe_target(tree_size, seconds)
+
+    def accept(self, input_ids: torch.LongTensor, tree: TokenTree, verdict: Verdict) -> None:
+        super().accept(input_ids, tree, verdict)
+        if len(tree) < 2 or len(self._kept) != len(tree):
+            return  # a plain step (or a tree this drafter did not propose): nothing drafted to learn from
+        children = tree.host().children()
+        path = verdict.path
+        counts = [len(children[node]) for node in path if children[node]]
+        ranks = [verdict.accepted_ranks[j] if j + 1 < len(path) else None
+                 for j, node in enumerate(path) if children[node]]
+        self.ranks.update(counts, ranks)
+        reached = set(path)
+        kids = [c for node in path for c in children[node]]
+        logq = torch.tensor([self._host_logq[self._kept[c]] for c in kids], dtype=torch.float64)
+        self.sizer.acceptance.update(logq, torch.tensor([c in reached for c in kids]))

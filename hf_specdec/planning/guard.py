@@ -1,0 +1,71 @@
+"""The measured guard: speculation that keeps losing to plain decoding runs plain steps, and tries again later.
+
+Every step's wall time (drafting, the target pass, verification, bookkeeping) and tokens are measured. A plain step
+(the root alone) costs plain decoding's time per token exactly. Until one has run, the plain rate is estimated as a
+speculative step without its draft passes (the target's pass over the tree, verification and bookkeeping: a pass
+over one token costs no more on the hardware that speculation suits). When the running seconds per token of
+speculative steps exceed the plain rate by more than timing noise, the next `backoff` steps run plain; then
+speculation resumes as a probe (its rate measured afresh), and `backoff` doubles each time the probe loses again and
+resets once it wins: acceptance that returns is found within a bounded number of steps.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class PlainGuard:
+    patience: int = 4  # speculative steps measured before they are judged
+    margin: float = 1.1  # losing means slower than plain by this factor: timing noise alone must not flip a step
+    backoff: int = 4  # plain steps after a loss; doubles after each lost probe
+    max_backoff: int = 64
+    memory: float = 0.7  # weight of the past in the running means
+    plain_rate: float | None = None  # seconds per token of a plain step (running mean)
+    spec_seconds: float = 0.0  # running means over speculative steps since the last (re)start
+    spec_tokens: float = 0.0
+    spec_steps: int = 0
+    undrafted: float | None = None  # seconds of speculative steps outside draft passes (running mean)
+    waiting: int = 0  # plain steps left before the next probe
+    plain_steps: int = 0  # steps this guard turned plain (stats)
+    _base_backoff: int = 0
+
+    def plain_next(self) -> bool:
+        """Whether the next step should be a plain one."""
+        return self.waiting > 0
+
+    def reference(self) -> float | None:
+        """Seconds per token of plain decoding: measured, else estimated from the target's passes."""
+        return self.plain_rate if self.plain_rate is not None else self.undrafted
+
+    def observe(self, seconds: float, tokens: int, plain: bool, draft_seconds: float = 0.0) -> None:
+        """A step took `seconds` (`draft_seconds` of them in draft passes) and emitted `tokens`; `plain`: it verified
+        the root alone."""
+        if plain:
+            rate = seconds / max(tokens, 1)
+            self.plain_rate = rate if self.plain_rate is None else self._mean(self.plain_rate, rate)
+            if self.waiting > 0:
+                self.waiting -= 1
+                self.plain_steps += 1
+                if self.waiting == 0:  # probe: speculate again, judged on fresh measurements
+                    self.spec_seconds = self.spec_tokens = 0.0
+                    self.spec_steps = 0
+            return
+        first = self.spec_steps == 0
+        self.spec_seconds = seconds if first else self._mean(self.spec_seconds, seconds)
+        self.spec_tokens = tokens if first else self._mean(self.spec_tokens, tokens)
+        self.spec_steps += 1
+        undrafted = max(seconds - draft_seconds, 0.0)
+        self.undrafted = undrafted if self.undrafted is None else self._mean(self.undrafted, undrafted)
+        reference = self.reference()
+        if reference is None or self.spec_steps < self.patience:
+            return
+        if self.spec_seconds / max(self.spec_tokens, 1e-9) >= self.margin * reference:
+            self._base_backoff = self._base_backoff or self.backoff
+            self.waiting = self._base_backoff
+            self._base_backoff = min(2 * self._base_backoff, self.max_backoff)
+        elif self.spec_steps == self.patience:
+            self._base_backoff = 0  # the probe won: the next loss backs off briefly again
+
+    def _mean(self, old: float, new: float) -> float:
+        return self.memory * old + (1 - self.memory) * new

@@ -1,0 +1,136 @@
+"""Planned tree shapes sized every step: of a menu of shapes (the Sequoia DP's best tree for every size and depth,
+or the sub-shapes of a fixed one), draft the one with the least predicted time per token under what this call has
+learned so far:
+
+    time per token(shape) = (sum over its draft passes t_draft(w) + t_target(n) + overhead) / E(shape; p)
+
+with the `StepSizer`'s latency curves (corrected online by measured target and draft passes) and E the expected
+tokens per step of the shape under the positional acceptance vector p (the child drafted r-th under a kept node is
+kept with probability p_r) learned while generating (`RankAcceptance`). The root alone, a plain target step with no
+draft pass, is always on the menu: a step is never predicted slower than plain, and when nothing beats it the
+drafter runs plain steps until the learned acceptance or the corrected curves say a tree pays again.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .sequoia import TreePlanner, validate_acceptance
+from .shapes import validate_parents, widths_parents
+from .sizing import ROOT_PASS_TOKENS, default_budgets, level_widths_with_children
+from .step_sizing import StepSizer
+
+
+class RankAcceptance:
+    """p_r = P(the target keeps the child drafted r-th | it kept the parent), learned from verdicts.
+
+    Starts at `prior` (a plan's calibrated vector) worth `prior_weight` visits per rank, so that a few steps move it
+    and a long call follows the prompt. A rank past the prior's end starts at 0 (nothing to gain from it)."""
+
+    def __init__(self, prior: Sequence[float], ranks: int, prior_weight: float = 8.0) -> None:
+        p = validate_acceptance(prior)
+        self.prior = np.array([p[r] if r < len(p) else 0.0 for r in range(ranks)])
+        self.trials = np.full(ranks, prior_weight)
+        self.hits = self.prior * prior_weight
+
+    def vector(self) -> np.ndarray:
+        return self.hits / self.trials
+
+    def update(self, children_of_reached: list[int], accepted_rank: list[int | None]) -> None:
+        """For every reached node that had children: how many, and which rank the target kept (None: none)."""
+        for count, rank in zip(children_of_reached, accepted_rank):
+            count = min(count, len(self.trials))
+            self.trials[:count] += 1
+            if rank is not None and rank < len(self.hits):
+                self.hits[rank] += 1
+
+
+@dataclass(frozen=True)
+class ShapeMenu:
+    """Candidate shapes (parents lists, BFS order, the root alone first) and what predicting them needs, precomputed.
+
+    `ranks[k]`: for every node of every shape (concatenated), how many times each sibling rank occurs on its path;
+    `owner[k]`: the shape it belongs to. The draft cost of a shape is one pass per level with children (the root's
+    pass also feeds the last accepted tokens); the root alone drafts nothing.
+    """
+
+    shapes: list[list[int]]
+    ranks: np.ndarray  # (all nodes, R)
+    owner: np.ndarray  # (all nodes,)
+    passes: list[list[int]]  # tokens of each draft pass, per shape
+    _curves: dict = field(default_factory=dict, compare=False)  # profile -> (draft, target) seconds per shape
+
+    @classmethod
+    def of(cls, shapes: Sequence[Sequence[int]]) -> ShapeMenu:
+        unique = {tuple(int(p) for p in s): None for s in [[-1], *shapes]}
+        shapes = [list(s) for s in unique]
+        for s in shapes:
+            validate_parents(s)
+        rows, owner, passes = [], [], []
+        for index, parents in enumerate(shapes):
+            path_ranks, seen = [[]], {}
+            for node in range(1, len(parents)):
+                rank = seen.get(parents[node], 0)
+                seen[parents[node]] = rank + 1
+                path_ranks.append(path_ranks[parents[node]] + [rank])
+            rows += path_ranks
+            owner += [index] * len(parents)
+            widths = level_widths_with_children(parents)
+            passes.append([ROOT_PASS_TOKENS if level == 0 else w for level, w in enumerate(widths)])
+        width = max((max(r, default=-1) for r in rows), default=-1) + 1
+        ranks = np.zeros((len(rows), max(width, 1)))
+        for i, path in enumerate(rows):
+            np.add.at(ranks[i], path, 1)
+        return cls(shapes, ranks, np.array(owner), passes)
+
+    @property
+    def width(self) -> int:
+        """Most children any node of any shape has (the ranks `RankAcceptance` must learn)."""
+        return self.ranks.shape[1]
+
+    def expected_tokens(self, acceptance: np.ndarray) -> np.ndarray:
+        """E(shape; p) for every shape: the sum over its nodes of the product of p along the path (root = 1)."""
+        logp = np.log(np.clip(acceptance[: self.width], 1e-12, None))
+        return np.bincount(self.owner, weights=np.exp(self.ranks @ logp), minlength=len(self.shapes))
+
+    def seconds_per_step(self, sizer: StepSizer) -> np.ndarray:
+        """Predicted seconds of one step with every shape, from the sizer's corrected latency curves (the curves are
+        read once per profile; the sizer's corrections scale them)."""
+        profile = sizer.profile
+        if id(profile) not in self._curves:
+            sizes = np.array([len(s) for s in self.shapes])
+            drafting = np.array([sum(float(profile.draft(w)) for w in ws) for ws in self.passes])
+            self._curves[id(profile)] = (profile, drafting, np.asarray(profile.target(sizes), dtype=float))
+        _, drafting, target = self._curves[id(profile)]
+        return sizer.draft_scale * drafting + sizer.target_scale * target + profile.step_overhead
+
+    def best(self, sizer: StepSizer, acceptance: RankAcceptance) -> tuple[int, float]:
+        """(index of the shape with the least predicted seconds per token, that prediction); index 0 is plain."""
+        per_token = self.seconds_per_step(sizer) / self.expected_tokens(acceptance.vector())
+        best = int(per_token.argmin())
+        return best, float(per_token[best])
+
+
+@functools.lru_cache(maxsize=8)
+def _dp_shapes(acceptance: tuple[float, ...], max_budget: int, max_depth: int) -> tuple[tuple[int, ...], ...]:
+    planner = TreePlanner(acceptance, max_budget, max_depth)
+    return tuple(tuple(planner.plan(budget, depth).parents)
+                 for depth in range(1, max_depth + 1) for budget in default_budgets(max_budget))
+
+
+def sequoia_menu(acceptance: Sequence[float], max_budget: int, max_depth: int) -> ShapeMenu:
+    """The DP's best tree for every (size, depth) the hardware-aware sizing compares (planned once per vector)."""
+    return ShapeMenu.of(_dp_shapes(tuple(float(p) for p in acceptance), int(max_budget), int(max_depth)))
+
+
+def sub_shapes_menu(widths: Sequence[int]) -> ShapeMenu:
+    """Every shape `widths_parents(w)` with w no wider than `widths` level by level and no deeper: a fixed shape's
+    smaller versions, down to a one-token chain."""
+    options = [[]]
+    for width in widths:
+        options += [option + [w] for option in options if len(option) == len(options[-1]) for w in range(1, width + 1)]
+    return ShapeMenu.of([widths_parents(option) for option in options[1:]])

@@ -1,0 +1,208 @@
+"""`sequoia` and `tree` sized every step, and the guard that turns losing steps plain (issue 23).
+
+End-to-end runs use latency curves given here and no timing corrections (`timing_memory=1`), so what the sizing
+chooses depends on acceptance only, never on how fast this machine happens to be.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import pytest
+import torch
+
+import hf_specdec.drafting.guarded as guarded
+import hf_specdec.integration.generate as integration
+import hf_specdec.methods.sequoia.config as sequoia_config
+import hf_specdec.methods.tree.config as tree_config
+from hf_specdec import SequoiaConfig, TreeConfig
+from hf_specdec.calibration.plan_file import SequoiaPlan
+from hf_specdec.drafting.shaped_tree import ModelTreeDrafter
+from hf_specdec.drafting.sized_shape import SizedShapeDrafter
+from hf_specdec.planning.guard import PlainGuard
+from hf_specdec.planning.latency import LatencyCurve
+from hf_specdec.planning.sequoia import plan_tree
+from hf_specdec.planning.shape_sizing import RankAcceptance, sequoia_menu, sub_shapes_menu
+from hf_specdec.planning.sizing import HardwareProfile
+from hf_specdec.planning.step_sizing import OnlineAcceptance, StepSizer
+from tests.conftest import random_prompt, tiny_model
+
+SIZES = (1, 2, 4, 8, 16, 32, 64, 128)
+PRIOR = [0.7, 0.1, 0.05]
+
+
+def profile(target_ms: float, draft_ms: float) -> HardwareProfile:
+    """Flat latency curves: every pass costs the same whatever its size."""
+    curve = lambda ms: LatencyCurve(SIZES, tuple(ms / 1000 for _ in SIZES))  # noqa: E731
+    return HardwareProfile(target=curve(target_ms), draft=curve(draft_ms))
+
+
+# --- the menu and the learned positional acceptance ---------------------------------------------------------
+def test_the_menu_grows_with_acceptance_and_falls_to_a_plain_step_without_it():
+    menu = sequoia_menu(PRIOR, 32, 6)
+    sizer = StepSizer(profile(100.0, 10.0))
+    ranks = RankAcceptance(PRIOR, menu.width)
+    choice, _ = menu.best(sizer, ranks)
+    assert len(menu.shapes[choice]) > 4  # a cheap draft and a likely first child: a real tree
+    for _ in range(100):  # the target never keeps a drafted child
+        ranks.update([3], [None])
+    assert menu.best(sizer, ranks)[0] == 0  # the root alone: a plain step
+    for _ in range(300):  # acceptance returns
+        ranks.update([3], [0])
+    grown, _ = menu.best(sizer, ranks)
+    assert grown != 0 and max(_depths(menu.shapes[grown])) >= 3
+
+
+def test_a_draft_as_costly_as_the_target_is_never_predicted_to_pay():
+    menu = sequoia_menu(PRIOR, 32, 6)
+    assert menu.best(StepSizer(profile(100.0, 100.0)), RankAcceptance(PRIOR, menu.width))[0] == 0
+
+
+def test_expected_tokens_match_the_planner():
+    menu = sequoia_menu(PRIOR, 16, 4)
+    expected = menu.expected_tokens(np.array(PRIOR))
+    for shape, value in list(zip(menu.shapes, expected))[1:]:
+        plan = plan_tree(PRIOR, len(shape), max(_depths(shape)) + 1)
+        assert value <= plan.expected_tokens + 1e-9  # no shape of that size and depth beats the DP's
+    assert expected[0] == 1.0 and expected.max() > 2.0
+
+
+def test_sub_shapes_of_the_default_tree_down_to_a_one_token_chain():
+    menu = sub_shapes_menu([4, 2, 1, 1])
+    assert menu.shapes[0] == [-1] and [-1, 0] in menu.shapes
+    assert max(len(s) for s in menu.shapes) == 1 + 4 + 8 + 8 + 8
+    assert len(menu.shapes) == 1 + 4 + 8 + 8 + 8
+
+
+def _depths(parents: list[int]) -> list[int]:
+    depths = [0] * len(parents)
+    for i in range(1, len(parents)):
+        depths[i] = depths[parents[i]] + 1
+    return depths
+
+
+# --- the measured guard ------------------------------------------------------------------------------------
+def test_the_guard_turns_losing_steps_plain_and_probes_again():
+    guard = PlainGuard(patience=2, backoff=2)
+    guard.observe(1.0, 1, plain=True)  # plain decoding: 1 s a token
+    for _ in range(2):  # speculation: 3 s for 2 tokens
+        assert not guard.plain_next()
+        guard.observe(3.0, 2, plain=False)
+    assert guard.plain_next()
+    for _ in range(2):
+        guard.observe(1.0, 1, plain=True)
+    assert not guard.plain_next()  # the probe
+    for _ in range(2):  # still losing: a longer wait
+        guard.observe(3.0, 2, plain=False)
+    waits = 0
+    while guard.plain_next():
+        guard.observe(1.0, 1, plain=True)
+        waits += 1
+    assert waits == 4 and guard.plain_steps == 6
+    for _ in range(5):  # acceptance returned: 1 s for 4 tokens, speculation stays on
+        assert not guard.plain_next()
+        guard.observe(1.0, 4, plain=False)
+
+
+def test_the_guard_leaves_winning_speculation_alone():
+    guard = PlainGuard()
+    for _ in range(20):
+        assert not guard.plain_next()
+        guard.observe(2.0, 5, plain=False, draft_seconds=1.0)  # 0.4 s a token against ~1 s without drafting
+    assert guard.plain_steps == 0
+
+
+# --- end to end on tiny models, with given latency curves ----------------------------------------------------
+@pytest.fixture
+def given_curves(monkeypatch):
+    """Plans looked up get `curves`; sizers keep them uncorrected; the measured guard never fires."""
+    state = {"curves": profile(100.0, 10.0)}
+
+    def plan_for_call(request, target, draft, temperature, input_ids):
+        tree = plan_tree(PRIOR, request.max_budget, request.max_depth)
+        return SequoiaPlan(tree=tree, temperature=temperature, verifier="greedy", profile=state["curves"],
+                           target={}, draft={}), "curves given by the test"
+
+    def online_sizer(curves, target, draft, processors):
+        return StepSizer(curves, OnlineAcceptance(), timing_memory=1.0)
+
+    monkeypatch.setattr(integration, "plan_for_call", plan_for_call)
+    monkeypatch.setattr(sequoia_config, "online_sizer", online_sizer)
+    monkeypatch.setattr(tree_config, "online_sizer", online_sizer)
+    monkeypatch.setattr(guarded, "PlainGuard", functools.partial(PlainGuard, margin=float("inf")))
+    return state
+
+
+def _useless_draft(arch: str) -> torch.nn.Module:
+    """A draft that always proposes the same token (the target rarely continues with it)."""
+    draft = tiny_model(arch, 1)
+    with torch.no_grad():
+        draft.lm_head.weight.zero_()
+        draft.lm_head.weight[7] = 1.0
+    return draft
+
+
+def _generate(target, draft, ids, config, new=40, **kwargs):
+    if config == "tree":
+        config = TreeConfig(per_step=True)
+    return target.generate(ids, assistant_model=draft, speculation=config, max_new_tokens=new,
+                           return_dict_in_generate=True, do_sample=False, **kwargs)
+
+
+@pytest.mark.parametrize("method", ["sequoia", "tree"])
+def test_a_perfect_draft_grows_deep_trees_and_output_stays_identical(given_curves, method):
+    target = tiny_model("llama", 0)
+    ids = random_prompt(torch.Generator().manual_seed(3), 9)
+    out = _generate(target, target, ids, method)
+    stats = out.speculation_stats
+    assert torch.equal(out.sequences, target.generate(ids, do_sample=False, max_new_tokens=40))
+    assert stats.mean_tokens_per_step >= 3.5 and stats.plain_steps == 0
+
+
+@pytest.mark.parametrize("method", ["sequoia", "tree"])
+def test_a_useless_draft_falls_to_plain_steps_and_output_stays_identical(given_curves, method):
+    given_curves["curves"] = profile(100.0, 40.0)
+    target, draft = tiny_model("llama", 0), _useless_draft("llama")
+    ids = random_prompt(torch.Generator().manual_seed(4), 9)
+    out = _generate(target, draft, ids, method, new=48)
+    stats = out.speculation_stats
+    assert torch.equal(out.sequences, target.generate(ids, do_sample=False, max_new_tokens=48))
+    assert stats.plain_steps > stats.target_forwards // 2  # most steps plain, counted
+    assert stats.drafted_tokens > 0  # probes still draft now and then
+    assert stats.as_dict()["plain_steps"] == stats.plain_steps
+
+
+def test_sampling_with_sized_trees_runs_sequoias_verifier(given_curves):
+    target = tiny_model("qwen2", 0)
+    ids = random_prompt(torch.Generator().manual_seed(5), 6)
+    torch.manual_seed(0)
+    out = target.generate(ids, assistant_model=target, speculation="sequoia", max_new_tokens=24, do_sample=True,
+                          temperature=0.7, return_dict_in_generate=True)
+    assert out.speculation_stats.verifier == "sequoia" and out.speculation_stats.new_tokens == 24
+    assert out.speculation_stats.target_forwards < 24  # trees were drafted and accepted
+
+
+def test_shapes_and_plans_given_are_drafted_as_given(given_curves):
+    target = tiny_model("llama", 0)
+    given = plan_tree(PRIOR, 6, 3)
+    drafters = {
+        "tree widths": TreeConfig(widths=[2, 1]),
+        "tree parents": TreeConfig(parents=[-1, 0, 0, 1]),
+        "tree default": TreeConfig(),
+        "sequoia plan": SequoiaConfig(plan=given),
+        "sequoia per_step=False": SequoiaConfig(per_step=False),
+    }
+    for name, config in drafters.items():
+        request = config.plan_request()
+        if request is not None:
+            config = config.with_plan(*integration.plan_for_call(request, target, target, 0.0, None))
+        drafter = config.make_drafter(target, target, None, "top_k", None)
+        assert type(drafter) is ModelTreeDrafter, name
+        assert drafter.host_shape.parents == config.shape(), name
+    sized = TreeConfig(per_step=True)
+    sized = sized.with_plan(*integration.plan_for_call(sized.plan_request(), target, target, 0.0, None))
+    assert isinstance(sized.make_drafter(target, target, None, "top_k", None), SizedShapeDrafter)
+    ids = random_prompt(torch.Generator().manual_seed(6), 8)
+    stats = _generate(target, target, ids, TreeConfig(widths=[2, 1])).speculation_stats
+    assert stats.shrunk_steps == 0 and stats.drafted_tokens == 4 * (stats.target_forwards - stats.plain_steps)
