@@ -16,7 +16,7 @@ import hf_specdec.drafting.guarded as guarded
 import hf_specdec.integration.generate as integration
 import hf_specdec.methods.sequoia.config as sequoia_config
 import hf_specdec.methods.tree.config as tree_config
-from hf_specdec import SequoiaConfig, TreeConfig
+from hf_specdec import ChainConfig, SequoiaConfig, TreeConfig
 from hf_specdec.calibration.plan_file import SequoiaPlan
 from hf_specdec.drafting.shaped_tree import ModelTreeDrafter
 from hf_specdec.drafting.sized_shape import SizedShapeDrafter
@@ -119,7 +119,7 @@ def given_curves(monkeypatch):
     """Plans looked up get `curves`; sizers keep them uncorrected; the measured guard never fires."""
     state = {"curves": profile(100.0, 10.0)}
 
-    def plan_for_call(request, target, draft, temperature, input_ids):
+    def plan_for_call(request, target, draft, temperature, input_ids, ranks=None):
         tree = plan_tree(PRIOR, request.max_budget, request.max_depth)
         return SequoiaPlan(tree=tree, temperature=temperature, verifier="greedy", profile=state["curves"],
                            target={}, draft={}), "curves given by the test"
@@ -206,3 +206,18 @@ def test_shapes_and_plans_given_are_drafted_as_given(given_curves):
     ids = random_prompt(torch.Generator().manual_seed(6), 8)
     stats = _generate(target, target, ids, TreeConfig(widths=[2, 1])).speculation_stats
     assert stats.shrunk_steps == 0 and stats.drafted_tokens == 4 * (stats.target_forwards - stats.plain_steps)
+
+
+def test_guard_false_keeps_every_step_speculative(monkeypatch):
+    """A guard that always judges speculation the loser (margin 0) turns steps plain, unless `guard=False`."""
+    monkeypatch.setattr(guarded, "PlainGuard", functools.partial(PlainGuard, margin=0.0, patience=1))
+    target = tiny_model("llama", 0)
+    ids = random_prompt(torch.Generator().manual_seed(5), 9)
+    plain = target.generate(ids, do_sample=False, max_new_tokens=32)
+    guarded_out = _generate(target, target, ids, "chain", new=32)
+    free = _generate(target, target, ids, ChainConfig(guard=False), new=32)
+    assert torch.equal(guarded_out.sequences, plain) and torch.equal(free.sequences, plain)
+    assert guarded_out.speculation_stats.plain_steps > 0
+    assert free.speculation_stats.plain_steps == 0 and free.speculation_stats.mean_tokens_per_step >= 3.5
+    with pytest.raises(ValueError, match="guard must be True or False, got 'no'"):
+        _generate(target, target, ids, "chain", speculation_config={"guard": "no"})

@@ -59,6 +59,14 @@ class SpeculationConfig:
         },
     )
 
+    guard: bool = field(
+        default=True,
+        metadata={
+            "help": "Measure every step against plain decoding and run plain steps while speculation keeps losing "
+            "(planning/guard.py). False: every step speculates (a fixed tree to benchmark, passes to count)."
+        },
+    )
+
     def make_drafter(
         self,
         target: PreTrainedModel,
@@ -130,5 +138,7 @@ def make_config(
             f"`speculation` must be a method name ({known_methods()}), a SpeculationConfig or a dict, "
             f"not {type(speculation).__name__}."
         )
+    if not isinstance(config.guard, bool):
+        raise ValueError(f"guard must be True or False, got {config.guard!r}.")
     config.validate()
     return config

@@ -187,9 +187,9 @@ def speculative_generate(
     # sliding windows go into the tree masks; a static cache's sliding layers become full ones of `rows` rows
     cache = full_length_cache(cache, capacity=rows)
     forward = compiled_forward(model, cache, generation_config)
-    drafter = GuardedDrafter(config.make_drafter(
-        model, call.assistant_model, logits_processor, verifier.child_selection, call.generator
-    ))
+    drafter = config.make_drafter(model, call.assistant_model, logits_processor, verifier.child_selection,
+                                  call.generator)
+    drafter = GuardedDrafter(drafter) if config.guard else drafter
     stats = SpeculationStats(method=config.method, verifier=verifier.name, plan_source=config.plan_source,
                              compiled=forward is not None, time_plan=plan_seconds)
     result = speculative_loop(
