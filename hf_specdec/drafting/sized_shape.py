@@ -71,8 +71,7 @@ class SizedShapeDrafter(ModelTreeDrafter):
         return tree
 
     def _best_tree(self) -> int:
-        per_token = self.menu.seconds_per_step(self.sizer) / self.menu.expected_tokens(self.ranks.vector())
-        return 1 + int(per_token[1:].argmin())
+        return 1 + int(self.menu.seconds_per_token(self.sizer, self.ranks)[1:].argmin())
 
     # --- the hooks of ModelTreeDrafter.propose ---------------------------------------------------------
     def _step_started(self, tokens: torch.Tensor) -> None:

@@ -108,9 +108,13 @@ class ShapeMenu:
         _, drafting, target = self._curves[id(profile)]
         return sizer.draft_scale * drafting + sizer.target_scale * target + profile.step_overhead
 
+    def seconds_per_token(self, sizer: StepSizer, acceptance: RankAcceptance) -> np.ndarray:
+        """Predicted seconds per token of every shape (index 0: plain)."""
+        return self.seconds_per_step(sizer) / self.expected_tokens(acceptance.vector())
+
     def best(self, sizer: StepSizer, acceptance: RankAcceptance) -> tuple[int, float]:
         """(index of the shape with the least predicted seconds per token, that prediction); index 0 is plain."""
-        per_token = self.seconds_per_step(sizer) / self.expected_tokens(acceptance.vector())
+        per_token = self.seconds_per_token(sizer, acceptance)
         best = int(per_token.argmin())
         return best, float(per_token[best])
 
