@@ -4,37 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
 
 import hf_specdec  # noqa: F401  (installs `speculation=`)
-
-VOCAB = 64
-TINY_CONFIGS = {
-    "llama": lambda: LlamaConfig(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        pad_token_id=0,
-        bos_token_id=1,
-        eos_token_id=2,
-    ),
-    "qwen2": lambda: Qwen2Config(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        pad_token_id=0,
-        bos_token_id=1,
-        eos_token_id=2,
-    ),
-}
+from tests.tiny import TINY_CONFIGS, VOCAB, tiny_config, tiny_model  # noqa: F401  (the one factory, re-exported)
 
 
 @pytest.fixture(autouse=True)
@@ -91,17 +63,6 @@ def guard_never_fires(monkeypatch):
     from hf_specdec.planning.guard import PlainGuard
 
     monkeypatch.setattr(guarded, "PlainGuard", functools.partial(PlainGuard, margin=math.inf))
-
-
-def tiny_model(arch: str, seed: int) -> torch.nn.Module:
-    torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(TINY_CONFIGS[arch](), attn_implementation="sdpa").eval()
-    # Sharpen the output distribution so greedy paths are varied but drafts still agree sometimes.
-    with torch.no_grad():
-        model.lm_head.weight.mul_(8.0)
-    model.generation_config.eos_token_id = None
-    model.generation_config.pad_token_id = 0
-    return model
 
 
 @pytest.fixture(scope="session", params=sorted(TINY_CONFIGS))

@@ -13,12 +13,12 @@ from typing import Any
 
 import torch
 
+from tests.tiny import IDS, build
+
 WINDOW = 8  # sliding windows of the tiny models: generation crosses them many times
 POSITIONS = 40  # learned position tables of the tiny models: the tests generate up to their last position
-SHARPEN = 8.0  # output-layer scale: peaked distributions, so a draft that is the target agrees with it
 TINY = dict(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, max_position_embeddings=256, pad_token_id=0, bos_token_id=1, eos_token_id=2)
-IDS = dict(pad_token_id=0, bos_token_id=1, eos_token_id=2)
 MOE = dict(num_local_experts=4, num_experts_per_tok=2)
 
 TRAIT_NOTES = {
@@ -60,18 +60,7 @@ class Family:
         import transformers
 
         kwargs = dict(self.kwargs, **({"vocab_size": vocab_size} if vocab_size else {}))
-        config = getattr(transformers, self.config)(**kwargs)
-        auto = transformers.AutoModelForSeq2SeqLM if config.is_encoder_decoder else transformers.AutoModelForCausalLM
-        torch.manual_seed(seed)
-        model = auto.from_config(config, attn_implementation=self.attn).float().eval()
-        head = model.get_output_embeddings()
-        if head.weight is model.get_input_embeddings().weight:  # tied: sharpen the output layer alone
-            head.weight = torch.nn.Parameter(head.weight.detach().clone())
-        with torch.no_grad():
-            head.weight.mul_(SHARPEN)
-        model.generation_config.eos_token_id = None
-        model.generation_config.pad_token_id = 0
-        return model
+        return build(getattr(transformers, self.config)(**kwargs), seed, attn=self.attn)
 
 
 def _with(**extra: Any) -> dict[str, Any]:

@@ -8,7 +8,6 @@ import types
 import pytest
 import torch
 from transformers import (
-    AutoModelForCausalLM,
     DynamicCache,
     GenerationConfig,
     GenerationMixin,
@@ -19,7 +18,7 @@ from transformers import (
 
 import hf_specdec
 from hf_specdec.core.model_info import MAX_PADDING_ROWS
-from tests.conftest import TINY_CONFIGS, VOCAB, random_prompt
+from tests.conftest import VOCAB, random_prompt, tiny_model
 
 
 @pytest.fixture
@@ -126,9 +125,7 @@ def test_a_prompt_holding_the_pad_token_names_it(pair):
 def test_different_vocabularies(pair):
     """More than padding apart (see tests/test_vocab_padding.py for what counts as padding)."""
     target, _ = pair
-    config = TINY_CONFIGS[target.config.model_type]()
-    config.vocab_size = VOCAB + MAX_PADDING_ROWS + 1
-    other = AutoModelForCausalLM.from_config(config).eval()
+    other = tiny_model(target.config.model_type, 5, sharpen=1.0, vocab_size=VOCAB + MAX_PADDING_ROWS + 1)
     before = _state(target)
     with pytest.raises(ValueError, match="share one tokenizer"):
         target.generate(_ids(), assistant_model=other, speculation="chain", max_new_tokens=4)

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, pipeline
+from transformers import pipeline
 
 from hf_specdec.planning import validate_parents
-from tests.conftest import TINY_CONFIGS, tiny_model
+from tests.conftest import tiny_model
 from tests.test_entry_points import ForwardCounter, tiny_tokenizer
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
@@ -99,13 +99,7 @@ def test_calibrate_plan(pair, tokenizer):
 
 def test_offload_big_model(tmp_path, tokenizer):
     """Layers really go to disk (`hf_device_map`), and tree decoding on the offloaded target equals plain on it."""
-    config = TINY_CONFIGS["llama"]()
-    config.num_hidden_layers = 6
-    torch.manual_seed(0)
-    target = AutoModelForCausalLM.from_config(config).eval()
-    with torch.no_grad():
-        target.lm_head.weight.mul_(8.0)
-    target.generation_config.eos_token_id = None
+    target = tiny_model("llama", 0, num_hidden_layers=6)
     target.save_pretrained(tmp_path / "target")
     # Room for the embeddings and two of the six layers in memory: the other layers go to disk.
     result = load_example("offload_big_model").main(
@@ -118,7 +112,7 @@ def test_offload_big_model(tmp_path, tokenizer):
         max_new_tokens=NEW,
     )
     device_map = result["target"].hf_device_map
-    places = [device_map[f"model.layers.{i}"] for i in range(config.num_hidden_layers)]
+    places = [device_map[f"model.layers.{i}"] for i in range(target.config.num_hidden_layers)]
     assert places == ["cpu", "cpu", "disk", "disk", "disk", "disk"], device_map
     # An offloaded layer holds no weights in memory: accelerate loads them from disk for each forward pass.
     assert result["target"].model.layers[-1].mlp.up_proj.weight.device.type == "meta"

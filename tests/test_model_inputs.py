@@ -12,13 +12,13 @@ from transformers import (
     GPT2Config,
     GPT2DoubleHeadsModel,
     GPT2LMHeadModel,
-    LlamaConfig,
     LlamaForCausalLM,
 )
 
 from hf_specdec import plan_tree
 from hf_specdec.core.model_inputs import decoding_inputs, explicit_parameters
-from tests.families import FAMILIES, SHARPEN, family
+from tests.families import FAMILIES, family
+from tests.tiny import build, tiny_model
 
 METHODS = {
     "chain": {"num_draft_tokens": 3},
@@ -31,15 +31,6 @@ METHODS = {
 NEW = 24
 
 
-def sharpened(model):
-    """Peaked distributions (so a draft equal to the target really speculates), no eos: full-length outputs."""
-    with torch.no_grad():
-        model.get_output_embeddings().weight.mul_(SHARPEN)
-    model.generation_config.eos_token_id = None
-    model.generation_config.pad_token_id = 0
-    return model.eval()
-
-
 def speculate(model, method: str, **kwargs):
     draft = {} if method == "ngram" else {"assistant_model": copy.deepcopy(model)}
     return model.generate(speculation=method, speculation_config=METHODS[method], **draft, **kwargs)
@@ -47,9 +38,8 @@ def speculate(model, method: str, **kwargs):
 
 @functools.cache
 def gpt2(cls=GPT2LMHeadModel):
-    torch.manual_seed(0)
-    return sharpened(cls(GPT2Config(vocab_size=99, n_embd=32, n_layer=2, n_head=4, n_positions=128, pad_token_id=0,
-                                    bos_token_id=1, eos_token_id=2)))
+    return build(GPT2Config(vocab_size=99, n_embd=32, n_layer=2, n_head=4, n_positions=128, pad_token_id=0,
+                            bos_token_id=1, eos_token_id=2), model_class=cls)
 
 
 def prompt(vocab: int = 96, length: int = 9, seed: int = 0) -> torch.Tensor:
@@ -110,11 +100,7 @@ class WithExtraInput(LlamaForCausalLM):
 
 @functools.cache
 def llama(attn: str = "eager", cls=LlamaForCausalLM):
-    config = LlamaConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, pad_token_id=0,
-                         bos_token_id=1, eos_token_id=2)
-    torch.manual_seed(0)
-    return sharpened(cls._from_config(config, attn_implementation=attn))
+    return tiny_model("llama", 0, attn=attn, model_class=cls, vocab_size=96, max_position_embeddings=256)
 
 
 @pytest.mark.parametrize(

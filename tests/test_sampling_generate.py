@@ -14,8 +14,6 @@ from collections import Counter
 import pytest
 import torch
 from transformers import (
-    AutoModelForCausalLM,
-    LlamaConfig,
     LogitsProcessorList,
     RepetitionPenaltyLogitsProcessor,
     TemperatureLogitsWarper,
@@ -25,6 +23,7 @@ from transformers import (
 import hf_specdec
 from hf_specdec.planning import plan_tree
 from tests.test_sampling_exact import chi_square_pvalue, total_variation
+from tests.tiny import tiny_model
 
 VOCAB = 8
 SAMPLING = {"do_sample": True, "temperature": 0.8, "top_p": 0.9, "repetition_penalty": 1.3}
@@ -42,15 +41,8 @@ def _processors() -> LogitsProcessorList:
 
 @pytest.fixture(scope="module")
 def models():
-    config = LlamaConfig(vocab_size=VOCAB, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64,
-                         pad_token_id=0, bos_token_id=1, eos_token_id=2)
-    torch.manual_seed(0)
-    target = AutoModelForCausalLM.from_config(config).eval()
-    with torch.no_grad():
-        target.lm_head.weight.mul_(6.0)
-    target.generation_config.eos_token_id = None
-    target.generation_config.pad_token_id = 0
+    target = tiny_model("llama", 0, sharpen=6.0, vocab_size=VOCAB, hidden_size=16, intermediate_size=32,
+                        num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64)
     draft = copy.deepcopy(target)  # close to the target, not equal: accepts often, rejects sometimes
     with torch.no_grad():
         draft.lm_head.weight.add_(torch.randn_like(draft.lm_head.weight) * 1.5)

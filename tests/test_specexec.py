@@ -12,7 +12,7 @@ from hf_specdec import SpecExecConfig, TokenTree
 from hf_specdec.core.devices import is_offloaded
 from hf_specdec.drafting.best_first import BestFirstDrafter, step_memory_bound
 from hf_specdec_tools.bench.measure import PeakMemory
-from tests.conftest import TINY_CONFIGS, random_prompt, tiny_model
+from tests.conftest import random_prompt, tiny_model
 
 
 def test_best_first_tree_holds_the_most_probable_nodes():
@@ -68,13 +68,7 @@ def test_default_sizes_trees_every_step_from_the_latency_curve():
 def offloaded_target(request, tmp_path):
     """A 6-layer tiny Llama saved and reloaded with accelerate, most of its layers on disk, or all of them (then
     `model.device` is `meta` and inputs must go to accelerate's execution device instead)."""
-    config = TINY_CONFIGS["llama"]()
-    config.num_hidden_layers = 6
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(config).eval()
-    with torch.no_grad():
-        model.lm_head.weight.mul_(8.0)
-    model.generation_config.eos_token_id = None
+    model = tiny_model("llama", 0, num_hidden_layers=6)
     model.save_pretrained(tmp_path / "target")
     placement = (
         {"device_map": "auto", "max_memory": {"cpu": 120_000}}

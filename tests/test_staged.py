@@ -10,8 +10,6 @@ from collections import Counter
 import pytest
 import torch
 from transformers import (
-    AutoModelForCausalLM,
-    LlamaConfig,
     LogitsProcessorList,
     RepetitionPenaltyLogitsProcessor,
     TemperatureLogitsWarper,
@@ -340,13 +338,8 @@ def test_one_sampled_step_is_exact(trio, lm_file):
 def test_sampling_through_generate_matches_plain_sampling():
     """End to end, chi-square: `generate(do_sample=True, speculation="staged")` with an n-gram LM stage, on a model
     with an 8-token vocabulary (few outcomes, so few samples suffice)."""
-    config = LlamaConfig(vocab_size=8, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
-                         num_key_value_heads=1, max_position_embeddings=64, pad_token_id=0, eos_token_id=2)
-    torch.manual_seed(0)
-    target = AutoModelForCausalLM.from_config(config).eval()
-    with torch.no_grad():
-        target.lm_head.weight.mul_(6.0)
-    target.generation_config.eos_token_id = None
+    target = tiny_model("llama", 0, sharpen=6.0, vocab_size=8, hidden_size=16, intermediate_size=32,
+                        num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64)
     draft = copy.deepcopy(target)  # close to the target, not equal: accepts often, rejects sometimes
     with torch.no_grad():
         draft.lm_head.weight.add_(torch.randn_like(draft.lm_head.weight) * 1.5)

@@ -8,7 +8,6 @@ import copy
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM
 
 from hf_specdec import ChainConfig, ModelTreeDrafter, SequoiaConfig, SpecExecConfig, StagedConfig, TreeConfig
 from hf_specdec.calibration.acceptance import teacher_forced_scores
@@ -89,9 +88,7 @@ def test_refusal_names_the_rule_and_a_tokenizer_settles_it(tiny_pair):
     from tests.test_entry_points import tiny_tokenizer
 
     target, _ = tiny_pair
-    config = TINY_CONFIGS[_other_arch(target)]()
-    config.vocab_size = VOCAB + 8
-    other = AutoModelForCausalLM.from_config(config).eval()
+    other = tiny_model(_other_arch(target), 5, sharpen=1.0, vocab_size=VOCAB + 8)
     ids = random_prompt(torch.Generator().manual_seed(0), 5)
     with pytest.raises(ValueError, match="rows are taken as padding only for models of one model_type.*tokenizer="):
         target.generate(ids, assistant_model=other, speculation="chain", max_new_tokens=4)

@@ -17,7 +17,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from roundtrips import count_round_trips  # beside this file
-from transformers import AutoModelForCausalLM, DistributedConfig, LlamaConfig
+from tiny import tiny_model  # beside this file
+from transformers import AutoModelForCausalLM, DistributedConfig
 
 import hf_specdec  # noqa: F401  (installs `speculation=`)
 from hf_specdec.calibration import store
@@ -31,16 +32,7 @@ REPEATS = 2
 
 def make_target(folder: Path) -> None:
     """Save a tiny random Llama whose heads split over 2 ranks, its output sharpened so drafts are often right."""
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                         pad_token_id=0, bos_token_id=1, eos_token_id=2)
-    model = AutoModelForCausalLM.from_config(config).eval()
-    with torch.no_grad():
-        model.lm_head.weight.mul_(8.0)
-    model.generation_config.eos_token_id = None
-    model.generation_config.pad_token_id = 0
-    model.save_pretrained(folder)
+    tiny_model("llama", 0, max_position_embeddings=256).save_pretrained(folder)
 
 
 def noisy_copy(folder: Path) -> torch.nn.Module:
