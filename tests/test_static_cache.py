@@ -264,6 +264,56 @@ def test_compile_config_is_honoured_with_few_graphs(method):
     assert torch.equal(again.sequences, expected) and again.speculation_stats.graphs_compiled == 0  # all reused
 
 
+def test_a_shorter_prompt_reuses_the_graphs_of_a_longer_one():
+    """Transformers sizes each call's static cache to the longest call so far, so a compiled plain forward keeps its
+    shapes; the tree room goes on top of those rows, so a speculative call with a shorter prompt compiles nothing."""
+    target = tiny("Llama")
+    config = CompileConfig(backend="eager", dynamic=False)
+    config._compile_all_devices = True
+    long, short = prompt(length=20), prompt(length=12, seed=1)
+    torch._dynamo.reset()
+    first = speculate(target, long, 24, "chain", cache_implementation="static", compile_config=config)
+    assert first.speculation_stats.graphs_compiled >= 1
+    out = speculate(target, short, 24, "chain", cache_implementation="static", compile_config=config)
+    assert out.speculation_stats.graphs_compiled == 0
+    assert torch.equal(out.sequences, plain_static(target, short, 24))
+
+
+def test_the_guard_does_not_judge_a_step_that_compiled(monkeypatch):
+    """A step whose forward compiled a graph took seconds of compiling, not of decoding: the guard skips it."""
+    from torch._dynamo.utils import counters
+
+    from hf_specdec.drafting.guarded import GuardedDrafter
+
+    seen = []
+
+    class Inner:
+        forward_count, forward_time = 0, 0.0
+
+        def propose(self, input_ids):
+            return TokenTree.from_parents([int(input_ids[0, -1]), 5], [-1, 0])
+
+        def accept(self, input_ids, tree, verdict):
+            pass
+
+    class Recording:
+        def observe(self, *args):
+            seen.append(args)
+
+        def plain_next(self):
+            return False
+
+    drafter, ids = GuardedDrafter(Inner(), Recording()), torch.tensor([[3, 4]])
+    verdict = type("Verdict", (), {"path": [0, 1]})()
+    monkeypatch.setitem(counters["stats"], "unique_graphs", counters["stats"]["unique_graphs"])
+    for compiled in (False, True, False, False):
+        tree = drafter.propose(ids)
+        counters["stats"]["unique_graphs"] += compiled  # what dynamo does when the target pass compiles
+        drafter.accept(ids, tree, verdict)
+    drafter.propose(ids)
+    assert len(seen) == 3  # of 4 steps, the one that compiled is not observed
+
+
 def test_no_compile_without_a_compile_config_on_cpu():
     """As plain generate: on a CPU a static cache alone does not compile."""
     out = speculate(tiny("Llama"), prompt(), 8, "chain", cache_implementation="static")

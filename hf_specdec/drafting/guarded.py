@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 
 import torch
+from torch._dynamo.utils import counters
 
 from ..core.drafter import Drafter
 from ..core.model_inputs import TokenInputs
@@ -33,6 +34,7 @@ class GuardedDrafter(Drafter):
         self._started: float | None = None  # when the last proposal began (a step runs until the next one)
         self._last: tuple[bool, int] | None = None  # (plain, tokens emitted) of the last step
         self._draft_time = 0.0  # the inner drafter's pass time when the last step began
+        self._graphs = 0  # graphs dynamo had compiled when the last step began
 
     @property
     def forward_count(self) -> int:
@@ -51,10 +53,11 @@ class GuardedDrafter(Drafter):
         return self.guard.plain_steps
 
     def propose(self, input_ids: torch.LongTensor) -> TokenTree:
-        now = time.perf_counter()
-        if self._started is not None and self._last is not None:
+        now, graphs = time.perf_counter(), counters["stats"]["unique_graphs"]
+        if self._started is not None and self._last is not None and graphs == self._graphs:
+            # a step that compiled a graph (a compiled forward meeting a new tree size) is not judged on its time
             self.guard.observe(now - self._started, self._last[1], self._last[0], self.forward_time - self._draft_time)
-        self._started, self._last, self._draft_time = now, None, self.forward_time
+        self._started, self._last, self._draft_time, self._graphs = now, None, self.forward_time, graphs
         if self.guard.plain_next():
             sequence = getattr(self.inner, "sequence", None)  # a host copy of the ids: no read from the device
             last = sequence.read(input_ids)[-1] if sequence is not None else int(input_ids[0, -1])

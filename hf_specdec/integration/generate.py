@@ -28,7 +28,7 @@ from transformers.utils import logging
 
 from ..calibration.plan_lookup import call_temperature, plan_for_call
 from ..core.config import SpeculationConfig, make_config
-from ..core.kv_cache import full_length_cache, is_static, make_room
+from ..core.kv_cache import full_length_cache, is_static, make_room, static_capacity
 from ..core.model_inputs import TokenInputs
 from ..core.ranks import Ranks
 from ..decoding.loop import speculative_loop
@@ -182,7 +182,9 @@ def speculative_generate(
     cache = model_kwargs.get("past_key_values")
     rows = max(generation_config.max_length - 1, generation_config.max_cache_len or 0)
     if is_static(cache) and not getattr(cache, "_is_user_defined", False) and generation_config.max_cache_len is None:
-        rows += TREE_ROOM  # a static cache Transformers sized for plain decoding: room for the last trees too
+        # a static cache Transformers sized for plain decoding: room for the last trees too, on top of the rows it
+        # gave (the longest call's so far, so that a compiled forward keeps its shapes from call to call)
+        rows = max(rows, static_capacity(cache) or 0) + TREE_ROOM
         make_room(cache, rows)
     # sliding windows go into the tree masks; a static cache's sliding layers become full ones of `rows` rows
     cache = full_length_cache(cache, capacity=rows)
