@@ -353,7 +353,7 @@ def test_sampling_through_generate_matches_plain_sampling():
     prompt = torch.tensor([[3, 4, 5, 3, 4, 5, 3]])
     lm = NGramModel.train([torch.randint(3, 8, (300,)).tolist()])
     exact = _exact_two_tokens(target, _sampling_processors(), prompt)
-    counts, n, accepted = Counter(), 250, 0
+    counts, n, accepted = Counter(), 400, 0  # at 250 draws an exact sampler's TV is often 0.1 by chance
     for _ in range(n):
         out = target.generate(prompt, assistant_model=draft, speculation="staged", do_sample=True, max_new_tokens=2,
                               speculation_config={"stages": [["ngram", lm]], "budget": 6}, return_dict_in_generate=True,
