@@ -35,15 +35,15 @@ class TorchRandom:
 
     def __init__(self, generator: torch.Generator | None = None) -> None:
         self.generator = generator
-        self.device = generator.device if generator is not None else torch.device("cpu")
 
     def decide(self, accept: torch.Tensor | None, dists: list[torch.Tensor]) -> tuple[int | None, list[int]]:
         device = accept.device if accept is not None else dists[0].device
-        drawn = [torch.multinomial(d.to(self.device), 1, generator=self.generator).to(device) for d in dists]
+        where = self.generator.device if self.generator is not None else device  # no generator: that device's RNG
+        drawn = [torch.multinomial(d.to(where), 1, generator=self.generator).to(device) for d in dists]
         if accept is None:
             return None, torch.cat(drawn).tolist()
         k = len(accept)
-        uniforms = torch.rand(k, dtype=accept.dtype, generator=self.generator, device=self.device).to(device)
+        uniforms = torch.rand(k, dtype=accept.dtype, generator=self.generator, device=where).to(device)
         first = torch.where(uniforms < accept, torch.arange(k, device=device), k).amin(0, keepdim=True)
         rank, *tokens = torch.cat([first, *drawn]).tolist()
         return (rank if rank < k else None), tokens
