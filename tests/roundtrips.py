@@ -25,6 +25,7 @@ class Step:
 
     reads: int = 0
     draft_passes: int = 0
+    emitted: int = 0  # tokens the step appended
 
 
 @dataclass
@@ -94,6 +95,9 @@ def count_round_trips(*models: torch.nn.Module):
         finally:
             counts.active = False
             del drafter.propose
+        for step, emitted in zip(counts.steps[len(counts.steps) - len(result.stats.tokens_per_step) :],
+                                 result.stats.tokens_per_step):
+            step.emitted = emitted
         counts.target_passes += result.stats.target_forwards
         counts.draft_passes += result.stats.draft_forwards
         return result

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hf_specdec import ChainConfig, SequoiaConfig, SpecExecConfig, TokenTree, TreeConfig
+from hf_specdec import ChainConfig, SequoiaConfig, SpecExecConfig, StagedConfig, TokenTree, TreeConfig
 from hf_specdec.planning.sequoia import plan_tree
 from hf_specdec.verification.greedy import GreedyVerifier
 from tests.conftest import random_prompt
@@ -22,17 +22,29 @@ GREEDY = {
     "tree": TreeConfig(widths=[3, 2]),
     "sequoia": SequoiaConfig(plan=plan_tree([0.6, 0.2, 0.1, 0.05], 32, 6)),
     "specexec": SpecExecConfig(budget=32, max_depth=6, width=4),
+    "staged": StagedConfig(budget=32, max_depth=6),  # n-gram guesses confirmed in the draft's passes
 }
+#: per-step sizing on: sequoia's looked-up plan (made online here) and specexec at its defaults
+SIZED = {"sequoia": SequoiaConfig(), "specexec": SpecExecConfig()}
 
 
 @pytest.mark.parametrize("name", sorted(GREEDY))
 def test_greedy_step_reads_at_most_draft_passes_plus_two(tiny_pair, name):
-    target, draft = tiny_pair
+    check_greedy(*tiny_pair, GREEDY[name], name)
+
+
+@pytest.mark.parametrize("name", sorted(SIZED))
+def test_greedy_step_sized_every_step_reads_at_most_draft_passes_plus_two(tiny_pair, name):
+    """The cost model's numbers stay host floats: sizing a step reads nothing more."""
+    check_greedy(*tiny_pair, SIZED[name], name)
+
+
+def check_greedy(target, draft, config, name):
     for seed, prompt_length in ((0, 5), (1, 60)):  # the prefix is never copied back: a long prompt costs no more
         ids = random_prompt(torch.Generator().manual_seed(seed), prompt_length)
         expected = target.generate(ids, max_new_tokens=30, do_sample=False)
         with count_round_trips(target, draft) as counts:
-            out = target.generate(ids, assistant_model=draft, speculation=GREEDY[name], max_new_tokens=30,
+            out = target.generate(ids, assistant_model=draft, speculation=config, max_new_tokens=30,
                                   do_sample=False)
         assert torch.equal(out, expected)
         first, *steps, last = counts.steps
@@ -43,7 +55,38 @@ def test_greedy_step_reads_at_most_draft_passes_plus_two(tiny_pair, name):
         assert last.reads <= last.draft_passes + 2 + GREEDY_DEPTH_LIMIT
 
 
-GREEDY_DEPTH_LIMIT = 7  # the deepest accepted block above + its bonus token: the stopping step's token-by-token checks
+GREEDY_DEPTH_LIMIT = 13  # the deepest accepted block above + its bonus token: the stopping step's token-by-token checks
+
+SAMPLED = {
+    "chain": ChainConfig(num_draft_tokens=4),
+    "tree": TreeConfig(widths=[3, 2]),
+    "sequoia": SequoiaConfig(plan=plan_tree([0.6, 0.2, 0.1, 0.05], 32, 6)),
+}
+#: verified by target sampling, which reads once per visited node with children (see the test)
+SAMPLED_WALKING = {
+    "specexec": SpecExecConfig(budget=32, max_depth=6, width=4),
+    "staged": StagedConfig(budget=32, max_depth=6),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SAMPLED) + sorted(SAMPLED_WALKING))
+def test_sampled_step_reads(tiny_pair, name):
+    """Residual verification decides each visited node in one read and draws a leaf's bonus token with its parent's
+    decision, so a step reads at most once per draft pass + 2. Target sampling reads once per visited node with
+    children: at most its emitted tokens (accepted + bonus) + 1."""
+    target, draft = tiny_pair
+    ids = random_prompt(torch.Generator().manual_seed(3), 6)
+    config = SAMPLED.get(name) or SAMPLED_WALKING[name]
+    torch.manual_seed(0)
+    with count_round_trips(target, draft) as counts:
+        target.generate(ids, assistant_model=draft, speculation=config, max_new_tokens=30, do_sample=True,
+                        temperature=0.7, top_k=50, top_p=0.9)
+    first, *steps, last = counts.steps
+    assert len(counts.steps) > 2 and sum(step.draft_passes for step in steps) > 0
+    for step in steps:
+        verdict_reads = 1 if name in SAMPLED else step.emitted
+        assert step.reads <= step.draft_passes + 1 + verdict_reads, (name, [(s.reads, s.draft_passes, s.emitted)
+                                                                            for s in counts.steps])
 
 
 def test_greedy_verifier_follows_the_first_drafted_of_repeated_siblings():

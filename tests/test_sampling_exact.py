@@ -134,13 +134,33 @@ class Script:
         self.weight *= options[i][1]
         return options[i][0]
 
-    def accept(self, prob: float) -> bool:
-        assert 0.0 <= prob <= 1.0
-        return self._choose([(True, prob), (False, 1.0 - prob)])
+    def decide(self, accept, dists):
+        """The first successful trial (enumerated now), and the tokens of `dists`, each enumerated when the verifier
+        first reads it: draws it never reads are independent of everything, so leaving them out is exact."""
+        rank = None
+        if accept is not None:
+            probs = accept.tolist()
+            assert all(0.0 <= a <= 1.0 for a in probs)
+            options, missed = [], 1.0
+            for i, a in enumerate(probs):
+                options.append((i, missed * a))
+                missed *= 1.0 - a
+            rank = self._choose([*options, (None, missed)])
+        return rank, LazyDraws(self, dists)
 
-    def sample(self, probs: torch.Tensor) -> int:
-        assert abs(float(probs.sum()) - 1) < 1e-9 and bool((probs >= 0).all())
-        return self._choose(list(enumerate(probs.tolist())))
+
+class LazyDraws:
+    """A `Script`'s tokens for `dists`: each branch point is opened when the verifier reads that token."""
+
+    def __init__(self, script: Script, dists: list[torch.Tensor]) -> None:
+        self.script, self.dists, self.drawn = script, dists, {}
+
+    def __getitem__(self, i: int) -> int:
+        if i not in self.drawn:
+            probs = self.dists[i]
+            assert abs(float(probs.sum()) - 1) < 1e-9 and bool((probs >= 0).all())
+            self.drawn[i] = self.script._choose(list(enumerate(probs.tolist())))
+        return self.drawn[i]
 
 
 def all_runs(run):
@@ -377,11 +397,21 @@ def test_missing_draft_probs_is_an_error():
     assert TargetSampleVerifier().verify(tree, torch.zeros(2, 4), torch.Generator().manual_seed(0)).bonus_token >= 0
 
 
-def test_torch_random_accept_rate():
+def test_torch_random_decide_rates():
+    """Trials succeed with their own probabilities and the first success wins; every distribution gets its own
+    draw, whatever the trials did."""
     src = TorchRandom(torch.Generator().manual_seed(0))
-    assert src.accept(1.0) and not src.accept(0.0)
-    rate = sum(src.accept(0.3) for _ in range(20000)) / 20000
-    assert abs(rate - 0.3) < 0.015
+    residual = torch.tensor([0.0, 0.25, 0.75], dtype=torch.float64)
+    assert src.decide(torch.tensor([0.0, 1.0, 0.5], dtype=torch.float64), [residual])[0] == 1
+    assert src.decide(torch.tensor([0.0, 0.0], dtype=torch.float64), [torch.eye(3)[2], torch.eye(3)[0]]) == (None,
+                                                                                                          [2, 0])
+    n, accept = 20000, torch.tensor([0.3, 0.5], dtype=torch.float64)
+    counts = defaultdict(int)
+    for _ in range(n):
+        rank, (token,) = src.decide(accept, [residual])
+        counts[rank, token] += 1
+    want = {(r, t): w * float(residual[t]) for r, w in ((0, 0.3), (1, 0.35), (None, 0.35)) for t in (1, 2)}
+    assert chi_square_pvalue(counts, want, n) > 1e-3
 
 
 # --------------------------------------------------------------------------- select_children

@@ -124,7 +124,8 @@ class Leaky:
         self.inner, self.name, self.child_selection = inner, inner.name, inner.child_selection
 
     def verify(self, tree, target_scores, generator=None, *, source):
-        if source.accept(0.002):
+        leaked, _ = source.decide(torch.tensor([0.002], dtype=torch.float64), [])
+        if leaked == 0:
             return Verdict(path=[0], bonus_token=0, accepted_ranks=[])
         return self.inner.verify(tree, target_scores, source=source)
 

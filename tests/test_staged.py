@@ -346,7 +346,7 @@ def test_sampling_through_generate_matches_plain_sampling():
     prompt = torch.tensor([[3, 4, 5, 3, 4, 5, 3]])
     lm = NGramModel.train([torch.randint(3, 8, (300,)).tolist()])
     exact = _exact_two_tokens(target, _sampling_processors(), prompt)
-    counts, n, accepted = Counter(), 250, 0
+    counts, n, accepted = Counter(), 400, 0  # at 250 draws an exact sampler's TV is often 0.1 by chance
     for _ in range(n):
         out = target.generate(prompt, assistant_model=draft, speculation="staged", do_sample=True, max_new_tokens=2,
                               speculation_config={"stages": [["ngram", lm]], "budget": 6}, return_dict_in_generate=True,
@@ -356,3 +356,21 @@ def test_sampling_through_generate_matches_plain_sampling():
     assert chi_square_pvalue(counts, exact, n) > 1e-3
     assert total_variation({k: c / n for k, c in counts.items()}, exact) < 0.1
     assert accepted > n // 10  # drafted tokens were accepted: speculation happened
+
+
+def test_ngram_continuations_on_the_host_list_match_every_recurring_ngram():
+    """Prompt lookup on the host list: for n from max_ngram down, the `depth` tokens after each earlier occurrence of
+    the last n tokens, most recent first, at most `max_matches` per n (checked against a direct scan)."""
+    from hf_specdec.drafting.prompt_lookup import NGramDrafter
+
+    generator = torch.Generator().manual_seed(0)
+    for trial in range(200):
+        drafter = NGramDrafter(max_ngram=1 + trial % 4, depth=1 + trial % 7, max_matches=1 + trial % 5)
+        ids = torch.randint(0, 4, (int(torch.randint(1, 40, (1,), generator=generator)),), generator=generator).tolist()
+        want = []
+        for n in range(min(drafter.max_ngram, len(ids) - 1), 0, -1):
+            starts = [s for s in range(len(ids) - n - 1, -1, -1) if ids[s : s + n] == ids[-n:]]
+            want += [ids[s + n : s + n + drafter.depth] for s in starts[: drafter.max_matches]]
+        assert drafter.continuations(ids) == want
+    tree = drafter.propose(torch.tensor([[5, 6, 7, 5, 6]]))
+    assert tree.host(tokens=True).tokens[:2] == [6, 7]  # "5 6" was followed by 7

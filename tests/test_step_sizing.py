@@ -26,11 +26,13 @@ def test_acceptance_curve_starts_at_q_and_learns_what_the_target_keeps():
     start = curve(q).exp()
     assert torch.allclose(start, torch.tensor([0.02, 0.3, 0.9]), rtol=0.6)  # the prior: a calibrated draft
     for _ in range(200):  # the target keeps every token the draft gives 0.3, none of those it gives 0.9
-        curve.update(torch.tensor([0.3, 0.9]).log(), torch.tensor([True, False]))
+        curve.update([math.log(0.3), math.log(0.9)], [True, False])
     learned = curve(q).exp()
     assert learned[1] > 0.9
     assert learned[2] >= learned[1]  # read as non-decreasing in q: a likelier token never rates lower
     assert curve(torch.tensor([-math.inf])).item() == -math.inf  # a banned token stays impossible
+    host = [math.log(0.02), math.log(0.3), math.log(0.9), -math.inf, 0.5]  # the host reading bins the same way
+    assert curve.log_rates(host) == curve(torch.tensor(host, dtype=torch.float64)).tolist()
 
 
 def test_best_prefix_trades_expected_tokens_against_target_time():
@@ -59,7 +61,7 @@ def test_another_pass_only_when_it_is_predicted_to_pay():
 def test_expansion_gain_follows_what_expansions_add():
     sizer = StepSizer(profile(lambda n: 100.0, lambda n: 5.0), expansion_gain=0.5)
     for _ in range(100):
-        sizer.observe_expansion(torch.tensor([0.5, 0.25]), torch.tensor([[0.4, 0.05], [0.2, 0.025]]))
+        sizer.observe_expansion(0.5 + 0.25, 0.4 + 0.05 + 0.2 + 0.025)
     assert abs(sizer.expansion_gain - 0.9) < 1e-3
 
 

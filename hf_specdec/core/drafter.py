@@ -24,6 +24,11 @@ class Drafter(CandidateGenerator):
     def propose(self, input_ids: torch.LongTensor) -> TokenTree:
         raise NotImplementedError
 
+    def propose_ids(self, ids: list[int]) -> TokenTree:
+        """`propose` for a sequence the caller holds on the host (a staged stack's lower stages): drafters that work
+        on the host override it and read no tensor."""
+        return self.propose(torch.tensor([ids]))
+
     def use_inputs(self, inputs: TokenInputs) -> None:
         """The call's per-token inputs (token types; see `core.model_inputs`): drafters that run a model give them
         to its passes, by position. A draft only proposes, so going without changes no output, only acceptance."""

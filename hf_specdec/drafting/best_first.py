@@ -120,10 +120,9 @@ class Growth:
                  and self.nodes[i].logp > weakest]
         return sorted(found, key=lambda i: (-self.nodes[i].logp, i))
 
-    def values(self) -> torch.Tensor:
+    def values(self) -> list[float]:
         """Probabilities (exp logp) of the kept non-root nodes, descending: what the cost model sizes with."""
-        return torch.tensor(sorted((math.exp(self.nodes[i].logp) for i in self.kept()[1:]), reverse=True),
-                            dtype=torch.float64)
+        return sorted((math.exp(self.nodes[i].logp) for i in self.kept()[1:]), reverse=True)
 
     def breadth_first(self) -> list[int]:
         """Kept nodes breadth first, siblings contiguous in their parents' order, most probable sibling first."""
@@ -215,7 +214,7 @@ class BestFirstDrafter(DraftModelCounts, Drafter):
                 break
             beams = self.beams
             if self.sizer is not None:  # another pass only if the cost model predicts it pays, and over how many
-                open_values = torch.tensor([math.exp(growth.nodes[i].logp) for i in pool], dtype=torch.float64)
+                open_values = [math.exp(growth.nodes[i].logp) for i in pool]
                 beams = min(beams, self.sizer.next_frontier(growth.values(), open_values, time.perf_counter() - start))
                 if beams == 0:
                     break
@@ -242,7 +241,7 @@ class BestFirstDrafter(DraftModelCounts, Drafter):
         """The lower stage's continuations after the path to `hang`, cut to the nodes whose logits can be used."""
         if self.lower is None:
             return None
-        tree = self.lower.propose(torch.tensor([growth.ids + growth.path_tokens(hang)]))
+        tree = self.lower.propose_ids(growth.ids + growth.path_tokens(hang))
         room = self.max_depth - growth.nodes[hang].depth
         depths = tree.host().depths()
         keep = [node for node, depth in enumerate(depths) if depth < room]
@@ -298,31 +297,57 @@ class BestFirstDrafter(DraftModelCounts, Drafter):
 
     def _grow(self, growth: Growth, ready: dict[int, torch.Tensor], lower: dict[int, LowerAt]) -> None:
         """Expand every node that has logits; a child matching a forwarded lower node takes over its logits and slot
-        (it is confirmed) and is expanded in the next round, down the lower tree."""
-        while ready:
-            rows = list(ready)
-            raw = torch.stack(list(ready.values()))
-            tree = growth.as_tree(raw.device) if self.logits_processor else None
-            scores = process_tree_scores(self.logits_processor, growth.prefix, tree, raw, rows)
-            top = scores.log_softmax(-1).topk(self.width, dim=-1)
-            # rank by the draft's own probability, or by the calibrated chance the target keeps the node
-            rank = top.values if self.sizer is None else self.sizer.acceptance(top.values.cpu())
-            picked = torch.cat([top.values.double(), rank.double().to(top.values.device), top.indices.double()], dim=1)
-            picked = picked.tolist()  # the round's one read: (rows, 3 * width), everything the host decides with
-            w = self.width
+        (it is confirmed) and is expanded in the next round, down the lower tree. The children of every forwarded
+        lower node are chosen up front with those of the pass's nodes: one batch, one read per pass."""
+        rows, picked, below = self._pick(growth, ready, lower)
+        w = self.width
+        while rows:
             if self.sizer is not None:
-                parent_logp = torch.tensor([growth.nodes[p].logp for p in rows], dtype=torch.float64)
-                self.sizer.observe_expansion(parent_logp.exp(), (parent_logp[:, None] + rank.double()).exp())
-            ready = {}
-            for parent, row in zip(rows, picked):
-                ready.update(self._add_children(growth, parent, row[:w], row[w : 2 * w], [int(t) for t in row[2 * w :]],
-                                                lower))
+                parents = [math.exp(growth.nodes[p].logp) for p in rows]
+                self.sizer.observe_expansion(math.fsum(parents), math.fsum(
+                    v * math.exp(r) for v, p in zip(parents, rows) for r in picked[p][w : 2 * w]))
+            confirmed = []
+            for parent in rows:
+                row = picked[parent]
+                confirmed += self._add_children(growth, parent, row[:w], row[w : 2 * w], [int(t) for t in row[2 * w :]],
+                                                lower)
+            for node in confirmed:  # their rows were picked with the pass's
+                picked[node] = below[id(lower[node].lower), lower[node].at]
+            rows = confirmed
+
+    def _pick(self, growth: Growth, ready: dict[int, torch.Tensor], lower: dict[int, LowerAt]):
+        """The `width` best children of every node with logits (`ready`) and of every forwarded lower node, in one
+        read: (the ready nodes, their rows by node, the lower nodes' rows by (lower tree, node)). A row holds the
+        children's log-probabilities, their ranks and their tokens."""
+        rows, raw = list(ready), list(ready.values())
+        parents, tokens = [n.parent for n in growth.nodes], [n.token for n in growth.nodes]
+        at: list[int] = list(rows)  # each row's node in the processors' tree (growth nodes, then the lower nodes)
+        keys: list[tuple[int, int]] = []
+        for hang, place in lower.items():
+            host, first = place.lower.host, len(parents)
+            for c in range(1, len(host.parents)):
+                parents.append(hang if host.parents[c] == 0 else first + host.parents[c] - 1)
+                tokens.append(host.tokens[c])
+                at.append(first + c - 1)
+                keys.append((id(place.lower), c))
+            raw.append(place.lower.logits)
+        logits = torch.cat([torch.stack(raw[: len(rows)]), *raw[len(rows) :]])
+        tree = None
+        if self.logits_processor:
+            tree = TokenTree(tokens=torch.tensor(tokens).to(logits.device), parents=torch.tensor(parents).to(
+                logits.device), _host=HostTree(parents=parents, tokens=tokens))
+        scores = process_tree_scores(self.logits_processor, growth.prefix, tree, logits, at)
+        top = scores.log_softmax(-1).topk(self.width, dim=-1)
+        # rank by the draft's own probability, or by the calibrated chance the target keeps the node
+        rank = top.values if self.sizer is None else self.sizer.acceptance(top.values)
+        picked = torch.cat([top.values.double(), rank.double(), top.indices.double()], dim=1).tolist()  # the read
+        return rows, dict(zip(rows, picked)), dict(zip(keys, picked[len(rows) :]))
 
     def _add_children(
         self, growth: Growth, parent: int, logq: list[float], rank: list[float], tokens: list[int],
         lower: dict[int, LowerAt],
-    ) -> dict[int, torch.Tensor]:
-        """Add `parent`'s children (most probable first); the confirmed ones that can grow, with their logits."""
+    ) -> list[int]:
+        """Add `parent`'s children (most probable first); returns the confirmed ones that can grow."""
         node = growth.nodes[parent]
         node.expanded = True
         first = len(growth.nodes)
@@ -330,10 +355,10 @@ class BestFirstDrafter(DraftModelCounts, Drafter):
             growth.nodes.append(Node(token=token, parent=parent, depth=node.depth + 1, logp=node.logp + r, logq=q))
         place = lower.get(parent)
         if place is None:
-            return {}
+            return []
         host = place.lower.host
         kids = {host.tokens[c]: c for c in host.children()[place.at]}
-        ready = {}
+        confirmed = []
         for j, (token, q) in enumerate(zip(tokens, logq)):
             c = kids.get(token)
             if c is None or not math.isfinite(q):
@@ -343,8 +368,8 @@ class BestFirstDrafter(DraftModelCounts, Drafter):
             lower[first + j] = LowerAt(place.lower, at=c)
             self.lower_confirmed += 1
             if child.depth < self.max_depth:
-                ready[first + j] = place.lower.logits[c - 1]
-        return ready
+                confirmed.append(first + j)
+        return confirmed
 
     def observe_target_pass(self, tree_size: int, seconds: float) -> None:
         if self.sizer is not None:
@@ -360,8 +385,7 @@ class BestFirstDrafter(DraftModelCounts, Drafter):
             reached = set(verdict.path)
             parents = tree.host().parents
             children = [node for node in range(1, len(tree)) if parents[node] in reached]
-            self.sizer.acceptance.update(torch.tensor([self._logq[c] for c in children]),
-                                         torch.tensor([c in reached for c in children]))
+            self.sizer.acceptance.update([self._logq[c] for c in children], [c in reached for c in children])
 
 
 def step_memory_bound(

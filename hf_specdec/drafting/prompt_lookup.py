@@ -10,6 +10,8 @@ import torch
 
 from ..core.drafter import Drafter
 from ..core.tree import TokenTree
+from ..core.verdict import Verdict
+from .draft_model import HostSequence, emitted_tokens
 
 
 class NGramDrafter(Drafter):
@@ -26,22 +28,30 @@ class NGramDrafter(Drafter):
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
         self.depth, self.max_nodes, self.max_matches = depth, max_nodes, max_matches
         self.forward_count = 0
+        self.sequence = HostSequence()
 
-    def continuations(self, ids: torch.Tensor) -> list[list[int]]:
+    def continuations(self, ids: list[int]) -> list[list[int]]:
         """Continuations of every recurring n-gram, n from `max_ngram` down to `min_ngram`, most recent first.
 
         A match of a long n-gram is also a match of its shorter suffixes, so it is counted once per n:
-        longer agreement earns more support.
+        longer agreement earns more support. Plain Python on the host copy of the sequence: no tensor is read.
         """
         found = []
+        last = ids[-1]
+        ends = [i + 1 for i in range(len(ids) - 2, -1, -1) if ids[i] == last]  # n-grams ending before the last token
         for n in range(min(self.max_ngram, len(ids) - 1), self.min_ngram - 1, -1):
-            windows = ids[:-1].unfold(0, n, 1)  # every n-gram that has at least one token after it
-            starts = torch.nonzero((windows == ids[-n:]).all(dim=1)).flatten().flip(0)[: self.max_matches] + n
-            found += [ids[s : s + self.depth].tolist() for s in starts.tolist()]
+            tail = ids[-n:]
+            starts = [end for end in ends if end >= n and ids[end - n : end] == tail][: self.max_matches]
+            found += [ids[s : s + self.depth] for s in starts]
         return found
 
     def propose(self, input_ids: torch.LongTensor) -> TokenTree:
-        ids = input_ids[0].cpu()
+        return self.propose_ids(self.sequence.read(input_ids))  # the prompt is read once, then kept on the host
+
+    def accept(self, input_ids: torch.LongTensor, tree: TokenTree, verdict: Verdict) -> None:
+        self.sequence.extend(input_ids, emitted_tokens(tree, verdict))
+
+    def propose_ids(self, ids: list[int]) -> TokenTree:
         trie: dict[tuple[int, ...], int] = {}  # path of tokens -> number of matches through it
         for continuation in self.continuations(ids):
             for end in range(1, len(continuation) + 1):
@@ -52,7 +62,7 @@ class NGramDrafter(Drafter):
         # Breadth-first order, siblings by support: sort by depth, then by the support of each ancestor.
         chosen.sort(key=lambda path: (len(path), [-trie[path[:i]] for i in range(1, len(path) + 1)], path))
         index = {(): 0}
-        tokens, parents = [int(ids[-1])], [-1]
+        tokens, parents = [ids[-1]], [-1]
         for path in chosen:
             index[path] = len(tokens)
             tokens.append(path[-1])

@@ -94,16 +94,14 @@ class SizedShapeDrafter(ModelTreeDrafter):
         parents = self.levels[index].parent_list
         above = self.levels[index - 1].parent_list
         children = [c for p in above for c in self.host_shape.children()[p]]
-        self.sizer.observe_expansion(torch.tensor([values[p] for p in above], dtype=torch.float64),
-                                     torch.tensor([values[c] for c in children], dtype=torch.float64))
+        self.sizer.observe_expansion(math.fsum(values[p] for p in above), math.fsum(values[c] for c in children))
         open_values = sorted((values[p] for p in parents if values[p] > 0), reverse=True)
         self._draft_before = self.runner.forward_time
-        return self.sizer.pass_pays(torch.tensor(drafted, dtype=torch.float64),
-                                    torch.tensor(open_values, dtype=torch.float64), time.perf_counter() - self._start)
+        return self.sizer.pass_pays(drafted, open_values, time.perf_counter() - self._start)
 
     def _values(self, logq: list[float]) -> list[float]:
         """a(v) per shape node: the chance the target keeps v's path, by the learned f(q) (0 where not drafted)."""
-        logf = self.sizer.acceptance(torch.tensor(logq, dtype=torch.float64)).tolist()
+        logf = self.sizer.acceptance.log_rates(logq)
         values = [1.0] * len(logq)
         for node, parent in enumerate(self.host_shape.parents[1:], start=1):
             values[node] = values[parent] * math.exp(logf[node]) if math.isfinite(logf[node]) else 0.0
@@ -130,5 +128,4 @@ class SizedShapeDrafter(ModelTreeDrafter):
         self.ranks.update(counts, ranks)
         reached = set(path)
         kids = [c for node in path for c in children[node]]
-        logq = torch.tensor([self._host_logq[self._kept[c]] for c in kids], dtype=torch.float64)
-        self.sizer.acceptance.update(logq, torch.tensor([c in reached for c in kids]))
+        self.sizer.acceptance.update([self._host_logq[self._kept[c]] for c in kids], [c in reached for c in kids])

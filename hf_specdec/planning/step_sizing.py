@@ -15,9 +15,12 @@ unsure one stops after the root's pass.
 
 from __future__ import annotations
 
+import itertools
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from .sizing import HardwareProfile
@@ -31,33 +34,47 @@ class OnlineAcceptance:
 
     Binned on log q; every bin starts at a prior worth `prior_weight` observations centred on q itself (a calibrated
     draft) and learns from every verified step. Read as non-decreasing in q: a likelier draft token never rates lower.
+    Its state is host numbers (the drafters learn from what the step already read); `__call__` rates device tensors
+    where they are, `log_rates` host lists, by the same bins (float32 log q, `bucketize`'s rule).
     """
 
     def __init__(self, bins: int = 16, min_prob: float = 1e-4, prior_weight: float = 4.0) -> None:
-        self.edges = torch.linspace(math.log(min_prob), 0.0, bins + 1)[1:-1]
-        centres = torch.linspace(math.log(min_prob), 0.0, 2 * bins + 1)[1::2].exp()
-        self.trials = torch.full((bins,), prior_weight, dtype=torch.float64)
-        self.hits = centres.double() * prior_weight
+        self.edges = np.linspace(math.log(min_prob), 0.0, bins + 1, dtype=np.float32)[1:-1]
+        centres = np.exp(np.linspace(math.log(min_prob), 0.0, 2 * bins + 1, dtype=np.float32)[1::2])
+        self.trials = np.full(bins, prior_weight, dtype=np.float64)
+        self.hits = centres.astype(np.float64) * prior_weight
         self.observations = 0
 
-    def _bins(self, logq: torch.Tensor) -> torch.Tensor:
-        return torch.bucketize(logq.float().clamp(max=0.0), self.edges)
+    def _bins(self, logq) -> np.ndarray:
+        return np.searchsorted(self.edges, np.minimum(np.asarray(logq, dtype=np.float32), 0.0))
 
-    def rates(self) -> torch.Tensor:
+    def rates(self) -> np.ndarray:
         """Acceptance rate of each bin, made non-decreasing from the lowest q up."""
-        return torch.cummax(self.hits / self.trials, dim=0).values
+        return np.maximum.accumulate(self.hits / self.trials)
 
     def __call__(self, logq: torch.Tensor) -> torch.Tensor:
-        """log f(q) for draft log-probabilities `logq` (any shape); -inf stays -inf (a banned token)."""
-        logf = self.rates().log()[self._bins(logq)].to(logq.dtype)
+        """log f(q) for draft log-probabilities `logq` (any shape, any device; no read); -inf stays -inf."""
+        log_rates = torch.from_numpy(np.log(self.rates())).to(logq.device)
+        edges = torch.from_numpy(self.edges).to(logq.device)
+        logf = log_rates[torch.bucketize(logq.float().clamp(max=0.0), edges)].to(logq.dtype)
         return torch.where(torch.isfinite(logq), logf, logq)
 
-    def update(self, logq: torch.Tensor, accepted: torch.Tensor) -> None:
+    def log_rates(self, logq: list[float]) -> list[float]:
+        """`__call__` for host numbers."""
+        logf = np.log(self.rates())[self._bins(logq)]
+        return [float(f) if math.isfinite(q) else q for f, q in zip(logf, logq)]
+
+    def update(self, logq: list[float], accepted: list[bool]) -> None:
         """Learn from children of reached nodes: their draft log-probabilities and whether the target kept them."""
         bins = self._bins(logq)
-        self.trials.index_add_(0, bins, torch.ones(len(bins), dtype=torch.float64))
-        self.hits.index_add_(0, bins, accepted.double())
+        np.add.at(self.trials, bins, 1.0)
+        np.add.at(self.hits, bins, np.asarray(accepted, dtype=np.float64))
         self.observations += len(bins)
+
+
+def _floats(values) -> list[float]:
+    """Values as host floats (the drafters hand lists; a tensor is read here)."""
+    return values.tolist() if isinstance(values, torch.Tensor) else list(values)
 
 
 @dataclass
@@ -95,11 +112,11 @@ class StepSizer:
         log_scale = self.timing_memory * math.log(scale) + (1 - self.timing_memory) * math.log(measured / predicted)
         return math.exp(log_scale)
 
-    def best_size(self, values: torch.Tensor, draft_seconds: float) -> tuple[int, float]:
+    def best_size(self, values: Sequence[float], draft_seconds: float) -> tuple[int, float]:
         """(nodes incl. the root, predicted seconds per token) of the best prefix of `values` (non-root a(v), sorted
         descending) after `draft_seconds` of drafting."""
-        expected = 1.0 + torch.cat([values.new_zeros(1), values.double().cumsum(0)]).numpy()
-        sizes = torch.arange(1, len(values) + 2).numpy()
+        expected = 1.0 + np.array([0.0, *itertools.accumulate(_floats(values))])
+        sizes = np.arange(1, len(expected) + 1)
         per_token = (draft_seconds + self.target_seconds(sizes) + self.profile.step_overhead) / expected
         best = int(per_token.argmin())
         return best + 1, float(per_token[best])
@@ -108,17 +125,16 @@ class StepSizer:
         """Predicted seconds of a plain step (the root alone, no draft pass): what every tree must beat per token."""
         return float(self.target_seconds(1)) + self.profile.step_overhead
 
-    def _after_pass(self, values: torch.Tensor, size: int, open_values: torch.Tensor, draft_seconds: float) -> float:
+    def _after_pass(self, values: list[float], size: int, open_values: list[float], draft_seconds: float) -> float:
         """Predicted seconds per token once one more draft pass expands all of `open_values`."""
-        expected = 1.0 + float(values[: size - 1].sum()) + self.expansion_gain * float(open_values.sum())
+        expected = 1.0 + math.fsum(values[: size - 1]) + self.expansion_gain * math.fsum(open_values)
         seconds = draft_seconds + self.draft_seconds(len(open_values)) + self.target_seconds(size + len(open_values))
         return (seconds + self.profile.step_overhead) / expected
 
-    def next_frontier(
-        self, values: torch.Tensor, open_values: torch.Tensor, draft_seconds: float
-    ) -> int:
+    def next_frontier(self, values: Sequence[float], open_values: Sequence[float], draft_seconds: float) -> int:
         """How many of the best open nodes (values `open_values`, sorted descending) the next draft pass should
         expand; 0 when no pass is predicted to lower the time per token."""
+        values, open_values = _floats(values), _floats(open_values)
         size, best = self.best_size(values, draft_seconds)
         choice = 0
         for width in FRONTIER_SIZES:
@@ -130,15 +146,17 @@ class StepSizer:
                 break
         return choice
 
-    def pass_pays(self, values: torch.Tensor, open_values: torch.Tensor, draft_seconds: float) -> bool:
+    def pass_pays(self, values: Sequence[float], open_values: Sequence[float], draft_seconds: float) -> bool:
         """Whether one more draft pass over all of `open_values` (a planned shape's next level) is predicted to
         lower the time per token: the early stop of a shaped tree when the draft is unsure."""
-        if len(open_values) == 0:
+        values, open_values = _floats(values), _floats(open_values)
+        if not open_values:
             return False
         size, best = self.best_size(values, draft_seconds)
         return self._after_pass(values, size, open_values, draft_seconds) < best
 
-    def observe_expansion(self, parent_values: torch.Tensor, children_values: torch.Tensor) -> None:
-        """An expansion added `children_values` (each row: the children of one parent): update g."""
-        ratio = float(children_values.sum() / parent_values.sum().clamp(min=1e-12))
+    def observe_expansion(self, parents_total: float, children_total: float) -> None:
+        """An expansion added children whose values sum to `children_total` below parents summing to
+        `parents_total`: update g."""
+        ratio = children_total / max(parents_total, 1e-12)
         self.expansion_gain = self.gain_memory * self.expansion_gain + (1 - self.gain_memory) * ratio

@@ -7,7 +7,8 @@ from ..core.verdict import Verdict
 
 
 def walk_down(tree: TokenTree, choose) -> Verdict:
-    """Descend from the root: `choose(node, children)` returns (child index or None, token if stopping)."""
+    """Descend from the root: `choose(node, children)` returns (child index or None, token if stopping); a child
+    with a token descends there and stops (a leaf whose bonus token was drawn with its parent's decision)."""
     children_of = tree.host().children()
     node, path, ranks = 0, [0], []
     while True:
@@ -17,4 +18,6 @@ def walk_down(tree: TokenTree, choose) -> Verdict:
             return Verdict(path=path, bonus_token=token, accepted_ranks=ranks)
         ranks.append(children.index(picked))
         path.append(picked)
+        if token is not None:
+            return Verdict(path=path, bonus_token=token, accepted_ranks=ranks)
         node = picked

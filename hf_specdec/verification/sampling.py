@@ -9,6 +9,7 @@ the default one uses a `torch.Generator` (or the global RNG), so seeded runs rep
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import ClassVar, Protocol
 
 import torch
@@ -19,33 +20,33 @@ from .registry import register_verifier
 
 
 class RandomSource(Protocol):
-    """The only two random decisions a verifier makes."""
+    """The random decisions a verifier makes, one call per visited node."""
 
-    def accept(self, prob: float) -> bool:
-        """True with probability `prob`."""
-        ...
-
-    def sample(self, probs: torch.Tensor) -> int:
-        """A token drawn from the normalized distribution `probs` `(V,)`."""
+    def decide(self, accept: torch.Tensor | None, dists: list[torch.Tensor]) -> tuple[int | None, Sequence[int]]:
+        """Trials `i = 0..k-1`, each succeeding with probability `accept[i]` `(k,)`: the first that succeeds (None:
+        none does, or no trials); and a token drawn from each normalized distribution in `dists` `(V,)`, of which
+        the verifier uses at most one. Everything is drawn independently, so the unused draws change nothing."""
         ...
 
 
 class TorchRandom:
-    """`RandomSource` on a `torch.Generator` (None: torch's global RNG)."""
+    """`RandomSource` on a `torch.Generator` (None: torch's global RNG), drawing on the generator's device and
+    reading every outcome of a node in one transfer."""
 
     def __init__(self, generator: torch.Generator | None = None) -> None:
         self.generator = generator
-        self.device = generator.device if generator is not None else torch.device("cpu")
 
-    def accept(self, prob: float) -> bool:
-        if prob >= 1.0 or prob <= 0.0:  # certain outcomes consume no randomness
-            return prob >= 1.0
-        return float(torch.rand((), dtype=torch.float64, generator=self.generator, device=self.device)) < prob
-
-    def sample(self, probs: torch.Tensor) -> int:
-        if self.generator is not None:
-            probs = probs.to(self.generator.device)
-        return int(torch.multinomial(probs, 1, generator=self.generator))
+    def decide(self, accept: torch.Tensor | None, dists: list[torch.Tensor]) -> tuple[int | None, list[int]]:
+        device = accept.device if accept is not None else dists[0].device
+        where = self.generator.device if self.generator is not None else device  # no generator: that device's RNG
+        drawn = [torch.multinomial(d.to(where), 1, generator=self.generator).to(device) for d in dists]
+        if accept is None:
+            return None, torch.cat(drawn).tolist()
+        k = len(accept)
+        uniforms = torch.rand(k, dtype=accept.dtype, generator=self.generator, device=where).to(device)
+        first = torch.where(uniforms < accept, torch.arange(k, device=device), k).amin(0, keepdim=True)
+        rank, *tokens = torch.cat([first, *drawn]).tolist()
+        return (rank if rank < k else None), tokens
 
 
 def _work_dtype(device: torch.device) -> torch.dtype:
@@ -53,12 +54,41 @@ def _work_dtype(device: torch.device) -> torch.dtype:
 
 
 def _normalized(r: torch.Tensor, fallback: torch.Tensor) -> torch.Tensor:
-    mass = float(r.sum())
-    return r / mass if mass > 0 else fallback
+    """`r / r.sum()`, or `fallback` where r has no mass, decided on r's device (no read)."""
+    mass = r.sum()
+    return torch.where(mass > 0, r / mass, fallback)
 
 
-def _without(t: torch.Tensor, x: int) -> torch.Tensor:
-    return t.index_fill(0, torch.tensor([x], device=t.device), 0)
+def _without(t: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    return t.index_fill(0, x, 0)
+
+
+def _target_dists(target_scores: torch.Tensor, nodes: list[int], dtype: torch.dtype) -> list[torch.Tensor]:
+    """The target's distributions at `nodes`: a visited node's children that are leaves get their bonus token drawn
+    with the node's own decision (one read per visited node with children, none for the leaf the walk ends on)."""
+    return [target_scores[node].to(dtype).softmax(-1) for node in nodes]
+
+
+def _trials(p: torch.Tensor, q: torch.Tensor, xs: torch.Tensor, without_replacement: bool):
+    """The children `xs` tried in order: each one's acceptance probability `(k,)`, and the target's residual after
+    rejecting them all, on p's device.
+
+    Accept child x with min(1, p[x] / q[x]); on a rejection p <- norm(max(p - q, 0)), the target conditioned on
+    "not this proposal" (p without x where that has no mass: then p == q and rejecting had probability 0, float
+    noise); children drawn without replacement also drop x from q, since the next child was drawn from q without x.
+    A child q could not have proposed (q[x] = 0) carries no information: it is never accepted and changes nothing.
+    """
+    accept = torch.zeros(len(xs), dtype=p.dtype, device=p.device)
+    for i in range(len(xs)):
+        x = xs[i : i + 1]
+        px, qx = p[x], q[x]
+        proposable = qx > 0
+        accept[i : i + 1] = torch.where(proposable, (px / qx).clamp(max=1.0), 0.0)
+        rejected = _normalized((p - q).clamp(min=0), fallback=_normalized(_without(p, x), p))
+        p = torch.where(proposable, rejected, p)
+        if without_replacement:
+            q = torch.where(proposable, _normalized(_without(q, x), q), q)
+    return accept, p
 
 
 def _residual_verify(
@@ -66,36 +96,33 @@ def _residual_verify(
 ) -> Verdict:
     """Recursive rejection sampling (SpecInfer; Sequoia/SpecTr when `without_replacement`).
 
-    Try the children in drafting order: accept child x with min(1, p[x] / q[x]) and descend. On a rejection
-    p <- norm(max(p - q, 0)), the target conditioned on "not this proposal"; children drawn without replacement
-    also drop x from q, since the next child was drawn from q without x. Nothing accepted: sample from p.
+    At each visited node the children's trials (`_trials`) run on the target's device and the source reads the
+    outcome once: the first accepted child, where the walk descends, or a token from the residual. Nothing
+    drafted below a node: sample from p.
     """
     tokens = tree.host(tokens=True).tokens
     dtype = _work_dtype(target_scores.device)
+    children_of = tree.host().children()
 
     def choose(node: int, children: list[int]):
         p = target_scores[node].to(dtype).softmax(-1)
-        if children:
-            if tree.draft_probs is None:
-                raise ValueError("Sampling verifiers need `tree.draft_probs` (the draft distribution at each node).")
-            q = tree.draft_probs[node].to(device=p.device, dtype=dtype)
-            if len(q) != len(p):  # draft and target vocabularies may be padded differently
-                size = max(len(p), len(q))
-                p, q = (torch.nn.functional.pad(t, (0, size - len(t))) for t in (p, q))
-            q = _normalized(q, fallback=q)  # an all-zero row proposes nothing: every child is skipped
-            for child in children:
-                x = tokens[child]
-                px, qx = torch.stack([p[x], q[x]]).tolist()
-                if qx <= 0:  # q could not have proposed x: it carries no information, skip it
-                    continue
-                if source.accept(min(1.0, px / qx)):
-                    return child, None
-                residual = torch.clamp(p - q, min=0)
-                mass = float(residual.sum())  # zero only if p == q, where rejecting has probability 0 (float noise)
-                p = residual / mass if mass > 0 else _normalized(_without(p, x), p)
-                if without_replacement:
-                    q = _normalized(_without(q, x), q)
-        return None, source.sample(p)
+        if not children:  # a root with nothing drafted below it
+            return None, source.decide(None, [p])[1][0]
+        if tree.draft_probs is None:
+            raise ValueError("Sampling verifiers need `tree.draft_probs` (the draft distribution at each node).")
+        q = tree.draft_probs[node].to(device=p.device, dtype=dtype)
+        if len(q) != len(p):  # draft and target vocabularies may be padded differently
+            size = max(len(p), len(q))
+            p, q = (torch.nn.functional.pad(t, (0, size - len(t))) for t in (p, q))
+        q = _normalized(q, fallback=q)  # an all-zero row proposes nothing: every child is skipped
+        xs = torch.tensor([tokens[child] for child in children]).to(p.device)
+        accept, residual = _trials(p, q, xs, without_replacement)
+        leaves = [child for child in children if not children_of[child]]
+        rank, drawn = source.decide(accept, [residual, *_target_dists(target_scores, leaves, dtype)])
+        if rank is None:
+            return None, drawn[0]
+        child = children[rank]
+        return child, (drawn[1 + leaves.index(child)] if child in leaves else None)
 
     return walk_down(tree, choose)
 
@@ -161,12 +188,14 @@ class TargetSampleVerifier:
         source = source or TorchRandom(generator)
         tokens = tree.host(tokens=True).tokens
         dtype = _work_dtype(target_scores.device)
+        children_of = tree.host().children()
 
         def choose(node: int, children: list[int]):
-            x = source.sample(target_scores[node].to(dtype).softmax(-1))
+            leaves = [child for child in children if not children_of[child]]
+            _, drawn = source.decide(None, _target_dists(target_scores, [node, *leaves], dtype))
             for child in children:
-                if tokens[child] == x:
-                    return child, None
-            return None, x
+                if tokens[child] == drawn[0]:
+                    return child, (drawn[1 + leaves.index(child)] if child in leaves else None)
+            return None, drawn[0]
 
         return walk_down(tree, choose)

@@ -15,10 +15,13 @@ class MergedDrafter(Drafter):
         self.drafters, self.max_nodes = drafters, max_nodes
 
     def propose(self, input_ids: torch.LongTensor) -> TokenTree:
+        return self.propose_ids(input_ids[0].tolist())
+
+    def propose_ids(self, ids: list[int]) -> TokenTree:
         paths: list[tuple[int, ...]] = []
         for drafter in self.drafters:
-            tree = drafter.propose(input_ids)
-            tokens = tree.tokens.tolist()
+            tree = drafter.propose_ids(ids)
+            tokens = tree.host(tokens=True).tokens
             paths += [tuple(tokens[i] for i in tree.path_to(node)[1:]) for node in range(1, len(tree))]
         unique = list(dict.fromkeys(paths))  # keeps every prefix before its extensions, as each tree did
-        return TokenTree.from_paths(int(input_ids[0, -1]), unique[: self.max_nodes - 1])
+        return TokenTree.from_paths(ids[-1], unique[: self.max_nodes - 1])

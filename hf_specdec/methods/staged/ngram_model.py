@@ -212,7 +212,9 @@ class NGramModelDrafter(Drafter):
         self.model, self.width, self.depth, self.max_nodes, self.min_prob = model, width, depth, max_nodes, min_prob
 
     def propose(self, input_ids: torch.LongTensor) -> TokenTree:
-        ids = input_ids[0].tolist()
+        return self.propose_ids(input_ids[0].tolist())
+
+    def propose_ids(self, ids: list[int]) -> TokenTree:
         root, context = ids[-1], ids[len(ids) - self.model.order + 1 :] if self.model.order > 1 else []
         chosen: list[tuple[tuple[int, ...], float]] = []
         heap: list[tuple[float, int, tuple[int, ...]]] = [(-1.0, 0, ())]  # (-cumulative prob, tie-break, path)
