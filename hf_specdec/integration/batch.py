@@ -1,0 +1,73 @@
+"""A batch of prompts (several rows, left-padded by the tokenizer, or `num_return_sequences` copies): one drafter
+per row, one target pass per step over every row still decoding (`decoding.batch_loop`).
+
+What a batch refuses (a user cache, static caches, per-token output records, streamers, ...) is checked up front
+in `validation.check_batch`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from transformers import GenerationConfig, LogitsProcessorList, PreTrainedModel, StoppingCriteriaList
+from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria, MaxTimeCriteria
+
+from ..core.config import SpeculationConfig
+from ..core.kv_cache import full_length_cache
+from ..decoding.batch_loop import batch_speculative_loop
+from ..decoding.outputs import SpeculativeDecoderOnlyOutput
+from ..decoding.stats import SpeculationStats
+from ..drafting.guarded import GuardedDrafter
+from .call import SpeculationCall
+
+
+def decode_batch(
+    model: PreTrainedModel,
+    input_ids: torch.LongTensor,
+    logits_processor: LogitsProcessorList,
+    stopping_criteria: StoppingCriteriaList,
+    generation_config: GenerationConfig,
+    call: SpeculationCall,
+    config: SpeculationConfig,
+    verifier,
+    model_kwargs: dict[str, Any],
+    plan_seconds: float = 0.0,
+) -> torch.LongTensor | SpeculativeDecoderOnlyOutput:
+    """Run the batch loop; with return_dict_in_generate, `speculation_stats` is a list (one entry per row)."""
+    check_stops(stopping_criteria)
+    mask = model_kwargs.get("attention_mask")
+    mask = torch.ones_like(input_ids) if mask is None else mask
+    drafters = []
+    for _ in range(input_ids.shape[0]):  # each row its own draft cache and state
+        drafter = config.make_drafter(model, call.assistant_model, logits_processor, verifier.child_selection,
+                                      call.generator)
+        drafters.append(GuardedDrafter(drafter) if config.guard else drafter)
+    stats = [SpeculationStats(method=config.method, verifier=verifier.name, plan_source=config.plan_source,
+                              time_plan=plan_seconds) for _ in drafters]
+    cache = full_length_cache(model_kwargs.get("past_key_values"))  # generate's empty cache, every row kept
+    pad = generation_config._pad_token_tensor
+    pad_token_id = int(pad) if pad is not None else int(generation_config.pad_token_id or 0)
+    inputs = {k: v for k, v in model_kwargs.items() if k not in ("attention_mask", "past_key_values")}
+    result = batch_speculative_loop(model, input_ids, mask, drafters, verifier, logits_processor, stopping_criteria,
+                                    pad_token_id, generator=call.generator, stats=stats, model_kwargs=inputs,
+                                    cache=cache)
+    if not generation_config.return_dict_in_generate:
+        return result.sequences
+    # the cache holds holes where rows accepted fewer tokens than others: no cache plain generate would return
+    return SpeculativeDecoderOnlyOutput(sequences=result.sequences, past_key_values=None,
+                                        speculation_stats=result.stats)
+
+
+def check_stops(criteria: StoppingCriteriaList) -> None:
+    """Without an end-of-sequence id, plain batched `generate` keeps decoding a row that a stop string (or a custom
+    criterion) stopped, until every row has stopped; a speculative batch stops each row where it stops: refused."""
+    if any(isinstance(c, EosTokenCriteria) for c in criteria):
+        return
+    other = [type(c).__name__ for c in criteria if not isinstance(c, (MaxLengthCriteria, MaxTimeCriteria))]
+    if other:
+        raise ValueError(
+            f"A batch with {', '.join(other)} but no eos_token_id: plain batched generate would go on decoding a row "
+            "after it stops (and write no padding), which speculation does not copy. Set eos_token_id (and "
+            "pad_token_id) in the generation config, or generate the prompts one at a time."
+        )
