@@ -23,9 +23,36 @@ from ..core.devices import PassClock, compute_devices, execution_device
 from ..core.drafter import Drafter
 from ..core.processing import NodeScores, process_tree_scores
 from ..core.ragged import RaggedRows
-from ..core.verdict import Verifier
+from ..core.tree import TokenTree
+from ..core.verdict import Verdict, Verifier
+from ..drafting.batch_shaped import LockstepShapeDrafter
 from .loop import BlockStops, _prefill, _record, _renumbered, emit, fit_positions
 from .stats import SpeculationStats
+
+
+class RowDrafters:
+    """One `Drafter` per row (any method's: its own draft cache, plan and state), drafting row by row. The batch
+    drafter contract `batch_speculative_loop` takes; `drafting.batch_shaped.LockstepShapeDrafter` is the other."""
+
+    def __init__(self, drafters: list[Drafter]) -> None:
+        self.drafters = drafters
+        self.active = list(range(len(drafters)))  # the drafter of each batch row still decoding
+
+    def propose(self, ids: list[list[int]], prefixes: list[torch.Tensor],
+                unpadded: list[torch.LongTensor]) -> list[TokenTree]:
+        return [self.drafters[row].propose(sequence) for row, sequence in zip(self.active, unpadded)]
+
+    def accept(self, index: int, input_ids: torch.LongTensor, tree: TokenTree, verdict: Verdict) -> None:
+        self.drafters[self.active[index]].accept(input_ids, tree, verdict)
+
+    def observe(self, index: int, tree_size: int, seconds: float) -> None:
+        self.drafters[self.active[index]].observe_target_pass(tree_size, seconds)
+
+    def drop(self, keep: list[int]) -> None:
+        self.active = [self.active[index] for index in keep]
+
+    def counts(self, row: int) -> tuple[int, float]:
+        return self.drafters[row].forward_count, self.drafters[row].forward_time
 
 
 @dataclass
@@ -38,7 +65,7 @@ def batch_speculative_loop(
     target: PreTrainedModel,
     input_ids: torch.LongTensor,
     attention_mask: torch.Tensor,
-    drafters: list[Drafter],
+    drafter: RowDrafters | LockstepShapeDrafter,
     verifier: Verifier,
     logits_processor: LogitsProcessorList,
     stopping_criteria: StoppingCriteriaList,
@@ -49,10 +76,11 @@ def batch_speculative_loop(
     cache: DynamicCache | None = None,
 ) -> BatchResult:
     """Decode every row of `input_ids` `(B, P)` (left-padded: `attention_mask` 0 on pads) until its stopping
-    criteria fire; `drafters[r]` drafts row r. `cache`: an empty `DynamicCache` of full-length layers (default a new
-    one); it ends with holes, so it is no cache plain generate would return."""
+    criteria fire; `drafter` drafts every row's tree. `cache`: an empty `DynamicCache` of full-length layers
+    (default a new one); it ends with holes, so it is no cache plain generate would return."""
     batch, prompt = input_ids.shape
     stats = stats or [SpeculationStats() for _ in range(batch)]
+    host = [row[pad:] for row, pad in zip(input_ids.tolist(), (attention_mask == 0).sum(dim=1).tolist())]
     device, dtype = execution_device(target), target.dtype
     layout = AttentionLayout.of(target)
     stops = BlockStops.of(stopping_criteria)
@@ -71,7 +99,8 @@ def batch_speculative_loop(
     first_step = True
     while active:
         t0 = time.perf_counter()
-        drafted = [drafters[row].propose(unpadded[row]) for row in active]
+        drafted = drafter.propose([host[row] for row in active], [sequences[row][:, :-1] for row in active],
+                                  [unpadded[row] for row in active])
         fitted = [fit_positions(tree, layout, unpadded[row].shape[1] - 1, target)
                   for tree, row in zip(drafted, active)]
         trees = [tree for tree, _ in fitted]
@@ -95,25 +124,26 @@ def batch_speculative_loop(
             block = [tree.host(tokens=True).tokens[node] for node in path[1:]] + [verdict.bonus_token]
             grown, emitted, finished = emit(sequences[row], block, scores[path], stopping_criteria, stops)
             sequences[row], unpadded[row] = grown, grown[:, pads[row] :]
+            host[row] += block[:emitted]
             kept.append(path[:emitted])
-            drafters[row].observe_target_pass(len(tree), seconds / len(active))  # the row's share of the pass
+            drafter.observe(index, len(tree), seconds / len(active))  # the row's share of the pass
             if not finished:
                 still.append(index)
-                drafters[row].accept(unpadded[row], drafted[index], verdict if cut is None else _renumbered(verdict,
-                                                                                                            cut))
+                drafter.accept(index, unpadded[row], drafted[index], verdict if cut is None else _renumbered(verdict,
+                                                                                                             cut))
             _record(stats[row], tree, verdict, emitted)
             stats[row].time_target_forward += seconds / len(active)
             stats[row].time_drafting += (t1 - t0) / len(active)
         rows.keep(cache, kept)
         if len(still) < len(active):
             rows.select(cache, still)
+            drafter.drop(still)
             active = [active[index] for index in still]
         first_step = False
     total = time.perf_counter() - start
     for row, row_stats in enumerate(stats):
         row_stats.time_prefill, row_stats.time_total = prefill_seconds, total
-        row_stats.draft_forwards = drafters[row].forward_count
-        row_stats.time_draft_forward = drafters[row].forward_time
+        row_stats.draft_forwards, row_stats.time_draft_forward = drafter.counts(row)
     return BatchResult(sequences=padded(sequences, pad_token_id), stats=stats)
 
 

@@ -15,10 +15,13 @@ from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengt
 
 from ..core.config import SpeculationConfig
 from ..core.kv_cache import full_length_cache
-from ..decoding.batch_loop import batch_speculative_loop
+from ..core.model_info import vocab_size
+from ..decoding.batch_loop import RowDrafters, batch_speculative_loop
 from ..decoding.outputs import SpeculativeDecoderOnlyOutput
 from ..decoding.stats import SpeculationStats
+from ..drafting.batch_shaped import LockstepShapeDrafter
 from ..drafting.guarded import GuardedDrafter
+from ..drafting.shaped_tree import StaticShapeConfig
 from .call import SpeculationCall
 
 
@@ -38,18 +41,14 @@ def decode_batch(
     check_stops(stopping_criteria)
     mask = model_kwargs.get("attention_mask")
     mask = torch.ones_like(input_ids) if mask is None else mask
-    drafters = []
-    for _ in range(input_ids.shape[0]):  # each row its own draft cache and state
-        drafter = config.make_drafter(model, call.assistant_model, logits_processor, verifier.child_selection,
-                                      call.generator)
-        drafters.append(GuardedDrafter(drafter) if config.guard else drafter)
+    drafter = batch_drafter(model, input_ids.shape[0], logits_processor, call, config, verifier)
     stats = [SpeculationStats(method=config.method, verifier=verifier.name, plan_source=config.plan_source,
-                              time_plan=plan_seconds) for _ in drafters]
+                              time_plan=plan_seconds) for _ in range(input_ids.shape[0])]
     cache = full_length_cache(model_kwargs.get("past_key_values"))  # generate's empty cache, every row kept
     pad = generation_config._pad_token_tensor
     pad_token_id = int(pad) if pad is not None else int(generation_config.pad_token_id or 0)
     inputs = {k: v for k, v in model_kwargs.items() if k not in ("attention_mask", "past_key_values")}
-    result = batch_speculative_loop(model, input_ids, mask, drafters, verifier, logits_processor, stopping_criteria,
+    result = batch_speculative_loop(model, input_ids, mask, drafter, verifier, logits_processor, stopping_criteria,
                                     pad_token_id, generator=call.generator, stats=stats, model_kwargs=inputs,
                                     cache=cache)
     if not generation_config.return_dict_in_generate:
@@ -57,6 +56,21 @@ def decode_batch(
     # the cache holds holes where rows accepted fewer tokens than others: no cache plain generate would return
     return SpeculativeDecoderOnlyOutput(sequences=result.sequences, past_key_values=None,
                                         speculation_stats=result.stats)
+
+
+def batch_drafter(model: PreTrainedModel, rows: int, logits_processor: LogitsProcessorList, call: SpeculationCall,
+                  config: SpeculationConfig, verifier) -> RowDrafters | LockstepShapeDrafter:
+    """A fixed shape (chain, tree, sequoia: its plan's tree, not sized per step in a batch) is drafted for all rows
+    in lockstep, one draft pass per level; any other method drafts row by row with a drafter per row."""
+    if isinstance(config, StaticShapeConfig):
+        return LockstepShapeDrafter(call.assistant_model, config.shape(), rows, logits_processor,
+                                    verifier.child_selection, call.generator, vocab_size(model))
+    drafters = []
+    for _ in range(rows):  # each row its own draft cache and state
+        drafter = config.make_drafter(model, call.assistant_model, logits_processor, verifier.child_selection,
+                                      call.generator)
+        drafters.append(GuardedDrafter(drafter) if config.guard else drafter)
+    return RowDrafters(drafters)
 
 
 def check_stops(criteria: StoppingCriteriaList) -> None:
