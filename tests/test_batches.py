@@ -75,6 +75,9 @@ def test_greedy_batch_equals_plain_batched_generate_row_by_row(near_pair, method
     if stop == "eos":  # row 1 ended early: plain wrote pad tokens after its eos, and so does the batch
         assert (plain[1] == eos).any() and plain[1, -1] == 0
     stats = out.speculation_stats
+    if method == "sequoia-online" and not isinstance(stats, list):  # sized for the batch, no tree paid: plain
+        assert "decoded plainly" in stats.plan_source
+        return
     assert len(stats) == 3 and all(row.new_tokens > 0 for row in stats)
     steps = [row.tokens_per_step for row in stats]
     if method != "sequoia-online":  # its plan, calibrated on tiny models, may rightly be the root alone
@@ -218,3 +221,32 @@ def test_fixed_shapes_draft_all_rows_in_lockstep():
     steps = max(row.target_forwards for row in out.speculation_stats)
     assert len(rows_per_pass) == 3 * steps == out.speculation_stats[0].draft_forwards
     assert rows_per_pass[0] == 4
+
+
+def test_sequoia_trees_shrink_as_the_batch_grows():
+    """Sized for a batch, a pass over B trees of n nodes costs what B * n tokens cost: bigger batches, smaller trees
+    (curves shaped like DESIGN.md's Zen 4 measurements, where 8 tokens cost about what 1 does)."""
+    from hf_specdec.planning.latency import LatencyCurve
+    from hf_specdec.planning.sizing import HardwareProfile, choose_plan, for_batch
+
+    sizes = (1, 8, 16, 32, 64, 128, 256)
+    profile = HardwareProfile(LatencyCurve(sizes, (0.174, 0.152, 0.221, 0.271, 0.379, 0.661, 1.257)),
+                              LatencyCurve(sizes, (0.078, 0.064, 0.072, 0.100, 0.148, 0.275, 0.455)))
+    acceptance = [0.7, 0.15, 0.05, 0.02]
+    nodes = [len(choose_plan(acceptance, for_batch(profile, rows), 64, 8).plan.parents) for rows in (1, 2, 4, 8)]
+    assert nodes == sorted(nodes, reverse=True) and nodes[-1] < nodes[0]
+    assert for_batch(profile, 4).target(8) == pytest.approx(profile.target(32))
+
+
+def test_a_batch_no_tree_pays_for_decodes_plainly(monkeypatch):
+    """When the tree sized for the batch is the root alone, Transformers' own loop decodes the batch."""
+    from hf_specdec.integration import batch as batch_module
+
+    target = tiny_model("llama", 0)
+    draft = near_draft(target)
+    ids, mask = padded_batch(9, [0, 3])
+    monkeypatch.setattr(batch_module, "batch_shape", lambda config, rows: [-1])
+    out = target.generate(ids, attention_mask=mask, max_new_tokens=NEW, do_sample=False, assistant_model=draft,
+                          speculation="chain", return_dict_in_generate=True)
+    assert torch.equal(out.sequences, target.generate(ids, attention_mask=mask, max_new_tokens=NEW, do_sample=False))
+    assert "decoded plainly" in out.speculation_stats.plan_source

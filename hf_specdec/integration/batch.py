@@ -22,6 +22,7 @@ from ..decoding.stats import SpeculationStats
 from ..drafting.batch_shaped import LockstepShapeDrafter
 from ..drafting.guarded import GuardedDrafter
 from ..drafting.shaped_tree import StaticShapeConfig
+from ..planning.sizing import choose_plan, for_batch
 from .call import SpeculationCall
 
 
@@ -63,7 +64,7 @@ def batch_drafter(model: PreTrainedModel, rows: int, logits_processor: LogitsPro
     """A fixed shape (chain, tree, sequoia: its plan's tree, not sized per step in a batch) is drafted for all rows
     in lockstep, one draft pass per level; any other method drafts row by row with a drafter per row."""
     if isinstance(config, StaticShapeConfig):
-        return LockstepShapeDrafter(call.assistant_model, config.shape(), rows, logits_processor,
+        return LockstepShapeDrafter(call.assistant_model, batch_shape(config, rows), rows, logits_processor,
                                     verifier.child_selection, call.generator, vocab_size(model))
     drafters = []
     for _ in range(rows):  # each row its own draft cache and state
@@ -71,6 +72,23 @@ def batch_drafter(model: PreTrainedModel, rows: int, logits_processor: LogitsPro
                                       call.generator)
         drafters.append(GuardedDrafter(drafter) if config.guard else drafter)
     return RowDrafters(drafters)
+
+
+def batch_drafts(config: SpeculationConfig, rows: int) -> bool:
+    """Whether any tree pays for this batch: a fixed shape sized for it may be the root alone (then the batch
+    decodes with Transformers' own loop, as a root-only plan does for one sequence)."""
+    return not isinstance(config, StaticShapeConfig) or len(batch_shape(config, rows)) > 1
+
+
+def batch_shape(config: StaticShapeConfig, rows: int) -> list[int]:
+    """The shape every row drafts. A sequoia plan looked up with its latency profile is sized again for the batch
+    (a pass over `rows` trees of n nodes costs what rows * n tokens cost, so trees shrink as the batch grows); a
+    fixed shape or a given plan is kept."""
+    plan = getattr(config, "plan", None)
+    if not getattr(config, "sized", False) or getattr(plan, "profile", None) is None:
+        return config.shape()
+    return choose_plan(plan.acceptance, for_batch(plan.profile, rows), config.max_budget,
+                       config.max_depth).plan.parents
 
 
 def check_stops(criteria: StoppingCriteriaList) -> None:

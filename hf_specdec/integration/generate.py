@@ -36,7 +36,7 @@ from ..decoding.outputs import SpeculativeDecoderOnlyOutput, TokenRecords
 from ..decoding.stats import SpeculationStats
 from ..drafting.guarded import GuardedDrafter
 from ..verification import verifier_for
-from .batch import decode_batch
+from .batch import batch_drafts, decode_batch
 from .call import SpeculationCall
 from .generation_config import FIELD, get_speculation, keep_field_on_load
 from .validation import check_generation_config, check_processors, check_speculation
@@ -175,12 +175,13 @@ def speculative_generate(
         if plan_seconds >= FIRST_CALL_NOTICE_SECONDS:  # re-sized or calibrated here: once per pair and hardware
             logger.warning(f"hf_specdec: speculation={config.method!r} spent {plan_seconds:.1f} s before decoding on "
                            f"its plan ({config.plan_source}); later calls reuse it.")
-    if input_ids.shape[0] > 1 and config.drafts():  # a batch: one drafter per row, one target pass per step
+    batch = input_ids.shape[0]
+    if batch > 1 and config.drafts() and batch_drafts(config, batch):  # one target pass per step for every row
         return decode_batch(model, input_ids, logits_processor, stopping_criteria, generation_config, call, config,
                             verifier, model_kwargs, plan_seconds)
     if call.streamer is not None:
         call.streamer.put(input_ids.cpu())
-    if not config.drafts():
+    if not config.drafts() or batch > 1:  # no tree pays (for this batch): Transformers' own loop
         return _decode_plainly(model, input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus,
                                call, config, verifier.name, model_kwargs)
     cache = model_kwargs.get("past_key_values")
