@@ -250,3 +250,48 @@ def test_a_batch_no_tree_pays_for_decodes_plainly(monkeypatch):
                           speculation="chain", return_dict_in_generate=True)
     assert torch.equal(out.sequences, target.generate(ids, attention_mask=mask, max_new_tokens=NEW, do_sample=False))
     assert "decoded plainly" in out.speculation_stats.plan_source
+
+
+def test_host_reads_per_step_stay_bounded(monkeypatch):
+    """The host reads what it must decide on: per step the drafted tokens once for the whole batch, then per row
+    its verdict and its stopping check, and where a row stops, its last block token by token (reads inside model
+    passes, Transformers' own, are not counted; the setup reads the prompt and its padding once)."""
+    from tests.roundtrips import READS
+
+    target = tiny_model("qwen2", 0)
+    draft = near_draft(target)
+    ids, mask = padded_batch(4, [0, 2, 4])
+    counts = {"reads": 0, "active": False, "in_model": 0}
+    originals = {name: getattr(torch.Tensor, name) for name in READS}
+
+    def counting(name):
+        def read(self, *args, **kwargs):
+            counts["reads"] += counts["active"] and not counts["in_model"]
+            return originals[name](self, *args, **kwargs)
+        return read
+
+    loop = batch_loop.batch_speculative_loop
+
+    def counted(*args, **kwargs):
+        counts["active"] = True
+        try:
+            return loop(*args, **kwargs)
+        finally:
+            counts["active"] = False
+
+    hooks = [hook for model in (target, draft) for hook in (
+        model.register_forward_pre_hook(lambda *_: counts.__setitem__("in_model", counts["in_model"] + 1)),
+        model.register_forward_hook(lambda *_: counts.__setitem__("in_model", counts["in_model"] - 1)))]
+    monkeypatch.setattr("hf_specdec.integration.batch.batch_speculative_loop", counted)
+    for name in READS:
+        monkeypatch.setattr(torch.Tensor, name, counting(name))
+    try:
+        out = target.generate(ids, attention_mask=mask, max_new_tokens=NEW, do_sample=False, assistant_model=draft,
+                              speculation="chain", return_dict_in_generate=True)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    row_steps = sum(row.target_forwards for row in out.speculation_stats)
+    steps = max(row.target_forwards for row in out.speculation_stats)
+    finishing = 3 * 5  # each row's last block is checked token by token where its stop fired (4 drafted + bonus)
+    assert 0 < counts["reads"] <= 2 + steps + 2 * row_steps + finishing
