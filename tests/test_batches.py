@@ -169,6 +169,12 @@ def test_pipeline_with_batch_size_two_equals_plain():
     spec = pipeline("text-generation", model=target, tokenizer=tokenizer, batch_size=2, assistant_model=draft)(
         prompts, max_new_tokens=12, do_sample=False, return_tensors=True, speculation="chain")
     assert spec == plain
+    # the pipeline's own defaults sample (do_sample=True, temperature=0.7): every prompt gets its continuation
+    torch.manual_seed(0)
+    sampled = pipeline("text-generation", model=target, tokenizer=tokenizer, batch_size=2, assistant_model=draft)(
+        prompts, max_new_tokens=12, return_tensors=True, speculation="chain")
+    assert [len(out[0]["generated_token_ids"]) for out in sampled] == [len(out[0]["generated_token_ids"])
+                                                                        for out in plain]
 
 
 @pytest.mark.parametrize(
