@@ -3,6 +3,7 @@ prompts left-padded into one batch, greedy, for each batch size B; plain and spe
 
     .venv/bin/python benchmarks/batches.py --batches 1,2,4,8 --new-tokens 64 --repeats 3 \\
         --output benchmarks/batches-zen4
+    (add --prepack --int8-draft for the setup of README's Zen 4 side-by-side; --method sequoia, --config '{...}')
 
 Reports per batch size: tokens/s of each (new tokens up to each row's eos, summed over rows), the ratio, tokens per
 target step per row (mean over rows of new tokens / target passes) and whether the outputs are identical row by row
@@ -69,16 +70,25 @@ def main() -> None:
     parser.add_argument("--method", default="chain")
     parser.add_argument("--config", default="{}", help="speculation_config as JSON, e.g. '{\"num_draft_tokens\": 4}'")
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    parser.add_argument("--prepack", action="store_true", help="hf_specdec.prepack the target (both sides use it)")
+    parser.add_argument("--int8-draft", action="store_true", help="draft with hf_specdec.quantize_draft's int8 copy")
     parser.add_argument("--output", type=Path, default=Path("bench-results/batches"))
     args = parser.parse_args()
 
     target, draft, tokenizer = load_default_pair(dtype=getattr(torch, args.dtype))
+    if args.prepack:
+        print(f"prepack: {hf_specdec.prepack(target).reason}")
+    if args.int8_draft:
+        draft = hf_specdec.quantize_draft(draft)
     tokenizer.padding_side = "left"
     rows = []
     for size in [int(b) for b in args.batches.split(",")]:
         prompts = humaneval_prompts(size)
         batch = tokenizer(prompts, return_tensors="pt", padding=True)
         runs = {"plain": [], "speculative": []}
+        warm = argparse.Namespace(**{**vars(args), "new_tokens": 4})
+        run_once(target, draft, batch, warm, speculate=False)  # first passes of a shape (oneDNN kernels) untimed
+        run_once(target, draft, batch, warm, speculate=True)
         for _ in range(args.repeats):  # interleaved, so load changes hit both alike
             runs["plain"].append(run_once(target, draft, batch, args, speculate=False))
             runs["speculative"].append(run_once(target, draft, batch, args, speculate=True))
@@ -98,11 +108,14 @@ def main() -> None:
     machine = {"cpu": cpu_model(), "flags": [flag for flag in FLAGS if flag in cpu_flags()],
                "threads": torch.get_num_threads(), "torch": torch.__version__, "load_average": os.getloadavg()}
     settings = {"method": args.method, "config": json.loads(args.config), "dtype": args.dtype,
+                "prepacked_target": args.prepack, "int8_draft": args.int8_draft,
                 "new_tokens": args.new_tokens, "repeats": args.repeats, "prompts": "HumanEval 0..B-1, left-padded",
                 "decoding": "greedy"}
     args.output.mkdir(parents=True, exist_ok=True)
     (args.output / "results.json").write_text(json.dumps({"settings": settings, "machine": machine, "rows": rows}))
-    lines = [f"Speculation on a batch: {args.method} {args.config}, {args.dtype}, greedy, {args.new_tokens} new "
+    lines = [f"Speculation on a batch: {args.method} {args.config}, {args.dtype}"
+             f"{', prepacked target' if args.prepack else ''}{', int8 draft' if args.int8_draft else ''}, greedy, "
+             f"{args.new_tokens} new "
              f"tokens per row, HumanEval prompts 0..B-1; medians of {args.repeats} interleaved runs.",
              f"Machine: {machine['cpu']} ({', '.join(machine['flags'])}), {machine['threads']} threads, load "
              f"{machine['load_average'][0]:.2f}.", "",
