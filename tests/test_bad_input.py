@@ -48,7 +48,9 @@ CASES = [
     ("unknown name", dict(speculation="sequoya"), "Unknown speculation 'sequoya'. Known methods: 'chain'"),
     ("missing draft", dict(speculation="tree", assistant_model=None), "pass `assistant_model=`"),
     ("beam search", dict(speculation="tree", num_beams=2), "beam search"),
-    ("several sequences", dict(speculation="chain", num_return_sequences=2, do_sample=True), "num_return_sequences=1"),
+    ("several sequences with scores", dict(speculation="chain", num_return_sequences=2, do_sample=True,
+                                           return_dict_in_generate=True, output_scores=True),
+     "2 sequences. does not support output_scores"),
     ("offloaded cache", dict(speculation="tree", cache_implementation="offloaded_static"), "'dynamic' or 'static'"),
     ("unknown setting", dict(speculation="tree", speculation_config={"width": [2]}), "has no setting"),
     ("bad widths", dict(speculation="tree", speculation_config={"widths": [2, 0]}), "positive integers"),
@@ -92,10 +94,14 @@ def test_clear_error_and_no_state_left(pair, kwargs, message):
     assert target.generate(_ids(), max_new_tokens=3, do_sample=False).shape[1] == 8
 
 
-def test_batch_larger_than_one(pair):
+def test_right_padded_batch(pair):
+    """A batch decodes speculatively (tests/test_batches.py), left-padded as tokenizers pad decoder-only models."""
     target, draft = pair
-    with pytest.raises(ValueError, match="one sequence at a time"):
-        target.generate(_ids(batch=2), assistant_model=draft, speculation="tree", max_new_tokens=4)
+    ids = _ids(batch=2)
+    mask = torch.ones_like(ids)
+    mask[1, -2:] = 0
+    with pytest.raises(ValueError, match="needs left padding"):
+        target.generate(ids, attention_mask=mask, assistant_model=draft, speculation="tree", max_new_tokens=4)
 
 
 def test_padded_prompt(pair):

@@ -193,13 +193,11 @@ def stored_ngram():
 @pytest.mark.parametrize(
     "call",
     [
-        dict(batch=2),
         dict(num_beams=2),
-        dict(do_sample=True, num_return_sequences=2),
         dict(speculation=None),
         dict(assistant_model="draft"),  # Transformers' own assisted generation, which ngram cannot use
     ],
-    ids=["batch", "beams", "several-sequences", "explicit-none", "with-a-draft"],
+    ids=["beams", "explicit-none", "with-a-draft"],
 )
 def test_stored_setting_leaves_calls_it_cannot_run_plain(stored_ngram, call):
     model, plain = stored_ngram
@@ -214,6 +212,14 @@ def test_stored_setting_leaves_calls_it_cannot_run_plain(stored_ngram, call):
     expected = plain.generate(ids, **kwargs)
     assert torch.equal(out.sequences, expected.sequences)
     assert type(out) is type(expected) and type(out) is not hf_specdec.SpeculativeDecoderOnlyOutput
+
+
+def test_stored_setting_applies_to_a_batch(stored_ngram):
+    model, plain = stored_ngram
+    ids = _ids(40, 8, batch=2)
+    out = model.generate(ids, max_new_tokens=12, do_sample=False, return_dict_in_generate=True)
+    assert [row.method for row in out.speculation_stats] == ["prompt_lookup"] * 2
+    assert torch.equal(out.sequences, plain.generate(ids, max_new_tokens=12, do_sample=False))
 
 
 def test_stored_setting_applies_to_calls_that_can_speculate(stored_ngram):

@@ -132,3 +132,42 @@ def keep_positions(cache: Cache, start: int, kept: torch.Tensor | list[int]) -> 
 def crop(cache: Cache, length: int) -> None:
     """Drop every position from `length` on."""
     keep_positions(cache, length, [])
+
+
+def keep_positions_per_row(cache: Cache, start: int, kept: list[list[int]]) -> int:
+    """`keep_positions` for a batch whose rows keep different numbers of positions (ragged acceptance).
+
+    Row r's kept positions `kept[r]` (sorted, absolute, from `start` on) land at `start, start + 1, ...`; the
+    cache is then cut to `start + max(len(k) for k in kept)`: the columns a shorter row leaves behind hold stale
+    keys, and its caller marks them as holes (`core.ragged.RaggedRows`). Returns that new length. Dynamic layers
+    only (a batch never runs on a static cache).
+    """
+    width = max(len(row) for row in kept)
+    index: dict[torch.device, torch.Tensor] = {}
+    for layer in cache.layers:
+        if isinstance(layer, StaticLayer) or getattr(layer, "is_sliding", False):
+            raise TypeError("keep_positions_per_row needs full-length dynamic layers.")
+        if not getattr(layer, "is_initialized", True) or layer.keys is None or layer.keys.numel() == 0:
+            continue
+        device = layer.keys.device
+        if device not in index:  # a shorter row repeats its last kept column (or `start`): a hole either way
+            rows = [row + [row[-1] if row else start] * (width - len(row)) for row in kept]
+            index[device] = torch.tensor(rows, dtype=torch.long).to(device, non_blocking=True)
+        gather = index[device][:, None, :, None].expand(-1, layer.keys.shape[1], -1, layer.keys.shape[-1])
+        keys, values = layer.keys.gather(2, gather), layer.values.gather(2, gather)
+        layer.keys = torch.cat([layer.keys[:, :, :start], keys], dim=2)
+        layer.values = torch.cat([layer.values[:, :, :start], values], dim=2)
+    return start + width
+
+
+def select_batch_rows(cache: Cache, rows: list[int]) -> None:
+    """Keep only the batch rows `rows` of every layer (sequences that finished leave the batch)."""
+    index: dict[torch.device, torch.Tensor] = {}
+    for layer in cache.layers:
+        if not getattr(layer, "is_initialized", True) or layer.keys is None or layer.keys.numel() == 0:
+            continue
+        device = layer.keys.device
+        if device not in index:
+            index[device] = torch.tensor(rows, dtype=torch.long).to(device)
+        layer.keys = layer.keys.index_select(0, index[device])
+        layer.values = layer.values.index_select(0, index[device])

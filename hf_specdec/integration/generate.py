@@ -36,6 +36,7 @@ from ..decoding.outputs import SpeculativeDecoderOnlyOutput, TokenRecords
 from ..decoding.stats import SpeculationStats
 from ..drafting.guarded import GuardedDrafter
 from ..verification import verifier_for
+from .batch import batch_drafts, decode_batch
 from .call import SpeculationCall
 from .generation_config import FIELD, get_speculation, keep_field_on_load
 from .validation import check_generation_config, check_processors, check_speculation
@@ -168,15 +169,19 @@ def speculative_generate(
     if request is not None:  # look the plan up (given, stored, re-sized or calibrated now) before drafting
         start = time.perf_counter()
         plan, source = plan_for_call(request, model, call.assistant_model, call_temperature(generation_config),
-                                     input_ids, ranks)
+                                     first_prompt(input_ids, model_kwargs.get("attention_mask")), ranks)
         config = config.with_plan(plan, source)
         plan_seconds = time.perf_counter() - start
         if plan_seconds >= FIRST_CALL_NOTICE_SECONDS:  # re-sized or calibrated here: once per pair and hardware
             logger.warning(f"hf_specdec: speculation={config.method!r} spent {plan_seconds:.1f} s before decoding on "
                            f"its plan ({config.plan_source}); later calls reuse it.")
+    batch = input_ids.shape[0]
+    if batch > 1 and config.drafts() and batch_drafts(config, batch):  # one target pass per step for every row
+        return decode_batch(model, input_ids, logits_processor, stopping_criteria, generation_config, call, config,
+                            verifier, model_kwargs, plan_seconds)
     if call.streamer is not None:
         call.streamer.put(input_ids.cpu())
-    if not config.drafts():
+    if not config.drafts() or batch > 1:  # no tree pays (for this batch): Transformers' own loop
         return _decode_plainly(model, input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus,
                                call, config, verifier.name, model_kwargs)
     cache = model_kwargs.get("past_key_values")
@@ -219,6 +224,13 @@ def speculative_generate(
         past_key_values=cache if generation_config.use_cache else None,
         speculation_stats=result.stats,
     )
+
+
+def first_prompt(input_ids: torch.LongTensor, attention_mask: torch.Tensor | None) -> torch.LongTensor:
+    """The first row of the call's prompts without its padding `(1, L)`: what a plan made online calibrates on."""
+    if attention_mask is None or input_ids.shape[0] == 1:
+        return input_ids[:1]
+    return input_ids[:1, attention_mask[0].bool()]
 
 
 def compiled_forward(model: PreTrainedModel, cache: Any, generation_config: GenerationConfig):

@@ -7,10 +7,11 @@ from typing import Any
 import torch
 from transformers import DynamicCache, GenerationConfig, PreTrainedModel, StaticCache
 
-from ..core.attention import check_supported
-from ..core.kv_cache import dropped_rows, static_capacity
+from ..core.attention import AttentionLayout, check_supported
+from ..core.kv_cache import cache_length, dropped_rows, is_static, static_capacity
 from ..core.model_info import vocabulary_mismatch
-from ..core.model_inputs import unplaceable_inputs
+from ..core.model_inputs import TokenInputs, unplaceable_inputs
+from ..core.ranks import Ranks
 from ..verification import verifier_for
 from .call import SpeculationCall
 
@@ -26,6 +27,10 @@ def check_speculation(
     `generate` will merge them (`_prepare_generation_config`), `kwargs` the call's own arguments."""
     check_call(model, call, kwargs)
     check_options(call, kwargs, config)
+    rows = prompt_of(kwargs).shape[0] * (config.num_return_sequences or 1)
+    if call.streamer is not None and rows > 1:  # Transformers' streamers take one sequence too (TextStreamer.put)
+        raise ValueError(f"A streamer takes one sequence, and this call decodes {rows}: drop `streamer`, or generate "
+                         "the prompts one at a time.")
     check_generation_config(model, config, prompt_of(kwargs), model_kwargs)
     verifier_for(call.config, bool(config.do_sample))
 
@@ -133,15 +138,9 @@ def check_generation_config(
         raise ValueError("Speculation needs a non-empty `input_ids` prompt (inputs_embeds alone are not supported).")
     if (config.num_beams or 1) > 1:
         raise ValueError("Speculation cannot be combined with beam search: set num_beams=1 or drop `speculation`.")
-    if (config.num_return_sequences or 1) > 1:
-        raise ValueError(
-            "Speculation returns one sequence per call: set num_return_sequences=1 and call generate repeatedly."
-        )
-    if input_ids.shape[0] != 1:
-        raise ValueError(
-            f"Speculation decodes one sequence at a time; got a batch of {input_ids.shape[0]}. "
-            "Call generate once per prompt."
-        )
+    rows = input_ids.shape[0] * (config.num_return_sequences or 1)
+    if rows > 1:
+        check_batch(model, config, input_ids, model_kwargs, rows)
     cache = model_kwargs.get("past_key_values")
     check_cache(config, input_ids, cache)
     if cache is not None and config.use_cache is False:
@@ -151,12 +150,52 @@ def check_generation_config(
             "drop past_key_values."
         )
     mask = model_kwargs.get("attention_mask")
-    if mask is not None and not bool((mask == 1).all()):
+    if mask is not None and rows == 1 and not bool((mask == 1).all()):
         raise ValueError(padding_message(mask, input_ids, config.pad_token_id))
     check_model_inputs(model, input_ids, model_kwargs)
 
 
 CACHE_IMPLEMENTATIONS = (None, "dynamic", "static")
+#: output records a batch does not return yet (per-token records of ragged rows)
+BATCH_RECORDS = ("output_scores", "output_logits", "output_hidden_states", "output_attentions")
+
+
+def check_batch(
+    model: PreTrainedModel, config: GenerationConfig, input_ids: torch.Tensor, model_kwargs: dict[str, Any], rows: int
+) -> None:
+    """What a batch (`rows` > 1 sequences: several prompts, or num_return_sequences copies) cannot do yet, refused
+    by name; and its padding must be on the left, as tokenizers pad for decoder-only models."""
+    def refuse(what: str, fix: str) -> ValueError:
+        return ValueError(f"Speculation on a batch ({rows} sequences) does not support {what} yet: {fix}, or "
+                          "generate the prompts one at a time.")
+
+    cache = model_kwargs.get("past_key_values")  # generate's own is an empty DynamicCache
+    if is_static(cache) or cache_length(cache) > 0 or config.cache_implementation == "static":
+        raise refuse("a filled past_key_values or a static cache (its rows would be left with holes)",
+                     "drop past_key_values / cache_implementation")
+    if config.return_dict_in_generate:
+        asked = [name for name in BATCH_RECORDS if getattr(config, name, False)]
+        if asked:
+            raise refuse(", ".join(asked), f"drop {' and '.join(asked)} (speculation_stats come per row)")
+    if config.token_healing:
+        raise refuse("token_healing", "drop token_healing")
+    if AttentionLayout.of(model).window is not None:
+        raise refuse(f"sliding-window attention ({type(model).__name__})", "drop `speculation` for this model")
+    if TokenInputs.of(model, input_ids, model_kwargs).prompt:
+        raise refuse("token type inputs", "drop token_type_ids")
+    if Ranks.of(model).shared:
+        raise refuse("a target sharded over tensor-parallel ranks", "drop `speculation` for this model")
+    mask = model_kwargs.get("attention_mask")
+    if mask is not None and mask.shape == input_ids.shape:
+        mask = mask.long()
+        left_padded = bool(((mask == 0) | (mask == 1)).all() and (mask[:, 1:] >= mask[:, :-1]).all()
+                           and (mask[:, -1] == 1).all())
+        if not left_padded:
+            raise ValueError(
+                "Speculation on a batch needs left padding (attention_mask zeros only before each row's prompt, as "
+                "tokenizers pad decoder-only models with padding_side='left'): set tokenizer.padding_side = 'left' "
+                "and tokenize again."
+            )
 
 
 def check_cache(config: GenerationConfig, input_ids: torch.Tensor, cache: Any) -> None:
@@ -209,7 +248,12 @@ def padding_message(mask: torch.Tensor, input_ids: torch.Tensor, pad_token_id: i
 def check_model_inputs(model: PreTrainedModel, input_ids: torch.Tensor, model_kwargs: dict[str, Any]) -> None:
     """Every model input reaches every pass as plain `generate` gives it, or is refused here (`core.model_inputs`)."""
     positions = model_kwargs.get("position_ids")
-    if positions is not None and not torch.equal(positions.cpu(), torch.arange(input_ids.shape[1])[None]):
+    mask = model_kwargs.get("attention_mask")
+    if mask is not None and mask.shape == input_ids.shape:  # what generate derives from a padded batch's mask
+        plain = (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 0).cpu()
+    else:
+        plain = torch.arange(input_ids.shape[1])[None].expand(input_ids.shape[0], -1)
+    if positions is not None and not torch.equal(positions.cpu().expand_as(plain), plain):
         raise ValueError(
             "Speculation places every new token at the position after the last one, so custom `position_ids` "
             "cannot be honoured: drop position_ids (the prompt's are then 0, 1, ...), or drop `speculation`."

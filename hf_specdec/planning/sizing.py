@@ -134,3 +134,13 @@ def choose_plan(
 def default_beams(budget: int) -> int:
     """Nodes a best-first drafter expands per draft pass when none is given: an eighth of the budget, at least 4."""
     return max(4, budget // 8)
+
+
+def for_batch(profile: HardwareProfile, rows: int) -> HardwareProfile:
+    """`profile` as a batch of `rows` sequences sees it: a pass over n nodes per row is a pass over rows * n tokens,
+    for the target and for a draft that drafts every row in lockstep; `choose_plan` on it sizes one row's tree."""
+    def scaled(curve: LatencyCurve) -> LatencyCurve:
+        return LatencyCurve(curve.sizes, tuple(float(curve(rows * size)) for size in curve.sizes), curve.past_length)
+
+    return HardwareProfile(scaled(profile.target), scaled(profile.draft), dict(profile.placement),
+                           profile.step_overhead)

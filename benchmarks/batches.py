@@ -1,0 +1,132 @@
+"""Speculation on a batch (issue 25) against plain batched `generate`: the embedded pair, B different HumanEval
+prompts left-padded into one batch, greedy, for each batch size B; plain and speculative calls interleaved, medians.
+
+    .venv/bin/python benchmarks/batches.py --batches 1,2,4,8 --new-tokens 64 --repeats 3 \\
+        --output benchmarks/batches-zen4
+    (add --prepack --int8-draft for the setup of README's Zen 4 side-by-side; --method sequoia, --config '{...}')
+
+Reports per batch size: tokens/s of each (new tokens up to each row's eos, summed over rows), the ratio, tokens per
+target step per row (mean over rows of new tokens / target passes) and whether the outputs are identical row by row
+(bfloat16 rounds batched passes differently, so a greedy divergence there is rounding, not loss: the float32
+identity is tested in tests/test_batches.py). Writes results.json (settings, machine, every run) and results.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+import hf_specdec  # noqa: F401  (installs `speculation=`)
+from hf_specdec.core.devices import cpu_flags, cpu_model
+from hf_specdec_tools.models import load_default_pair
+from hf_specdec_tools.prompts import humaneval_prompts
+
+FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16")
+
+
+def new_tokens(sequences: torch.Tensor, prompt_length: int, eos: set[int]) -> list[int]:
+    """Per row, the new tokens up to and including its first eos (what the row really generated)."""
+    counts = []
+    for row in sequences[:, prompt_length:].tolist():
+        stop = next((i + 1 for i, token in enumerate(row) if token in eos), len(row))
+        counts.append(stop)
+    return counts
+
+
+def run_once(target, draft, batch, args, speculate: bool) -> dict:
+    kwargs = dict(max_new_tokens=args.new_tokens, do_sample=False)
+    if speculate:
+        kwargs.update(assistant_model=draft, speculation=args.method, speculation_config=json.loads(args.config),
+                      return_dict_in_generate=True)
+    start = time.perf_counter()
+    out = target.generate(**batch, **kwargs)
+    seconds = time.perf_counter() - start
+    sequences = out.sequences if speculate else out
+    eos = target.generation_config.eos_token_id
+    eos = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+    tokens = new_tokens(sequences, batch["input_ids"].shape[1], eos)
+    result = {"seconds": seconds, "tokens": sum(tokens), "tokens_per_s": sum(tokens) / seconds,
+              "sequences": sequences.tolist()}
+    if speculate:
+        stats = out.speculation_stats
+        result["tokens_per_target_step_per_row"] = statistics.mean(
+            row.new_tokens / max(row.target_forwards, 1) for row in stats)
+        result["target_forwards"] = [row.target_forwards for row in stats]
+        result["draft_forwards"] = [row.draft_forwards for row in stats]
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--batches", default="1,2,4,8", help="batch sizes, comma-separated")
+    parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=3, help="interleaved plain/speculative pairs per batch size")
+    parser.add_argument("--method", default="chain")
+    parser.add_argument("--config", default="{}", help="speculation_config as JSON, e.g. '{\"num_draft_tokens\": 4}'")
+    parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    parser.add_argument("--prepack", action="store_true", help="hf_specdec.prepack the target (both sides use it)")
+    parser.add_argument("--int8-draft", action="store_true", help="draft with hf_specdec.quantize_draft's int8 copy")
+    parser.add_argument("--output", type=Path, default=Path("bench-results/batches"))
+    args = parser.parse_args()
+
+    target, draft, tokenizer = load_default_pair(dtype=getattr(torch, args.dtype))
+    if args.prepack:
+        print(f"prepack: {hf_specdec.prepack(target).reason}")
+    if args.int8_draft:
+        draft = hf_specdec.quantize_draft(draft)
+    tokenizer.padding_side = "left"
+    rows = []
+    for size in [int(b) for b in args.batches.split(",")]:
+        prompts = humaneval_prompts(size)
+        batch = tokenizer(prompts, return_tensors="pt", padding=True)
+        runs = {"plain": [], "speculative": []}
+        warm = argparse.Namespace(**{**vars(args), "new_tokens": 4})
+        run_once(target, draft, batch, warm, speculate=False)  # first passes of a shape (oneDNN kernels) untimed
+        run_once(target, draft, batch, warm, speculate=True)
+        for _ in range(args.repeats):  # interleaved, so load changes hit both alike
+            runs["plain"].append(run_once(target, draft, batch, args, speculate=False))
+            runs["speculative"].append(run_once(target, draft, batch, args, speculate=True))
+        plain_tps = statistics.median(run["tokens_per_s"] for run in runs["plain"])
+        spec_tps = statistics.median(run["tokens_per_s"] for run in runs["speculative"])
+        identical = [a == b for a, b in zip(runs["plain"][0]["sequences"], runs["speculative"][0]["sequences"])]
+        row = {"batch": size, "plain_tokens_per_s": plain_tps, "speculative_tokens_per_s": spec_tps,
+               "ratio": spec_tps / plain_tps,
+               "tokens_per_target_step_per_row": statistics.median(
+                   run["tokens_per_target_step_per_row"] for run in runs["speculative"]),
+               "rows_identical": sum(identical), "runs": runs}
+        rows.append(row)
+        print(f"B={size}: plain {plain_tps:.2f} tok/s, {args.method} {spec_tps:.2f} tok/s, "
+              f"ratio {row['ratio']:.2f}, tokens/target step/row {row['tokens_per_target_step_per_row']:.2f}, "
+              f"identical rows {sum(identical)}/{size}", flush=True)
+
+    machine = {"cpu": cpu_model(), "flags": [flag for flag in FLAGS if flag in cpu_flags()],
+               "threads": torch.get_num_threads(), "torch": torch.__version__, "load_average": os.getloadavg()}
+    settings = {"method": args.method, "config": json.loads(args.config), "dtype": args.dtype,
+                "prepacked_target": args.prepack, "int8_draft": args.int8_draft,
+                "new_tokens": args.new_tokens, "repeats": args.repeats, "prompts": "HumanEval 0..B-1, left-padded",
+                "decoding": "greedy"}
+    args.output.mkdir(parents=True, exist_ok=True)
+    (args.output / "results.json").write_text(json.dumps({"settings": settings, "machine": machine, "rows": rows}))
+    lines = [f"Speculation on a batch: {args.method} {args.config}, {args.dtype}"
+             f"{', prepacked target' if args.prepack else ''}{', int8 draft' if args.int8_draft else ''}, greedy, "
+             f"{args.new_tokens} new "
+             f"tokens per row, HumanEval prompts 0..B-1; medians of {args.repeats} interleaved runs.",
+             f"Machine: {machine['cpu']} ({', '.join(machine['flags'])}), {machine['threads']} threads, load "
+             f"{machine['load_average'][0]:.2f}.", "",
+             "| batch | plain tok/s | speculative tok/s | ratio | tokens / target step / row | identical rows |",
+             "|---|---|---|---|---|---|"]
+    lines += [f"| {r['batch']} | {r['plain_tokens_per_s']:.2f} | {r['speculative_tokens_per_s']:.2f} | "
+              f"{r['ratio']:.2f} | {r['tokens_per_target_step_per_row']:.2f} | {r['rows_identical']}/{r['batch']} |"
+              for r in rows]
+    (args.output / "results.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

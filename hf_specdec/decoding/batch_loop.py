@@ -1,0 +1,156 @@
+"""The speculative loop over a left-padded batch: every row drafts its own tree and accepts its own path each step
+(ragged acceptance), and one target pass verifies all rows' trees.
+
+Each row has its own drafter (any method's: its draft cache, plan and state are per sequence, and it sees the row
+without its padding), and the rows' trees go through the target together, padded to the largest tree
+(`core.ragged.RaggedRows`: per-row valid cache columns, positions and masks). Every row is verified by the call's
+verifier on its own scores (logits processors applied to the padded row, as plain batched `generate` applies
+them) and stopped by the call's stopping criteria on its own sequence; a row that stops leaves the batch (its
+cache rows are dropped, so it costs no more target rows) and its output is padded with `pad_token_id`, as plain
+batched `generate` writes after a finished row.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+from transformers import DynamicCache, LogitsProcessorList, PreTrainedModel, StoppingCriteriaList
+
+from ..core.attention import AttentionLayout
+from ..core.devices import PassClock, compute_devices, execution_device
+from ..core.drafter import Drafter
+from ..core.processing import NodeScores, process_tree_scores
+from ..core.ragged import RaggedRows
+from ..core.tree import TokenTree
+from ..core.verdict import Verdict, Verifier
+from ..drafting.batch_shaped import LockstepShapeDrafter
+from .loop import BlockStops, _prefill, _record, _renumbered, emit, fit_positions
+from .stats import SpeculationStats
+
+
+class RowDrafters:
+    """One `Drafter` per row (any method's: its own draft cache, plan and state), drafting row by row. The batch
+    drafter contract `batch_speculative_loop` takes; `drafting.batch_shaped.LockstepShapeDrafter` is the other."""
+
+    def __init__(self, drafters: list[Drafter]) -> None:
+        self.drafters = drafters
+        self.active = list(range(len(drafters)))  # the drafter of each batch row still decoding
+
+    def propose(self, ids: list[list[int]], prefixes: list[torch.Tensor],
+                unpadded: list[torch.LongTensor]) -> list[TokenTree]:
+        return [self.drafters[row].propose(sequence) for row, sequence in zip(self.active, unpadded)]
+
+    def accept(self, index: int, input_ids: torch.LongTensor, tree: TokenTree, verdict: Verdict) -> None:
+        self.drafters[self.active[index]].accept(input_ids, tree, verdict)
+
+    def observe(self, index: int, tree_size: int, seconds: float) -> None:
+        self.drafters[self.active[index]].observe_target_pass(tree_size, seconds)
+
+    def drop(self, keep: list[int]) -> None:
+        self.active = [self.active[index] for index in keep]
+
+    def counts(self, row: int) -> tuple[int, float]:
+        return self.drafters[row].forward_count, self.drafters[row].forward_time
+
+
+@dataclass
+class BatchResult:
+    sequences: torch.LongTensor  # (B, prompt + longest row's new tokens), finished rows padded with pad_token_id
+    stats: list[SpeculationStats]  # one per row
+
+
+def batch_speculative_loop(
+    target: PreTrainedModel,
+    input_ids: torch.LongTensor,
+    attention_mask: torch.Tensor,
+    drafter: RowDrafters | LockstepShapeDrafter,
+    verifier: Verifier,
+    logits_processor: LogitsProcessorList,
+    stopping_criteria: StoppingCriteriaList,
+    pad_token_id: int,
+    generator: torch.Generator | None = None,
+    stats: list[SpeculationStats] | None = None,
+    model_kwargs: dict | None = None,
+    cache: DynamicCache | None = None,
+) -> BatchResult:
+    """Decode every row of `input_ids` `(B, P)` (left-padded: `attention_mask` 0 on pads) until its stopping
+    criteria fire; `drafter` drafts every row's tree. `cache`: an empty `DynamicCache` of full-length layers
+    (default a new one); it ends with holes, so it is no cache plain generate would return."""
+    batch, prompt = input_ids.shape
+    stats = stats or [SpeculationStats() for _ in range(batch)]
+    host = [row[pad:] for row, pad in zip(input_ids.tolist(), (attention_mask == 0).sum(dim=1).tolist())]
+    device, dtype = execution_device(target), target.dtype
+    layout = AttentionLayout.of(target)
+    stops = BlockStops.of(stopping_criteria)
+    clock = PassClock(compute_devices(target))
+    start = time.perf_counter()
+    cache = DynamicCache() if cache is None else cache
+    kwargs = {**(model_kwargs or {}), "attention_mask": attention_mask, "past_key_values": cache}
+    prefill = _prefill(target, input_ids, cache, kwargs, False)
+    first_logits = prefill.logits[:, -1]
+    prefill_seconds = time.perf_counter() - start
+    rows = RaggedRows(attention_mask[:, :-1].to(device))
+    pads = (attention_mask == 0).sum(dim=1).tolist()  # the host's one look at the padding
+    sequences = [input_ids[row : row + 1] for row in range(batch)]  # padded: what processors and criteria see
+    unpadded = [sequences[row][:, pads[row] :] for row in range(batch)]  # what a drafter continues
+    active = list(range(batch))  # the original row of each batch row still decoding
+    first_step = True
+    while active:
+        t0 = time.perf_counter()
+        drafted = drafter.propose([host[row] for row in active], [sequences[row][:, :-1] for row in active],
+                                  [unpadded[row] for row in active])
+        fitted = [fit_positions(tree, layout, unpadded[row].shape[1] - 1, target)
+                  for tree, row in zip(drafted, active)]
+        trees = [tree for tree, _ in fitted]
+        t1 = time.perf_counter()
+        tokens, positions, mask = rows.tree_inputs(trees, dtype)
+        timed = clock.total
+        clock.start()
+        output = target(input_ids=tokens, attention_mask=mask, position_ids=positions, past_key_values=cache,
+                        use_cache=True, return_dict=True)
+        clock.stop()
+        seconds = clock.total - timed
+        kept, still = [], []
+        for index, (row, tree, (_, cut)) in enumerate(zip(active, trees, fitted)):
+            logits = output.logits[index, : len(tree)]
+            if first_step:  # the first token as plain generate computes it (see loop._prefill)
+                logits = torch.cat([first_logits[row : row + 1].to(logits.dtype), logits[1:]])
+            score_rows = NodeScores if getattr(verifier, "walks", False) else process_tree_scores
+            scores = score_rows(logits_processor, sequences[row][:, :-1].to(device), tree, logits)
+            verdict = verifier.verify(tree, scores, generator)
+            path = verdict.path
+            block = [tree.host(tokens=True).tokens[node] for node in path[1:]] + [verdict.bonus_token]
+            grown, emitted, finished = emit(sequences[row], block, scores[path], stopping_criteria, stops)
+            sequences[row], unpadded[row] = grown, grown[:, pads[row] :]
+            host[row] += block[:emitted]
+            kept.append(path[:emitted])
+            drafter.observe(index, len(tree), seconds / len(active))  # the row's share of the pass
+            if not finished:
+                still.append(index)
+                drafter.accept(index, unpadded[row], drafted[index], verdict if cut is None else _renumbered(verdict,
+                                                                                                             cut))
+            _record(stats[row], tree, verdict, emitted)
+            stats[row].time_target_forward += seconds / len(active)
+            stats[row].time_drafting += (t1 - t0) / len(active)
+        rows.keep(cache, kept)
+        if len(still) < len(active):
+            rows.select(cache, still)
+            drafter.drop(still)
+            active = [active[index] for index in still]
+        first_step = False
+    total = time.perf_counter() - start
+    for row, row_stats in enumerate(stats):
+        row_stats.time_prefill, row_stats.time_total = prefill_seconds, total
+        row_stats.draft_forwards, row_stats.time_draft_forward = drafter.counts(row)
+    return BatchResult(sequences=padded(sequences, pad_token_id), stats=stats)
+
+
+def padded(sequences: list[torch.LongTensor], pad_token_id: int) -> torch.LongTensor:
+    """The rows `(1, L_r)` as one `(B, max L_r)` tensor, each shorter row continued with `pad_token_id`."""
+    width = max(sequence.shape[1] for sequence in sequences)
+    out = sequences[0].new_full((len(sequences), width), pad_token_id)
+    for row, sequence in enumerate(sequences):
+        out[row, : sequence.shape[1]] = sequence[0]
+    return out

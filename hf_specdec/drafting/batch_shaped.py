@@ -1,0 +1,149 @@
+"""Draft one fixed shape for every row of a batch in lockstep: one draft pass per level for all rows together.
+
+The batch form of `ModelTreeDrafter` (whose shape levels it reuses): the draft's cache is ragged like the target's
+(`core.ragged.RaggedRows`). Each step first feeds every row the tokens its draft cache lacks (the last step's
+emitted tokens, the root last) as one pass of per-row chains, which commits them and gives each root's logits; then
+each level's nodes of every row go through one pass, seeing the row's committed columns and the level's forwarded
+ancestors (the same slots in every row: the shape is shared, the tokens are each row's). The node slots are
+dropped once the trees are drafted, so the cache only ever holds committed tokens.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import DynamicCache, LogitsProcessorList, PreTrainedModel
+
+from ..core.attention import AttentionLayout
+from ..core.devices import PassClock, execution_device
+from ..core.kv_cache import crop
+from ..core.model_info import embeddable, fit_vocabulary
+from ..core.processing import process_tree_scores
+from ..core.ragged import RaggedRows
+from ..core.tree import HostTree, TokenTree, additive_mask
+from .child_selection import select_children
+from .shaped_tree import ModelTreeDrafter
+
+
+class LockstepShapeDrafter:
+    """`shape` (a parents list, BFS order) drafted for every row of a batch, one draft pass per level."""
+
+    def __init__(
+        self,
+        draft_model: PreTrainedModel,
+        shape: list[int],
+        rows: int,
+        logits_processor: LogitsProcessorList | None = None,
+        child_selection: str = "top_k",
+        generator: torch.Generator | None = None,
+        vocab: int | None = None,
+    ) -> None:
+        self.plan = ModelTreeDrafter(draft_model, shape, None, child_selection, generator, vocab)  # shape + levels
+        self.model, self.vocab = draft_model, vocab
+        self.logits_processor, self.child_selection, self.generator = logits_processor, child_selection, generator
+        self.device = execution_device(draft_model)
+        self.layout = AttentionLayout.of(draft_model)
+        self.input_rows = getattr(draft_model.get_input_embeddings(), "num_embeddings", None)
+        self.cache = DynamicCache()
+        self.rows = RaggedRows(torch.zeros(rows, 0, dtype=torch.bool, device=self.device))
+        self.committed = [0] * rows  # per batch row: how many of its tokens the draft cache holds
+        self.clock = PassClock(self.device)
+        self.forward_count = 0
+
+    @property
+    def forward_time(self) -> float:
+        return self.clock.total
+
+    def _forward(self, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """float32 logits `(B, n, vocab)` of one pass over `tokens` `(B, n)`, appended to the cache."""
+        self.clock.start()
+        with torch.no_grad():
+            out = self.model(input_ids=embeddable(tokens, self.input_rows),
+                             position_ids=self.layout.model_positions(positions), attention_mask=mask,
+                             past_key_values=self.cache, use_cache=True)
+        logits = fit_vocabulary(out.logits.float(), self.vocab)
+        self.clock.stop()
+        self.forward_count += 1
+        return logits
+
+    def propose(self, ids: list[list[int]], prefixes: list[torch.Tensor], unpadded=None) -> list[TokenTree]:
+        """The trees of every row: `ids[r]` the row's tokens (its root last), `prefixes[r]` `(1, L)` what the call's
+        processors see before row r's root."""
+        plan, batch, device = self.plan, len(ids), self.device
+        shape, n = plan.shape, len(plan.shape)
+        if n == 1:  # a root-only plan: no draft pass at all (the target decodes plainly)
+            return [TokenTree.from_parents([row[-1]], [-1]) for row in ids]
+        fresh = [row[done:] for row, done in zip(ids, self.committed)]
+        chains = [TokenTree.from_parents(tokens, list(range(-1, len(tokens) - 1))) for tokens in fresh]
+        tokens_in, positions, mask = self.rows.tree_inputs(chains, self.model.dtype)
+        logits = self._forward(tokens_in, positions, mask)
+        root_logits = logits[torch.arange(batch, device=device), torch.tensor([len(f) - 1 for f in fresh],
+                                                                              device=device)]
+        self.rows.keep(self.cache, [list(range(len(f))) for f in fresh])
+        self.committed = [len(row) for row in ids]
+        committed = self.rows.length
+        roots = torch.tensor([row[-1] for row in ids], dtype=torch.long, device=device)
+        tokens = roots[:, None].repeat(1, n)
+        tokens[:, 1:] = -1
+        sampling = self.child_selection != "top_k"
+        draft_probs = torch.zeros(batch, n, root_logits.shape[-1], device=device) if sampling else None
+        root_positions = self.rows.valid.sum(dim=1, keepdim=True) - 1
+        forwarded = 0
+        for level in plan.levels:
+            if level.parent_list[0] == 0:
+                level_logits = root_logits[:, None]
+            else:
+                p = len(level.parent_list)
+                sees = level.sees.clone()
+                sees[:, forwarded:] |= torch.eye(p, dtype=torch.bool, device=device)
+                allowed = torch.cat([self.rows.valid[:, None, :].expand(batch, p, committed),
+                                     sees[None].expand(batch, -1, -1)], dim=2)
+                level_logits = self._forward(tokens[:, level.parents].clamp(min=0), root_positions + level.depths,
+                                             additive_mask(allowed, self.model.dtype)[0, 0][:, None])
+                forwarded += p
+            scores = self._scores(tokens, level.parent_list, level_logits, prefixes)
+            probs = scores.softmax(-1) if sampling else scores
+            if sampling:
+                draft_probs[:, level.parents] = probs
+            width = probs.shape[-1]
+            kids = select_children(probs.reshape(-1, width), level.widths * batch, self.child_selection,
+                                   self.generator).view(batch, len(level.parent_list), -1)
+            kids = torch.where(tokens[:, level.parents, None] >= 0, kids, -1)
+            tokens[:, level.children] = kids[:, level.rows, level.cols]
+        crop(self.cache, committed)  # drop the node slots: only committed tokens stay
+        token_lists = tokens.tolist()  # the step's one read of the drafted tokens
+        trees = []
+        for row, token_list in enumerate(token_lists):
+            tree = TokenTree(tokens=tokens[row], parents=shape.parents, _depths=shape.depths,
+                             _ancestors=shape.ancestors, _host=HostTree(plan.host_shape.parents, token_list),
+                             draft_probs=draft_probs[row] if sampling else None)
+            keep = [node for node, token in enumerate(token_list) if token >= 0]
+            trees.append(tree if len(keep) == n else tree.select(keep))
+        return trees
+
+    def _scores(self, tokens: torch.Tensor, parents: list[int], logits: torch.Tensor,
+                prefixes: list[torch.Tensor]) -> torch.Tensor:
+        """The draft's processed scores `(B, parents, vocab)` at this level's parents, each row with its prefix."""
+        if not self.logits_processor:
+            return logits
+        shape = self.plan.shape
+        rows = []
+        for row, prefix in enumerate(prefixes):
+            so_far = TokenTree(tokens=tokens[row].clamp(min=0), parents=shape.parents, _depths=shape.depths,
+                               _ancestors=shape.ancestors, _host=self.plan.host_shape)
+            rows.append(process_tree_scores(self.logits_processor, prefix, so_far, logits[row], parents))
+        return torch.stack(rows)
+
+    def accept(self, index: int, input_ids: torch.Tensor, tree: TokenTree, verdict) -> None:
+        """Nothing to keep: the next step feeds each row what it emitted (its node slots are gone already)."""
+
+    def observe(self, index: int, tree_size: int, seconds: float) -> None:
+        """A fixed shape is not sized by the pass times."""
+
+    def drop(self, keep: list[int]) -> None:
+        """Keep only batch rows `keep` (rows that finished leave)."""
+        self.rows.select(self.cache, keep)
+        self.committed = [self.committed[index] for index in keep]
+
+    def counts(self, row: int) -> tuple[int, float]:
+        """Draft passes and their seconds, shared by every row."""
+        return self.forward_count, self.forward_time

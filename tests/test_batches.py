@@ -1,0 +1,303 @@
+"""Speculation on a batch (issue 25): left-padded prompts of different lengths, each row its own tree and its own
+acceptance every step, greedy output identical row by row to plain batched `generate` (float32, tiny models),
+sampled rows scored on their own sequences, finished rows leaving the batch, refusals up front."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from transformers import pipeline
+
+from hf_specdec.core import processing
+from hf_specdec.decoding import batch_loop
+from hf_specdec.planning.sequoia import plan_tree
+from tests.conftest import TINY_CONFIGS, VOCAB, tiny_model
+from tests.test_entry_points import tiny_tokenizer
+from tests.test_generate_options import stop_tokenizer  # noqa: F401  (a fixture)
+
+METHODS = ["chain", "tree", "sequoia", "sequoia-online", "specexec", "staged", "prompt_lookup"]
+NEW = 20
+
+
+def near_draft(target, noise: float = 0.2, seed: int = 1):
+    """The target with noise on every weight: it agrees with the target often, not always, so rows accept different
+    numbers of tokens in the same step (ragged acceptance) and finish after different numbers of steps."""
+    draft = copy.deepcopy(target)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for weight in draft.parameters():
+            weight.add_(torch.randn(weight.shape, generator=generator) * noise * weight.std())
+    return draft
+
+
+@pytest.fixture(scope="module", params=sorted(TINY_CONFIGS))
+def near_pair(request):
+    target = tiny_model(request.param, 0)
+    return target, near_draft(target)
+
+
+def padded_batch(seed: int, pads: list[int], length: int = 9) -> tuple[torch.LongTensor, torch.LongTensor]:
+    """Prompts of `length - pads[r]` tokens (ids >= 3), left-padded with 0 as a tokenizer pads them."""
+    generator = torch.Generator().manual_seed(seed)
+    ids = torch.randint(3, VOCAB, (len(pads), length), generator=generator)
+    mask = torch.ones_like(ids)
+    for row, pad in enumerate(pads):
+        ids[row, :pad], mask[row, :pad] = 0, 0
+    return ids, mask
+
+
+def kwargs_for(method: str, draft) -> dict:
+    """"sequoia" drafts a given 12-node plan; "sequoia-online" looks one up (calibrated online on the first row)."""
+    kwargs = {"speculation": method.removesuffix("-online")}
+    if method == "sequoia":
+        kwargs["speculation_config"] = {"plan": plan_tree([0.6, 0.2, 0.1, 0.05], 12, 5)}
+    return {**kwargs, **({} if method == "prompt_lookup" else {"assistant_model": draft})}
+
+
+def eos_firing_in_one_row(target, ids, mask) -> int:
+    """A token plain greedy decoding emits early in row 1 and nowhere in row 0: as eos, it ends row 1 first."""
+    plain = target.generate(ids, attention_mask=mask, max_new_tokens=NEW, do_sample=False)[:, ids.shape[1]:]
+    return next(token for token in plain[1, 2:].tolist() if token not in plain[0].tolist() and token > 2)
+
+
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("stop", ["max_new_tokens", "eos"])
+def test_greedy_batch_equals_plain_batched_generate_row_by_row(near_pair, method, stop):
+    target, draft = near_pair
+    ids, mask = padded_batch(3, [0, 3, 5])
+    eos = eos_firing_in_one_row(target, ids, mask) if stop == "eos" else None
+    call = dict(attention_mask=mask, max_new_tokens=NEW, do_sample=False, eos_token_id=eos)
+    plain = target.generate(ids, **call)
+    out = target.generate(ids, **call, **kwargs_for(method, draft), return_dict_in_generate=True)
+    assert torch.equal(out.sequences, plain)
+    if stop == "eos":  # row 1 ended early: plain wrote pad tokens after its eos, and so does the batch
+        assert (plain[1] == eos).any() and plain[1, -1] == 0
+    stats = out.speculation_stats
+    if method == "sequoia-online" and not isinstance(stats, list):  # sized for the batch, no tree paid: plain
+        assert "decoded plainly" in stats.plan_source
+        return
+    assert len(stats) == 3 and all(row.new_tokens > 0 for row in stats)
+    steps = [row.tokens_per_step for row in stats]
+    if method != "sequoia-online":  # its plan, calibrated on tiny models, may rightly be the root alone
+        assert max(max(row) for row in steps) > 1  # drafted tokens were accepted
+    if method in ("chain", "tree"):  # in one step, rows accepted different numbers of tokens
+        assert any(len({row[i] for row in steps if i < len(row)}) > 1 for i in range(max(map(len, steps))))
+    assert out.past_key_values is None  # a cache with holes is no cache plain generate returns
+
+
+def test_stop_strings_stop_each_row_as_plain_does(near_pair, stop_tokenizer):  # noqa: F811
+    target, draft = near_pair
+    ids, mask = padded_batch(3, [0, 3, 5])
+    token = eos_firing_in_one_row(target, ids, mask)
+    stop = stop_tokenizer.decode([token])
+    call = dict(attention_mask=mask, max_new_tokens=NEW, do_sample=False, eos_token_id=2, stop_strings=[stop],
+                tokenizer=stop_tokenizer)
+    plain = target.generate(ids, **call)
+    assert (plain == 0).sum() > (mask == 0).sum()  # some row stopped early and was padded
+    assert torch.equal(target.generate(ids, **call, assistant_model=draft, speculation="chain"), plain)
+
+
+def test_finished_rows_leave_the_batch():
+    target = tiny_model("llama", 0)
+    draft = near_draft(target)
+    ids, mask = padded_batch(3, [0, 3, 5])
+    eos = eos_firing_in_one_row(target, ids, mask)
+    rows_per_pass = []
+    hook = target.register_forward_pre_hook(
+        lambda module, args, kwargs: rows_per_pass.append(kwargs["input_ids"].shape[0]), with_kwargs=True)
+    try:
+        out = target.generate(ids, attention_mask=mask, max_new_tokens=NEW, do_sample=False, eos_token_id=eos,
+                              assistant_model=draft, speculation="chain")
+    finally:
+        hook.remove()
+    assert rows_per_pass[0] == 3 and rows_per_pass[-1] < 3 and sorted(rows_per_pass, reverse=True) == rows_per_pass
+    assert (out[1] == eos).any()
+
+
+def test_sampled_rows_are_scored_on_their_own_sequence(monkeypatch):
+    """Each row's verifier gets, for every node of its tree, the target's processed scores after that row's own
+    prompt and path (the distribution an exact verifier needs; the verifiers' exactness is enumerated in
+    test_sampling_exact.py), whatever the other rows' padding, holes and tree sizes."""
+    target = tiny_model("qwen2", 0)
+    draft = near_draft(target)
+    ids, mask = padded_batch(5, [0, 4])
+    seen = []
+    original = processing.NodeScores
+
+    class Recording(original):
+        def __init__(self, *args):
+            super().__init__(*args)
+            seen.append(self)
+
+    monkeypatch.setattr(batch_loop, "NodeScores", Recording)
+    torch.manual_seed(0)
+    target.generate(ids, attention_mask=mask, max_new_tokens=12, do_sample=True, temperature=0.8, top_k=20,
+                    assistant_model=draft, speculation="tree", speculation_config={"widths": [2, 2]})
+    assert len(seen) >= 4
+    processors = seen[0].processors
+    for scores in seen:
+        prefix = scores.prefix_ids  # the padded row up to the root, as plain's processors see it
+        real = prefix[:, (prefix[0] != 0).nonzero()[0, 0]:]  # prompts hold no pad id: leading zeros are padding
+        for node in range(len(scores.tree)):
+            path = scores.tree.prefix_tokens([node])
+            with torch.no_grad():
+                logits = target(torch.cat([real, path], dim=1)).logits[:, -1]
+            expected = processors(torch.cat([prefix, path], dim=1), logits.float())
+            assert torch.allclose(scores[node][None], expected, atol=1e-4)
+
+
+def test_num_return_sequences_expands_to_a_batch():
+    target, draft = tiny_model("llama", 0), tiny_model("llama", 1)
+    ids, _ = padded_batch(7, [0])
+    torch.manual_seed(0)
+    out = target.generate(ids, max_new_tokens=10, do_sample=True, num_return_sequences=3, assistant_model=draft,
+                          speculation="chain", return_dict_in_generate=True)
+    assert out.sequences.shape == (3, ids.shape[1] + 10)
+    assert torch.equal(out.sequences[:, : ids.shape[1]], ids.expand(3, -1))
+    assert len(out.speculation_stats) == 3
+
+
+def test_pipeline_with_batch_size_two_equals_plain():
+    target, draft = tiny_model("llama", 0), tiny_model("llama", 1)
+    tokenizer = tiny_tokenizer()
+    tokenizer.padding_side = "left"
+    prompts = ["w7 w8 w9 w10 w11", "w12 w13", "w20 w21 w22"]
+    plain = pipeline("text-generation", model=target, tokenizer=tokenizer, batch_size=2)(
+        prompts, max_new_tokens=12, do_sample=False, return_tensors=True)
+    spec = pipeline("text-generation", model=target, tokenizer=tokenizer, batch_size=2, assistant_model=draft)(
+        prompts, max_new_tokens=12, do_sample=False, return_tensors=True, speculation="chain")
+    assert spec == plain
+    # the pipeline's own defaults sample (do_sample=True, temperature=0.7): every prompt gets its continuation
+    torch.manual_seed(0)
+    sampled = pipeline("text-generation", model=target, tokenizer=tokenizer, batch_size=2, assistant_model=draft)(
+        prompts, max_new_tokens=12, return_tensors=True, speculation="chain")
+    assert [len(out[0]["generated_token_ids"]) for out in sampled] == [len(out[0]["generated_token_ids"])
+                                                                        for out in plain]
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (dict(right_padded=True), "needs left padding"),
+        (dict(streamer="streamer"), "A streamer takes one sequence"),
+        (dict(return_dict_in_generate=True, output_scores=True), "does not support output_scores"),
+        (dict(cache_implementation="static"), "static cache"),
+        (dict(stop_strings=["w9"], tokenizer="tokenizer", eos_token_id=None), "no eos_token_id"),
+    ],
+    ids=["right-padding", "streamer", "scores", "static-cache", "stop-strings-without-eos"],
+)
+def test_batch_refusals_name_the_problem_and_leave_no_state(call, message, stop_tokenizer):  # noqa: F811
+    from transformers import TextStreamer
+
+    target, draft = tiny_model("llama", 0), tiny_model("llama", 1)
+    tokenizer = stop_tokenizer
+    ids, mask = padded_batch(3, [0, 2])
+    call = dict(call)
+    if call.pop("right_padded", False):
+        mask = mask.flip(1)
+    if call.get("streamer") == "streamer":
+        call["streamer"] = TextStreamer(tokenizer)
+    if call.get("tokenizer") == "tokenizer":
+        call["tokenizer"] = tokenizer
+    before = {name: tensor.clone() for name, tensor in target.state_dict().items()}
+    with pytest.raises(ValueError, match=message):
+        target.generate(ids, attention_mask=mask, max_new_tokens=6, do_sample=False, assistant_model=draft,
+                        speculation="chain", **call)
+    assert all(torch.equal(tensor, before[name]) for name, tensor in target.state_dict().items())
+    assert target.generate(ids, attention_mask=mask, max_new_tokens=3, do_sample=False).shape == (2, 12)
+
+
+def test_fixed_shapes_draft_all_rows_in_lockstep():
+    """chain/tree/sequoia draft every row in the same passes: per step, one pass that feeds each row what it emitted
+    (and gives its root's logits) plus one per deeper level, whatever the batch size."""
+    target = tiny_model("qwen2", 0)
+    draft = near_draft(target)
+    ids, mask = padded_batch(4, [0, 2, 4, 6])
+    rows_per_pass = []
+    hook = draft.register_forward_pre_hook(
+        lambda module, args, kwargs: rows_per_pass.append(kwargs["input_ids"].shape[0]), with_kwargs=True)
+    try:
+        out = target.generate(ids, attention_mask=mask, max_new_tokens=NEW, do_sample=False, assistant_model=draft,
+                              speculation="chain", speculation_config={"num_draft_tokens": 3},
+                              return_dict_in_generate=True)
+    finally:
+        hook.remove()
+    steps = max(row.target_forwards for row in out.speculation_stats)
+    assert len(rows_per_pass) == 3 * steps == out.speculation_stats[0].draft_forwards
+    assert rows_per_pass[0] == 4
+
+
+def test_sequoia_trees_shrink_as_the_batch_grows():
+    """Sized for a batch, a pass over B trees of n nodes costs what B * n tokens cost: bigger batches, smaller trees
+    (curves shaped like DESIGN.md's Zen 4 measurements, where 8 tokens cost about what 1 does)."""
+    from hf_specdec.planning.latency import LatencyCurve
+    from hf_specdec.planning.sizing import HardwareProfile, choose_plan, for_batch
+
+    sizes = (1, 8, 16, 32, 64, 128, 256)
+    profile = HardwareProfile(LatencyCurve(sizes, (0.174, 0.152, 0.221, 0.271, 0.379, 0.661, 1.257)),
+                              LatencyCurve(sizes, (0.078, 0.064, 0.072, 0.100, 0.148, 0.275, 0.455)))
+    acceptance = [0.7, 0.15, 0.05, 0.02]
+    nodes = [len(choose_plan(acceptance, for_batch(profile, rows), 64, 8).plan.parents) for rows in (1, 2, 4, 8)]
+    assert nodes == sorted(nodes, reverse=True) and nodes[-1] < nodes[0]
+    assert for_batch(profile, 4).target(8) == pytest.approx(profile.target(32))
+
+
+def test_a_batch_no_tree_pays_for_decodes_plainly(monkeypatch):
+    """When the tree sized for the batch is the root alone, Transformers' own loop decodes the batch."""
+    from hf_specdec.integration import batch as batch_module
+
+    target = tiny_model("llama", 0)
+    draft = near_draft(target)
+    ids, mask = padded_batch(9, [0, 3])
+    monkeypatch.setattr(batch_module, "batch_shape", lambda config, rows: [-1])
+    out = target.generate(ids, attention_mask=mask, max_new_tokens=NEW, do_sample=False, assistant_model=draft,
+                          speculation="chain", return_dict_in_generate=True)
+    assert torch.equal(out.sequences, target.generate(ids, attention_mask=mask, max_new_tokens=NEW, do_sample=False))
+    assert "decoded plainly" in out.speculation_stats.plan_source
+
+
+def test_host_reads_per_step_stay_bounded(monkeypatch):
+    """The host reads what it must decide on: per step the drafted tokens once for the whole batch, then per row
+    its verdict and its stopping check, and where a row stops, its last block token by token (reads inside model
+    passes, Transformers' own, are not counted; the setup reads the prompt and its padding once)."""
+    from tests.roundtrips import READS
+
+    target = tiny_model("qwen2", 0)
+    draft = near_draft(target)
+    ids, mask = padded_batch(4, [0, 2, 4])
+    counts = {"reads": 0, "active": False, "in_model": 0}
+    originals = {name: getattr(torch.Tensor, name) for name in READS}
+
+    def counting(name):
+        def read(self, *args, **kwargs):
+            counts["reads"] += counts["active"] and not counts["in_model"]
+            return originals[name](self, *args, **kwargs)
+        return read
+
+    loop = batch_loop.batch_speculative_loop
+
+    def counted(*args, **kwargs):
+        counts["active"] = True
+        try:
+            return loop(*args, **kwargs)
+        finally:
+            counts["active"] = False
+
+    hooks = [hook for model in (target, draft) for hook in (
+        model.register_forward_pre_hook(lambda *_: counts.__setitem__("in_model", counts["in_model"] + 1)),
+        model.register_forward_hook(lambda *_: counts.__setitem__("in_model", counts["in_model"] - 1)))]
+    monkeypatch.setattr("hf_specdec.integration.batch.batch_speculative_loop", counted)
+    for name in READS:
+        monkeypatch.setattr(torch.Tensor, name, counting(name))
+    try:
+        out = target.generate(ids, attention_mask=mask, max_new_tokens=NEW, do_sample=False, assistant_model=draft,
+                              speculation="chain", return_dict_in_generate=True)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    row_steps = sum(row.target_forwards for row in out.speculation_stats)
+    steps = max(row.target_forwards for row in out.speculation_stats)
+    finishing = 3 * 5  # each row's last block is checked token by token where its stop fired (4 drafted + bonus)
+    assert 0 < counts["reads"] <= 2 + steps + 2 * row_steps + finishing
