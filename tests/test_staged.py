@@ -248,7 +248,9 @@ def test_ngram_model_file_errors(tmp_path):
 @pytest.mark.parametrize(
     "stages,message",
     [
-        (["ngramm"], "unknown stage 'ngramm'"),
+        (["ngramm"], "unknown stage 'ngramm'; the only stage named by a string is 'prompt_lookup' \\(alias 'ngram'\\)"),
+        ([{"prompt_lookup": {"depth": 0}}], "depth must be a positive integer"),
+        ([{"prompt_lookup": {}, "ngram": {}}], "exactly one of the keys"),
         (["lm.json"], "ngram_model"),
         (["ngram", "ngram"], "put n-gram stages last"),
         ([{"ngram_model": "nowhere.json"}], "hf-specdec ngram train"),
@@ -264,6 +266,20 @@ def test_bad_stacks_are_clear_errors(trio, stages, message):
     target, draft, _ = trio
     with pytest.raises(ValueError, match=message):
         _staged(target, draft, random_prompt(torch.Generator().manual_seed(0), 4), stages, max_new_tokens=2)
+
+
+def test_prompt_lookup_stage_and_its_older_name_ngram_draft_alike(trio):
+    """The stage is named `prompt_lookup` (as the method is); `ngram`, its older name, builds the same stage."""
+    from hf_specdec.drafting.prompt_lookup import PromptLookupDrafter
+    from hf_specdec.methods.staged.stack import DEFAULT_STAGES, build_stack
+
+    target, draft, _ = trio
+    ids = random_prompt(torch.Generator().manual_seed(3), 12).repeat(1, 2)  # repeats: the lookup finds matches
+    outs = [_staged(target, draft, ids, stages, max_new_tokens=16)
+            for stages in (["prompt_lookup"], ["ngram"], [{"prompt_lookup": {"depth": 4}}], [{"ngram": {"depth": 4}}])]
+    assert torch.equal(outs[0], outs[1]) and torch.equal(outs[2], outs[3])
+    assert DEFAULT_STAGES == ("prompt_lookup",)
+    assert isinstance(build_stack([{"ngram": {"depth": 4}}], target, None), PromptLookupDrafter)
 
 
 def test_model_in_merged_stage_and_wrong_vocab_are_errors(trio):
@@ -361,11 +377,11 @@ def test_sampling_through_generate_matches_plain_sampling():
 def test_ngram_continuations_on_the_host_list_match_every_recurring_ngram():
     """Prompt lookup on the host list: for n from max_ngram down, the `depth` tokens after each earlier occurrence of
     the last n tokens, most recent first, at most `max_matches` per n (checked against a direct scan)."""
-    from hf_specdec.drafting.prompt_lookup import NGramDrafter
+    from hf_specdec.drafting.prompt_lookup import PromptLookupDrafter
 
     generator = torch.Generator().manual_seed(0)
     for trial in range(200):
-        drafter = NGramDrafter(max_ngram=1 + trial % 4, depth=1 + trial % 7, max_matches=1 + trial % 5)
+        drafter = PromptLookupDrafter(max_ngram=1 + trial % 4, depth=1 + trial % 7, max_matches=1 + trial % 5)
         ids = torch.randint(0, 4, (int(torch.randint(1, 40, (1,), generator=generator)),), generator=generator).tolist()
         want = []
         for n in range(min(drafter.max_ngram, len(ids) - 1), 0, -1):

@@ -5,10 +5,10 @@ the draft's output layer over a subset of the vocabulary (`vocabulary.py`)."""
 
 from .best_first import BestFirstDrafter
 from .draft_model import DraftModelRunner
-from .prompt_lookup import NGramDrafter
+from .prompt_lookup import NGramDrafter, PromptLookupDrafter
 from .quantize import quantize_draft
 from .shaped_tree import ModelTreeDrafter, StaticShapeConfig
 from .vocabulary import frequent_tokens, restrict_vocabulary
 
-__all__ = ["BestFirstDrafter", "DraftModelRunner", "ModelTreeDrafter", "NGramDrafter", "StaticShapeConfig",
-           "frequent_tokens", "quantize_draft", "restrict_vocabulary"]
+__all__ = ["BestFirstDrafter", "DraftModelRunner", "ModelTreeDrafter", "NGramDrafter", "PromptLookupDrafter",
+           "StaticShapeConfig", "frequent_tokens", "quantize_draft", "restrict_vocabulary"]

@@ -1,7 +1,7 @@
 """Prompt-lookup as a tree: continuations of earlier occurrences of the context's last n-gram, merged into a trie.
 
 Nearly free (no model), and strong whenever the output repeats its input: code edits, summaries, extraction.
-`speculation="ngram"` drafts with it alone; a staged stack uses it as its cheapest stage.
+`speculation="prompt_lookup"` drafts with it alone; a staged stack uses it as its cheapest stage.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from ..core.verdict import Verdict
 from .draft_model import HostSequence, emitted_tokens
 
 
-class NGramDrafter(Drafter):
+class PromptLookupDrafter(Drafter):
     """Matches the last `max_ngram`..`min_ngram` tokens against the context.
 
     Every match contributes its next `depth` tokens; they are merged into a trie whose nodes are ranked by how
@@ -68,3 +68,6 @@ class NGramDrafter(Drafter):
             tokens.append(path[-1])
             parents.append(index[path[:-1]])
         return TokenTree.from_parents(tokens, parents)
+
+
+NGramDrafter = PromptLookupDrafter  # its older name, kept importable

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ...core.config import SpeculationConfig, register_speculation
-from ...drafting.prompt_lookup import NGramDrafter
+from ...drafting.prompt_lookup import PromptLookupDrafter
 
 
 @register_speculation
@@ -31,8 +31,10 @@ class PromptLookupConfig(SpeculationConfig):
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)!r}.")
 
-    def make_drafter(self, target, assistant_model, logits_processor, child_selection, generator) -> NGramDrafter:
-        return NGramDrafter(self.max_ngram, self.min_ngram, self.depth, self.max_nodes, self.max_matches)
+    def make_drafter(
+        self, target, assistant_model, logits_processor, child_selection, generator
+    ) -> PromptLookupDrafter:
+        return PromptLookupDrafter(self.max_ngram, self.min_ngram, self.depth, self.max_nodes, self.max_matches)
 
 
 NGramConfig = PromptLookupConfig  # the name before `prompt_lookup`, kept for code that imports it

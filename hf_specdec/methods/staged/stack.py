@@ -2,7 +2,8 @@
 
 `stages` lists what sits under `assistant_model`, most expensive first. Each entry is one of:
 
-- `"ngram"` or `{"ngram": {...NGramDrafter settings}}`: prompt lookup over the prompt and the generated text;
+- `"prompt_lookup"` or `{"prompt_lookup": {...PromptLookupDrafter settings}}` (`"ngram"`, its older name, is an
+  alias): prompt lookup over the prompt and the generated text;
 - `{"ngram_model": "file.json", ...}` or an `NGramModel`: a Katz-backoff n-gram LM (`hf-specdec ngram train`);
 - a causal LM sharing the vocabulary, or `{"model": lm, "budget": 12, ...}`: another model stage, with its own
   stages below it taken from the rest of the list;
@@ -25,28 +26,29 @@ from ...core.attention import check_supported
 from ...core.drafter import Drafter
 from ...core.model_info import vocab_size, vocabulary_mismatch
 from ...drafting.best_first import BestFirstDrafter
-from ...drafting.prompt_lookup import NGramDrafter
+from ...drafting.prompt_lookup import PromptLookupDrafter
 from .merged import MergedDrafter
 from .ngram_model import NGramModel, NGramModelDrafter
 
-DEFAULT_STAGES = ("ngram",)
+DEFAULT_STAGES = ("prompt_lookup",)
+LOOKUP_NAMES = ("prompt_lookup", "ngram")  # the prompt-lookup stage, and its older name
 # Settings of stages below the draft model. Every lower node is forwarded by the stage above in its next pass, so
 # lower trees stay small: a 16-token pass costs about one single-token pass on a CPU (benchmarks/latency_curves.py).
-NGRAM_DEFAULTS = {"max_ngram": 3, "min_ngram": 1, "depth": 8, "max_nodes": 16, "max_matches": 16}
+LOOKUP_DEFAULTS = {"max_ngram": 3, "min_ngram": 1, "depth": 8, "max_nodes": 16, "max_matches": 16}
 NGRAM_MODEL_DEFAULTS = {"width": 2, "depth": 6, "max_nodes": 12, "min_prob": 0.01}
 MODEL_DEFAULTS = {"budget": 8, "max_depth": 8, "width": 2, "beams": 2, "max_passes": 2, "lower_leaves": 1,
                   "min_prob": 0.0}
 MERGED_MAX_NODES = 24
-KINDS = ("ngram", "ngram_model", "model")
-FIX = ('Write stages as a list, most expensive first, e.g. ["ngram"], [{"ngram_model": "lm.json"}], '
-       '[small_model, "ngram"] or [["ngram", {"ngram_model": "lm.json"}]] (one merged n-gram level).')
+KINDS = (*LOOKUP_NAMES, "ngram_model", "model")
+FIX = ('Write stages as a list, most expensive first, e.g. ["prompt_lookup"], [{"ngram_model": "lm.json"}], '
+       '[small_model, "prompt_lookup"] or [["prompt_lookup", {"ngram_model": "lm.json"}]] (one merged n-gram level).')
 
 
 @dataclass
 class StageSpec:
     """One parsed entry of `stages`: its kind, its source (a model, a file, an object) and its settings."""
 
-    kind: str  # "ngram", "ngram_model", "model", "drafter" or "merged"
+    kind: str  # "prompt_lookup", "ngram_model", "model", "drafter" or "merged"
     source: Any = None
     options: dict[str, Any] = field(default_factory=dict)
     parts: list[StageSpec] = field(default_factory=list)
@@ -61,7 +63,7 @@ def _is_model(obj: Any) -> bool:
 
 
 def _check_options(where: str, kind: str, options: dict[str, Any]) -> None:
-    allowed = {"ngram": NGRAM_DEFAULTS, "ngram_model": NGRAM_MODEL_DEFAULTS, "model": MODEL_DEFAULTS}[kind]
+    allowed = {"prompt_lookup": LOOKUP_DEFAULTS, "ngram_model": NGRAM_MODEL_DEFAULTS, "model": MODEL_DEFAULTS}[kind]
     unknown = sorted(set(options) - set(allowed))
     if unknown:
         raise ValueError(f"{where}: a {kind!r} stage has no setting(s) {unknown}; its settings are {sorted(allowed)}.")
@@ -76,10 +78,11 @@ def _check_options(where: str, kind: str, options: dict[str, Any]) -> None:
 def parse_stage(spec: Any, where: str) -> StageSpec:
     """One `stages` entry -> StageSpec, or a ValueError naming the entry, the problem and the fix."""
     if isinstance(spec, str):
-        if spec == "ngram":
-            return StageSpec("ngram")
+        if spec in LOOKUP_NAMES:
+            return StageSpec("prompt_lookup")
         hint = f' For a trained n-gram model write {{"ngram_model": {spec!r}}}.' if spec.endswith(".json") else ""
-        raise ValueError(f"{where}: unknown stage {spec!r}; the only stage named by a string is 'ngram'.{hint} {FIX}")
+        raise ValueError(f"{where}: unknown stage {spec!r}; the only stage named by a string is 'prompt_lookup' "
+                         f"(alias 'ngram').{hint} {FIX}")
     if isinstance(spec, NGramModel):
         return StageSpec("ngram_model", spec)
     if isinstance(spec, Drafter):
@@ -94,11 +97,13 @@ def parse_stage(spec: Any, where: str) -> StageSpec:
                              f"{sorted(spec)}. {FIX}")
         kind, options = kinds[0], {k: v for k, v in spec.items() if k != kinds[0]}
         source = spec[kind]
-        if kind == "ngram":
+        kind = "prompt_lookup" if kind in LOOKUP_NAMES else kind
+        if kind == "prompt_lookup":
             if isinstance(source, dict):
                 options, source = {**source, **options}, None
             elif source not in (True, None):
-                raise ValueError(f"{where}: write an n-gram lookup stage as 'ngram' or {{'ngram': {{settings}}}}.")
+                raise ValueError(f"{where}: write a prompt-lookup stage as 'prompt_lookup' or "
+                                 "{'prompt_lookup': {settings}}.")
         elif kind == "ngram_model" and not isinstance(source, (str, Path, NGramModel)):
             raise ValueError(f"{where}: 'ngram_model' takes a file path or an NGramModel, got {type(source).__name__}.")
         elif kind == "model" and not _is_model(source):
@@ -107,8 +112,8 @@ def parse_stage(spec: Any, where: str) -> StageSpec:
         _check_options(where, kind, options)
         if kind == "model":
             check_supported(source, where)
-        if kind == "ngram":
-            _check_ngram(where, {**NGRAM_DEFAULTS, **options})
+        if kind == "prompt_lookup":
+            _check_ngram(where, {**LOOKUP_DEFAULTS, **options})
         if kind == "ngram_model" and not isinstance(source, NGramModel) and not Path(source).is_file():
             raise ValueError(f"{where}: no n-gram model file at {str(source)!r}. Train one with "
                              f"`hf-specdec ngram train --output {source}`, or fix the path.")
@@ -160,8 +165,8 @@ def load_ngram_model(source: str | Path | NGramModel) -> NGramModel:
 def build_stage(spec: StageSpec, below: Drafter | None, target: PreTrainedModel,
                 processors: LogitsProcessorList | None, where: str) -> Drafter:
     """The drafter of one stage; `below` is the stage under it (model stages only)."""
-    if spec.kind == "ngram":
-        return NGramDrafter(**{**NGRAM_DEFAULTS, **spec.options})
+    if spec.kind == "prompt_lookup":
+        return PromptLookupDrafter(**{**LOOKUP_DEFAULTS, **spec.options})
     if spec.kind == "ngram_model":
         return NGramModelDrafter(load_ngram_model(spec.source), **{**NGRAM_MODEL_DEFAULTS, **spec.options})
     if spec.kind == "drafter":
