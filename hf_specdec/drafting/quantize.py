@@ -5,8 +5,8 @@ therefore changes no output, only how fast drafts come and how often they are ac
 largest lever there is: int8 matrix kernels (fbgemm) stay fast for the multi-row passes a tree level needs,
 where bfloat16 on a CPU without native bfloat16 costs one single-row pass per row. Schemes (`SCHEMES`), measured
 per pass size on whole draft passes in benchmarks/draft_kernels.py: "dynamic-int8" (fbgemm, activations quantized
-per tensor: the fastest on Zen 4 at every size measured), "int4" and "int8-weight-only" (`weight_only.py`, bfloat16
-activations; their cost grows with the rows of a pass).
+per tensor: the default, no other scheme beat it on Zen 4), "int4" and "int8-weight-only" (`weight_only.py`,
+bfloat16 activations; their cost grows faster with the rows of a pass), offered to measure on other CPUs.
 """
 
 from __future__ import annotations
