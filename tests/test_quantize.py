@@ -1,4 +1,5 @@
-"""An int8 draft (PyTorch dynamic quantization) proposes; the target still decides: output unchanged."""
+"""A low-bit draft (PyTorch dynamic int8, or int4/int8 weight-only) proposes; the target still decides: output
+unchanged."""
 
 from __future__ import annotations
 
@@ -7,7 +8,10 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from hf_specdec import quantize_draft
+from hf_specdec.core.model_info import quantization
+from hf_specdec.drafting import weight_only
 from hf_specdec.drafting.quantize import is_quantized
+from hf_specdec.drafting.weight_only import Int4Linear, Int8Linear
 from tests.conftest import random_prompt, tiny_model
 
 
@@ -69,3 +73,42 @@ def test_quantize_a_draft_loaded_from_gguf(tmp_path):
     expected = target.generate(ids, max_new_tokens=24, do_sample=False)
     assert torch.equal(target.generate(ids, assistant_model=draft, speculation="tree", max_new_tokens=24,
                                        do_sample=False), expected)
+
+
+@pytest.mark.parametrize("scheme", ["int4", "int8-weight-only"])
+def test_weight_only_drafts_are_lossless(scheme):
+    """aten's fused weight-only kernels run the draft in bfloat16; the target (float32) still decides every token."""
+    target = tiny_model("llama", 0)
+    draft = quantize_draft(target, scheme=scheme)
+    kind = Int4Linear if scheme == "int4" else Int8Linear
+    assert isinstance(draft.model.layers[0].mlp.up_proj, kind) and quantization(draft) == scheme
+    assert type(target.model.layers[0].mlp.up_proj) is torch.nn.Linear  # the original is untouched
+    for method, settings in (("chain", None), ("specexec", {"budget": 16, "guard": False})):
+        ids = random_prompt(torch.Generator().manual_seed(3), 6)
+        expected = target.generate(ids, max_new_tokens=24, do_sample=False)
+        out = target.generate(ids, assistant_model=draft, speculation=method, speculation_config=settings,
+                              max_new_tokens=24, do_sample=False, return_dict_in_generate=True)
+        assert torch.equal(out.sequences, expected)
+        assert out.speculation_stats.mean_tokens_per_step > 1.5  # the low-bit draft still agrees with the target
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_weight_only_layers_compute_their_dequantized_weights(bits):
+    linear = torch.nn.Linear(256, 48, bias=True)
+    layer = Int4Linear(linear, 64) if bits == 4 else Int8Linear(linear)
+    x = torch.randn(2, 5, 256)
+    step = (linear.weight.abs().amax() * 2 / (15 if bits == 4 else 254)).item()  # a weight's largest rounding, x2
+    bound = step * x.abs().sum(-1, keepdim=True) + 0.02 * linear(x).abs()  # + bfloat16 rounding
+    out = layer(x).float()
+    assert out.shape == (2, 5, 48) and bool(((out - linear(x)).abs() <= bound).all())
+    assert not torch.equal(out, linear(x))  # it really is another (low-bit) computation
+
+
+def test_unknown_or_unavailable_scheme_is_named(monkeypatch):
+    target = tiny_model("llama", 0)
+    with pytest.raises(ValueError, match="Unknown draft quantization scheme 'int3': choose one of dynamic-int8"):
+        quantize_draft(target, scheme="int3")
+    monkeypatch.setitem(weight_only.KERNELS, 4, ("_weight_int4pack_mm_for_cpu", "_no_such_int4_kernel"))
+    with pytest.raises(RuntimeError, match="no aten._no_such_int4_kernel. Use scheme='dynamic-int8'"):
+        quantize_draft(target, scheme="int4")
+    assert type(target.model.layers[0].mlp.up_proj) is torch.nn.Linear and quantization(target) is None
