@@ -144,8 +144,6 @@ def _useless_draft(arch: str) -> torch.nn.Module:
 
 
 def _generate(target, draft, ids, config, new=40, **kwargs):
-    if config == "tree":
-        config = TreeConfig(per_step=True)
     return target.generate(ids, assistant_model=draft, speculation=config, max_new_tokens=new,
                            return_dict_in_generate=True, do_sample=False, **kwargs)
 
@@ -158,6 +156,23 @@ def test_a_perfect_draft_grows_deep_trees_and_output_stays_identical(given_curve
     stats = out.speculation_stats
     assert torch.equal(out.sequences, target.generate(ids, do_sample=False, max_new_tokens=40))
     assert stats.mean_tokens_per_step >= 3.5 and stats.plain_steps == 0
+
+
+@pytest.mark.parametrize("method", ["sequoia", "tree"])
+def test_the_same_draft_runs_plain_steps_when_costly_and_speculates_when_cheap(given_curves, method):
+    """A perfect draft whose passes cost more than the target's never pays: plain steps (probes aside); the same
+    draft at a tenth of the target's cost grows trees. The output is plain's either way."""
+    target = tiny_model("llama", 0)
+    ids = random_prompt(torch.Generator().manual_seed(7), 9)
+    plain = target.generate(ids, do_sample=False, max_new_tokens=40)
+    given_curves["curves"] = profile(100.0, 150.0)
+    costly = _generate(target, target, ids, method)
+    given_curves["curves"] = profile(100.0, 10.0)
+    cheap = _generate(target, target, ids, method)
+    assert torch.equal(costly.sequences, plain) and torch.equal(cheap.sequences, plain)
+    costly, cheap = costly.speculation_stats, cheap.speculation_stats
+    assert costly.plain_steps >= 0.75 * costly.target_forwards and costly.mean_tokens_per_step < 1.5
+    assert cheap.plain_steps == 0 and cheap.mean_tokens_per_step >= 3.5
 
 
 @pytest.mark.parametrize("method", ["sequoia", "tree"])
@@ -189,7 +204,7 @@ def test_shapes_and_plans_given_are_drafted_as_given(given_curves):
     drafters = {
         "tree widths": TreeConfig(widths=[2, 1]),
         "tree parents": TreeConfig(parents=[-1, 0, 0, 1]),
-        "tree default": TreeConfig(),
+        "tree per_step=False": TreeConfig(per_step=False),
         "sequoia plan": SequoiaConfig(plan=given),
         "sequoia per_step=False": SequoiaConfig(per_step=False),
     }
@@ -200,7 +215,7 @@ def test_shapes_and_plans_given_are_drafted_as_given(given_curves):
         drafter = config.make_drafter(target, target, None, "top_k", None)
         assert type(drafter) is ModelTreeDrafter, name
         assert drafter.host_shape.parents == config.shape(), name
-    sized = TreeConfig(per_step=True)
+    sized = TreeConfig()  # the default shape: sized every step
     sized = sized.with_plan(*integration.plan_for_call(sized.plan_request(), target, target, 0.0, None))
     assert isinstance(sized.make_drafter(target, target, None, "top_k", None), SizedShapeDrafter)
     ids = random_prompt(torch.Generator().manual_seed(6), 8)
