@@ -23,7 +23,7 @@ from hf_specdec.drafting.sized_shape import SizedShapeDrafter
 from hf_specdec.planning.guard import PlainGuard
 from hf_specdec.planning.latency import LatencyCurve
 from hf_specdec.planning.sequoia import plan_tree
-from hf_specdec.planning.shape_sizing import RankAcceptance, sequoia_menu, sub_shapes_menu
+from hf_specdec.planning.shape_sizing import RankAcceptance, ShapeDepths, sequoia_menu, sub_shapes_menu
 from hf_specdec.planning.sizing import HardwareProfile
 from hf_specdec.planning.step_sizing import OnlineAcceptance, StepSizer
 from tests.conftest import random_prompt, tiny_model
@@ -73,6 +73,19 @@ def test_sub_shapes_of_the_default_tree_down_to_a_one_token_chain():
     assert menu.shapes[0] == [-1] and [-1, 0] in menu.shapes
     assert max(len(s) for s in menu.shapes) == 1 + 4 + 8 + 8 + 8
     assert len(menu.shapes) == 1 + 4 + 8 + 8 + 8
+
+
+def test_drafting_stops_where_the_draft_turns_unsure_or_costly():
+    """After the root's pass of a 5-chain (one node drafted): a confident first token and a cheap draft draft the
+    whole chain; an unsure one, or a draft as costly as the target, stops now."""
+    chain = ShapeDepths.of([-1, 0, 1, 2, 3])
+    p = np.array([0.9])
+    cheap = StepSizer(profile(100.0, 10.0))
+    assert chain.best_stop([1.0, 0.95, 0, 0, 0], 1, p, cheap) == 4
+    assert chain.best_stop([1.0, 0.02, 0, 0, 0], 1, p, cheap) == 1
+    assert chain.best_stop([1.0, 0.95, 0, 0, 0], 1, p, StepSizer(profile(100.0, 100.0))) == 1
+    # an acceptance that falls off after two levels: stop in the middle
+    assert chain.best_stop([1.0, 0.95, 0, 0, 0], 1, np.array([0.9]), StepSizer(profile(100.0, 60.0))) in (2, 3)
 
 
 def _depths(parents: list[int]) -> list[int]:

@@ -130,14 +130,6 @@ class StepSizer:
                 break
         return choice
 
-    def pass_pays(self, values: torch.Tensor, open_values: torch.Tensor, draft_seconds: float) -> bool:
-        """Whether one more draft pass over all of `open_values` (a planned shape's next level) is predicted to
-        lower the time per token: the early stop of a shaped tree when the draft is unsure."""
-        if len(open_values) == 0:
-            return False
-        size, best = self.best_size(values, draft_seconds)
-        return self._after_pass(values, size, open_values, draft_seconds) < best
-
     def observe_expansion(self, parent_values: torch.Tensor, children_values: torch.Tensor) -> None:
         """An expansion added `children_values` (each row: the children of one parent): update g."""
         ratio = float(children_values.sum() / parent_values.sum().clamp(min=1e-12))
