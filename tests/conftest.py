@@ -98,13 +98,16 @@ def tree_sizing_sees_a_cheap_draft(monkeypatch):
     """`tree` at its default shape is sized every step with the pair's latency curves. The suite's tiny drafts cost
     what their targets do, and curves measured on a busy machine are noise, so there the sizing would (rightly, or
     by chance) run plain steps. Tests that check `tree` really speculates assume hardware where speculation pays;
-    this states it: the cost model sees a target pass of 10 ms whatever its size and a draft pass of 1 ms, and no
-    correction from measured passes (timing_memory=1: load cannot move it). How the sizing chooses with costly and
-    cheap drafts is tested in test_sized_trees.py with its own curves."""
+    this states it: the cost model sees a target pass of 10 ms whatever its size and a draft pass of 1 ms, no
+    correction from measured passes (timing_memory=1: load cannot move it), and a first child kept 80% of the time
+    before any verdict (plans are stored per architecture, so a plan another test calibrated with a poor draft must
+    not start this draft at plain steps; verdicts still teach it). How the sizing chooses with costly and cheap
+    drafts is tested in test_sized_trees.py with its own curves."""
     import dataclasses
 
     from hf_specdec.methods.tree import config as tree_config
     from hf_specdec.planning.latency import LatencyCurve
+    from hf_specdec.planning.shape_sizing import RankAcceptance
 
     measured = tree_config.online_sizer
 
@@ -116,6 +119,7 @@ def tree_sizing_sees_a_cheap_draft(monkeypatch):
         return sizer
 
     monkeypatch.setattr(tree_config, "online_sizer", cheap_draft)
+    monkeypatch.setattr(tree_config, "RankAcceptance", lambda prior, ranks: RankAcceptance([0.8, 0.1, 0.05], ranks))
 
 
 def tiny_model(arch: str, seed: int) -> torch.nn.Module:
