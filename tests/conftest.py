@@ -65,6 +65,35 @@ def guard_never_fires(monkeypatch):
     monkeypatch.setattr(guarded, "PlainGuard", functools.partial(PlainGuard, margin=math.inf))
 
 
+@pytest.fixture(autouse=True)
+def tree_sizing_sees_a_cheap_draft(monkeypatch):
+    """`tree` at its default shape is sized every step with the pair's latency curves. The suite's tiny drafts cost
+    what their targets do, and curves measured on a busy machine are noise, so there the sizing would (rightly, or
+    by chance) run plain steps. Tests that check `tree` really speculates assume hardware where speculation pays;
+    this states it: the cost model sees a target pass of 10 ms whatever its size and a draft pass of 1 ms, no
+    correction from measured passes (timing_memory=1: load cannot move it), and a first child kept 80% of the time
+    before any verdict (plans are stored per architecture, so a plan another test calibrated with a poor draft must
+    not start this draft at plain steps; verdicts still teach it). How the sizing chooses with costly and cheap
+    drafts is tested in test_sized_trees.py with its own curves."""
+    import dataclasses
+
+    from hf_specdec.methods.tree import config as tree_config
+    from hf_specdec.planning.latency import LatencyCurve
+    from hf_specdec.planning.shape_sizing import RankAcceptance
+
+    measured = tree_config.online_sizer
+
+    def cheap_draft(profile, target, draft, processors):
+        sizer = measured(profile, target, draft, processors)
+        flat = lambda seconds: LatencyCurve((1, 128), (seconds, seconds))  # noqa: E731
+        sizer.profile = dataclasses.replace(profile, target=flat(0.01), draft=flat(0.001), step_overhead=0.0)
+        sizer.timing_memory = 1.0
+        return sizer
+
+    monkeypatch.setattr(tree_config, "online_sizer", cheap_draft)
+    monkeypatch.setattr(tree_config, "RankAcceptance", lambda prior, ranks: RankAcceptance([0.8, 0.1, 0.05], ranks))
+
+
 @pytest.fixture(scope="session", params=sorted(TINY_CONFIGS))
 def tiny_pair(request):
     """(target, draft) of one architecture: the draft is a differently seeded model of the same vocabulary."""

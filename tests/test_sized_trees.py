@@ -23,7 +23,7 @@ from hf_specdec.drafting.sized_shape import SizedShapeDrafter
 from hf_specdec.planning.guard import PlainGuard
 from hf_specdec.planning.latency import LatencyCurve
 from hf_specdec.planning.sequoia import plan_tree
-from hf_specdec.planning.shape_sizing import RankAcceptance, sequoia_menu, sub_shapes_menu
+from hf_specdec.planning.shape_sizing import RankAcceptance, ShapeDepths, sequoia_menu, sub_shapes_menu
 from hf_specdec.planning.sizing import HardwareProfile
 from hf_specdec.planning.step_sizing import OnlineAcceptance, StepSizer
 from tests.conftest import random_prompt, tiny_model
@@ -73,6 +73,19 @@ def test_sub_shapes_of_the_default_tree_down_to_a_one_token_chain():
     assert menu.shapes[0] == [-1] and [-1, 0] in menu.shapes
     assert max(len(s) for s in menu.shapes) == 1 + 4 + 8 + 8 + 8
     assert len(menu.shapes) == 1 + 4 + 8 + 8 + 8
+
+
+def test_drafting_stops_where_the_draft_turns_unsure_or_costly():
+    """After the root's pass of a 5-chain (one node drafted): a confident first token and a cheap draft draft the
+    whole chain; an unsure one, or a draft as costly as the target, stops now."""
+    chain = ShapeDepths.of([-1, 0, 1, 2, 3])
+    p = np.array([0.9])
+    cheap = StepSizer(profile(100.0, 10.0))
+    assert chain.best_stop([1.0, 0.95, 0, 0, 0], 1, p, cheap) == 4
+    assert chain.best_stop([1.0, 0.02, 0, 0, 0], 1, p, cheap) == 1
+    assert chain.best_stop([1.0, 0.95, 0, 0, 0], 1, p, StepSizer(profile(100.0, 100.0))) == 1
+    # an acceptance that falls off after two levels: stop in the middle
+    assert chain.best_stop([1.0, 0.95, 0, 0, 0], 1, np.array([0.9]), StepSizer(profile(100.0, 60.0))) in (2, 3)
 
 
 def _depths(parents: list[int]) -> list[int]:
@@ -144,8 +157,6 @@ def _useless_draft(arch: str) -> torch.nn.Module:
 
 
 def _generate(target, draft, ids, config, new=40, **kwargs):
-    if config == "tree":
-        config = TreeConfig(per_step=True)
     return target.generate(ids, assistant_model=draft, speculation=config, max_new_tokens=new,
                            return_dict_in_generate=True, do_sample=False, **kwargs)
 
@@ -158,6 +169,23 @@ def test_a_perfect_draft_grows_deep_trees_and_output_stays_identical(given_curve
     stats = out.speculation_stats
     assert torch.equal(out.sequences, target.generate(ids, do_sample=False, max_new_tokens=40))
     assert stats.mean_tokens_per_step >= 3.5 and stats.plain_steps == 0
+
+
+@pytest.mark.parametrize("method", ["sequoia", "tree"])
+def test_the_same_draft_runs_plain_steps_when_costly_and_speculates_when_cheap(given_curves, method):
+    """A perfect draft whose passes cost more than the target's never pays: plain steps (probes aside); the same
+    draft at a tenth of the target's cost grows trees. The output is plain's either way."""
+    target = tiny_model("llama", 0)
+    ids = random_prompt(torch.Generator().manual_seed(7), 9)
+    plain = target.generate(ids, do_sample=False, max_new_tokens=40)
+    given_curves["curves"] = profile(100.0, 150.0)
+    costly = _generate(target, target, ids, method)
+    given_curves["curves"] = profile(100.0, 10.0)
+    cheap = _generate(target, target, ids, method)
+    assert torch.equal(costly.sequences, plain) and torch.equal(cheap.sequences, plain)
+    costly, cheap = costly.speculation_stats, cheap.speculation_stats
+    assert costly.plain_steps >= 0.75 * costly.target_forwards and costly.mean_tokens_per_step < 1.5
+    assert cheap.plain_steps == 0 and cheap.mean_tokens_per_step >= 3.5
 
 
 @pytest.mark.parametrize("method", ["sequoia", "tree"])
@@ -189,7 +217,7 @@ def test_shapes_and_plans_given_are_drafted_as_given(given_curves):
     drafters = {
         "tree widths": TreeConfig(widths=[2, 1]),
         "tree parents": TreeConfig(parents=[-1, 0, 0, 1]),
-        "tree default": TreeConfig(),
+        "tree per_step=False": TreeConfig(per_step=False),
         "sequoia plan": SequoiaConfig(plan=given),
         "sequoia per_step=False": SequoiaConfig(per_step=False),
     }
@@ -200,7 +228,7 @@ def test_shapes_and_plans_given_are_drafted_as_given(given_curves):
         drafter = config.make_drafter(target, target, None, "top_k", None)
         assert type(drafter) is ModelTreeDrafter, name
         assert drafter.host_shape.parents == config.shape(), name
-    sized = TreeConfig(per_step=True)
+    sized = TreeConfig()  # the default shape: sized every step
     sized = sized.with_plan(*integration.plan_for_call(sized.plan_request(), target, target, 0.0, None))
     assert isinstance(sized.make_drafter(target, target, None, "top_k", None), SizedShapeDrafter)
     ids = random_prompt(torch.Generator().manual_seed(6), 8)

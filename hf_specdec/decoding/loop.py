@@ -16,6 +16,7 @@ from transformers.generation.streamers import BaseStreamer
 from transformers.modeling_outputs import ModelOutput
 
 from ..core.attention import AttentionLayout
+from ..core.device_copies import DeviceCopies, one_pass
 from ..core.devices import PassClock, compute_devices, execution_device
 from ..core.drafter import Drafter
 from ..core.kv_cache import cache_length, crop, is_static, keep_positions, layer_rows
@@ -105,6 +106,7 @@ def speculative_loop(
     layout = AttentionLayout.of(target)
     stops = BlockStops.of(stopping_criteria)
     clock = PassClock(compute_devices(target))
+    copies = DeviceCopies.of(target)  # a target split over devices: its mask placed once per device and pass
     ranks = ranks or Ranks.of(target)
     shapes = PassShapes(cache.layers[0].max_cache_len if is_static(cache) else None, stats.tree_pass_sizes)
     graphs = counters["stats"]["unique_graphs"]  # what dynamo compiled before this call
@@ -117,8 +119,9 @@ def speculative_loop(
         tree, kept = fit_positions(drafted, layout, past, target, shapes.rows(past))
         timed = clock.total
         clock.start()
-        output = tree_pass(target, tree, past, cache, layout, dtype, device, token_inputs,
-                           records.wants_pass_outputs, shapes, forward)
+        with one_pass(copies):
+            output = tree_pass(target, tree, past, cache, layout, dtype, device, token_inputs,
+                               records.wants_pass_outputs, shapes, forward)
         logits = output.logits[0, : len(tree)]
         clock.stop()
         seconds = clock.total - timed

@@ -2,8 +2,10 @@
 
 Before a step: the shape of the menu with the least predicted time per token (planning/shape_sizing.py), possibly
 the root alone (a plain step). While drafting: before each level's pass, the drafted nodes are valued as SpecExec's
-sizer values them (a(v) = a(parent) f(q_v), f learned online from the draft's probabilities) and the pass runs only
-if `StepSizer.pass_pays`: an unsure draft stops after fewer levels. After: the verdict teaches both acceptance models.
+sizer values them (a(v) = a(parent) f(q_v), f learned online from the draft's probabilities), the nodes not drafted
+yet by the learned positional acceptance below them, and the pass runs only if stopping at some deeper level is
+predicted to beat stopping now (`ShapeDepths.best_stop`): an unsure draft stops after fewer levels. After: the
+verdict teaches both acceptance models.
 
 Sampling stays exact with Sequoia's verifier: the shape is chosen from earlier steps only, and an early stop only
 decides whether nodes already drafted get children, never whether a drafted sibling is kept.
@@ -12,14 +14,13 @@ decides whether nodes already drafted get children, never whether a drafted sibl
 from __future__ import annotations
 
 import math
-import time
 
 import torch
 from transformers import LogitsProcessorList, PreTrainedModel
 
 from ..core.tree import TokenTree
 from ..core.verdict import Verdict
-from ..planning.shape_sizing import RankAcceptance, ShapeMenu
+from ..planning.shape_sizing import RankAcceptance, ShapeDepths, ShapeMenu
 from ..planning.step_sizing import StepSizer
 from .shaped_tree import ModelTreeDrafter, ShapeLevel
 
@@ -49,10 +50,10 @@ class SizedShapeDrafter(ModelTreeDrafter):
         self.shrunk_steps = 0
         self.plain_choices = 0  # consecutive steps the prediction chose plain
         self.probe_after = PROBE_AFTER
-        self._start = 0.0
         self._logq: torch.Tensor | None = None  # the draft's log-probability of each shape node (device)
         self._host_logq: list[float] = []
         self._draft_before = 0.0
+        self._depths: dict[tuple[int, ...], ShapeDepths] = {}  # per shape drafted: its nodes by depth and rank
 
     def propose(self, input_ids: torch.LongTensor) -> TokenTree:
         choice, _ = self.menu.best(self.sizer, self.ranks)
@@ -64,7 +65,6 @@ class SizedShapeDrafter(ModelTreeDrafter):
         else:
             self.plain_choices, self.probe_after = 0, PROBE_AFTER
         self.use_shape(self.menu.shapes[choice])
-        self._start = time.perf_counter()
         tree = super().propose(input_ids)
         if 1 < len(tree) < self.full_size:
             self.shrunk_steps += 1
@@ -81,23 +81,19 @@ class SizedShapeDrafter(ModelTreeDrafter):
     def _level_drafted(self, level: ShapeLevel, scores: torch.Tensor, kids: torch.Tensor) -> None:
         if level.parent_list[0] != 0:  # the root's pass also fed the accepted tokens: not a comparable timing
             self.sizer.observe_draft(len(level.parent_list), self.runner.forward_time - self._draft_before)
+        self._draft_before = self.runner.forward_time
         logq = scores.float().log_softmax(-1).gather(1, kids.clamp(min=0))
         logq = torch.where(kids >= 0, logq, -math.inf)
         self._logq[level.children] = logq[level.rows, level.cols]
 
     def _level_pays(self, index: int) -> bool:
-        """The pass of level `index` runs if predicted to lower the time per token (one read: the values so far)."""
+        """The pass of level `index` runs if some deeper stop is predicted to lower the time per token (one read: the
+        draft's probabilities so far)."""
         values = self._values(self._logq.tolist())
-        depths = self.host_shape.depths()
-        drafted = sorted((v for node, v in enumerate(values) if 0 < node and depths[node] <= index and v > 0),
-                         reverse=True)
-        parents = self.levels[index].parent_list
-        above = self.levels[index - 1].parent_list
-        children = [c for p in above for c in self.host_shape.children()[p]]
-        self.sizer.observe_expansion(math.fsum(values[p] for p in above), math.fsum(values[c] for c in children))
-        open_values = sorted((values[p] for p in parents if values[p] > 0), reverse=True)
-        self._draft_before = self.runner.forward_time
-        return self.sizer.pass_pays(drafted, open_values, time.perf_counter() - self._start)
+        key = tuple(self.host_shape.parents)
+        if key not in self._depths:
+            self._depths[key] = ShapeDepths.of(self.host_shape.parents)
+        return self._depths[key].best_stop(values, index, self.ranks.vector(), self.sizer) > index
 
     def _values(self, logq: list[float]) -> list[float]:
         """a(v) per shape node: the chance the target keeps v's path, by the learned f(q) (0 where not drafted)."""

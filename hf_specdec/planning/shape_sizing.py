@@ -119,6 +119,45 @@ class ShapeMenu:
         return best, float(per_token[best])
 
 
+@dataclass(frozen=True)
+class ShapeDepths:
+    """One shape's nodes by depth and sibling rank, for predicting it part-drafted: which level to stop after."""
+
+    parents: np.ndarray
+    depths: np.ndarray
+    ranks: np.ndarray  # each node's rank among its siblings (the root: 0)
+    pass_tokens: list[int]  # tokens the pass of level j feeds (the root's: ROOT_PASS_TOKENS)
+
+    @classmethod
+    def of(cls, parents: Sequence[int]) -> ShapeDepths:
+        depths, ranks, seen = [0] * len(parents), [0] * len(parents), {}
+        for node in range(1, len(parents)):
+            depths[node] = depths[parents[node]] + 1
+            ranks[node] = seen.get(parents[node], 0)
+            seen[parents[node]] = ranks[node] + 1
+        widths = level_widths_with_children(list(parents))
+        passes = [ROOT_PASS_TOKENS if level == 0 else w for level, w in enumerate(widths)]
+        return cls(np.array(parents), np.array(depths), np.array(ranks), passes)
+
+    def best_stop(self, values: Sequence[float], drafted: int, acceptance: np.ndarray, sizer: StepSizer) -> int:
+        """How many levels to draft in all (>= `drafted`, the levels whose passes ran): the stop with the least
+        predicted time per token. Drafted nodes (depth <= `drafted`) are worth `values` (the chance the target keeps
+        their path, from the draft's own probabilities); a node not drafted yet is worth its drafted ancestor's value
+        times the learned positional acceptance along the way, as the menu predicts whole shapes. Looking past the
+        next level matters: one more pass alone may not pay where the two after it do."""
+        predicted = np.asarray(values, dtype=float).copy()
+        p = np.append(acceptance, 0.0)
+        for node in range(1, len(predicted)):
+            if self.depths[node] > drafted:
+                predicted[node] = predicted[self.parents[node]] * p[min(self.ranks[node], len(p) - 1)]
+        stops = np.arange(drafted, len(self.pass_tokens) + 1)
+        within = self.depths[None, :] <= stops[:, None]  # (stops, nodes)
+        expected = (within * predicted).sum(1)  # the root's value is 1
+        draft = np.cumsum([0.0, *(sizer.draft_seconds(w) for w in self.pass_tokens)])[stops]
+        seconds = draft + sizer.target_seconds(within.sum(1)) + sizer.profile.step_overhead
+        return int(stops[np.argmin(seconds / expected)])
+
+
 @functools.lru_cache(maxsize=8)
 def _dp_shapes(acceptance: tuple[float, ...], max_budget: int, max_depth: int) -> tuple[tuple[int, ...], ...]:
     planner = TreePlanner(acceptance, max_budget, max_depth)

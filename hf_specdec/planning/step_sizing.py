@@ -146,15 +146,6 @@ class StepSizer:
                 break
         return choice
 
-    def pass_pays(self, values: Sequence[float], open_values: Sequence[float], draft_seconds: float) -> bool:
-        """Whether one more draft pass over all of `open_values` (a planned shape's next level) is predicted to
-        lower the time per token: the early stop of a shaped tree when the draft is unsure."""
-        values, open_values = _floats(values), _floats(open_values)
-        if not open_values:
-            return False
-        size, best = self.best_size(values, draft_seconds)
-        return self._after_pass(values, size, open_values, draft_seconds) < best
-
     def observe_expansion(self, parents_total: float, children_total: float) -> None:
         """An expansion added children whose values sum to `children_total` below parents summing to
         `parents_total`: update g."""

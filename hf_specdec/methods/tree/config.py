@@ -24,9 +24,10 @@ DEFAULT_TREE_WIDTHS = [4, 2, 1, 1]
 class TreeConfig(StaticShapeConfig):
     """A static tree: give `widths` (children of every node, per level) or an explicit `parents` list.
 
-    With neither and `per_step=True`, the default shape is sized every step: each step drafts the smaller version of it
-    (fewer levels, fewer children) with the least predicted time per token, down to a plain step, with the latency
-    curves and acceptance vector of the pair's plan (planning/shape_sizing.py). A shape given is drafted as given.
+    With neither (and `per_step`, the default), the default shape is sized every step: each step drafts the smaller
+    version of it (fewer levels, fewer children) with the least predicted time per token, down to a plain step, with
+    the latency curves and acceptance vector of the pair's plan (planning/shape_sizing.py). A shape given, or
+    `per_step=False`, is drafted as given, every step.
     """
 
     method = "tree"
@@ -40,9 +41,9 @@ class TreeConfig(StaticShapeConfig):
     )
 
     per_step: bool = field(
-        default=False,
-        metadata={"help": "With no shape given: size the default shape every step (default False: draft it whole, "
-                  "which the test suite's draft-equals-target checks rely on)."},
+        default=True,
+        metadata={"help": "With no shape given: size the default shape every step (default); False drafts it whole "
+                  "every step. A shape given is always drafted as given."},
     )
 
     def _sized(self) -> bool:
