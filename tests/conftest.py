@@ -94,6 +94,7 @@ def tree_sizing_sees_a_cheap_draft(monkeypatch):
     monkeypatch.setattr(tree_config, "RankAcceptance", lambda prior, ranks: RankAcceptance([0.8, 0.1, 0.05], ranks))
 
 
+
 @pytest.fixture(scope="session", params=sorted(TINY_CONFIGS))
 def tiny_pair(request):
     """(target, draft) of one architecture: the draft is a differently seeded model of the same vocabulary."""

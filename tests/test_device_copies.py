@@ -8,25 +8,16 @@ from collections import Counter
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM
 
 from hf_specdec.core import device_copies
 from hf_specdec.core.device_copies import DeviceCopies
-from tests.conftest import TINY_CONFIGS, random_prompt, tiny_model
+from tests.conftest import random_prompt, tiny_model
 
 NEW = 20
 
 
 def four_layer_llama() -> torch.nn.Module:
-    torch.manual_seed(0)
-    config = TINY_CONFIGS["llama"]()
-    config.num_hidden_layers = 4
-    model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").eval()
-    with torch.no_grad():
-        model.lm_head.weight.mul_(8.0)
-    model.generation_config.eos_token_id = None
-    model.generation_config.pad_token_id = 0
-    return model
+    return tiny_model("llama", 0, num_hidden_layers=4)
 
 
 def place(model: torch.nn.Module, devices: dict[str, torch.device]) -> None:

@@ -147,7 +147,7 @@ def test_pipeline_sampling_defaults(models_, tokenizer, monkeypatch):
     assert kwargs["do_sample"] is True and kwargs["temperature"] == 0.7
     stats = out.speculation_stats
     assert stats.verifier != "greedy" and stats.new_tokens == NEW
-    assert counter.take() < NEW
+    assert stats.target_forwards < NEW  # the loop's passes (a first call may also calibrate a plan for T=0.7)
 
 
 # --- generation_config.json ----------------------------------------------------------------------------------
