@@ -8,22 +8,29 @@ passes are cheap, so what is left is what the engine costs around them: host rou
 
     .venv/bin/python benchmarks/engine_overhead.py --output benchmarks/engine-overhead/before.json
 
+`--compare-general` also runs every speculative method on the general processor path (Transformers' processors
+on the draft side too, as before `core/narrowed.py`), interleaved prompt by prompt with the default path, so both
+see the same machine load.
+
 Prints a table of medians (over prompts) and writes JSON with the machine (CPU model, flags, torch version).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import time
 from pathlib import Path
+from unittest import mock
 
 import torch
 from transformers import AutoModelForCausalLM, Qwen2Config
 
 import hf_specdec  # noqa: F401  (installs `speculation=`)
 from hf_specdec import ChainConfig, SequoiaConfig, SpecExecConfig, StagedConfig
+from hf_specdec.core import processing
 from hf_specdec.core.devices import cpu_flags, cpu_model
 from hf_specdec.planning.sequoia import plan_tree
 
@@ -97,12 +104,20 @@ def run(target, draft, timer: ForwardTimer, prompt: torch.Tensor, mode: str, kwa
             "passes": timer.passes, "tokens": tokens}
 
 
+def general_path() -> contextlib.AbstractContextManager:
+    """Every processor list on Transformers' own path (no narrowed top-p on the draft side)."""
+    return mock.patch.object(processing, "narrowed_plan", lambda processors: None)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--output", type=Path, default=Path("benchmarks/engine-overhead/results.json"))
     parser.add_argument("--prompts", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--only", nargs="*", help="Method names to run (default: all).")
+    parser.add_argument("--modes", nargs="*", default=["greedy", "sampled"], choices=["greedy", "sampled"])
+    parser.add_argument("--compare-general", action="store_true",
+                        help="Also run each speculative method on the general processor path, interleaved.")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     target = peaky_model(0)
@@ -115,15 +130,24 @@ def main() -> None:
         if not args.only or name in args.only:
             run(target, draft, timer, prompts[0][:, :4], "greedy", kwargs)
     results = {}
-    for mode in ("greedy", "sampled"):
+    for mode in args.modes:
         for name, kwargs in table.items():
             if args.only and name not in args.only:
                 continue
-            runs = [run(target, draft, timer, prompt, mode, kwargs) for prompt in prompts]
-            summary = {key: statistics.median(r[key] for r in runs) for key in runs[0]}
-            results[f"{mode}/{name}"] = {**summary, "runs": runs}
-            print(f"{mode:8s} {name:24s} engine {summary['engine_ms_per_token']:7.2f} ms/token   "
-                  f"wall {summary['wall_ms_per_token']:7.2f} ms/token   passes {summary['passes']:5.0f}", flush=True)
+            variants = {name: contextlib.nullcontext}
+            if args.compare_general and "speculation" in kwargs:
+                variants[f"{name} (general path)"] = general_path
+            runs: dict[str, list[dict]] = {variant: [] for variant in variants}
+            for prompt in prompts:  # interleaved: every variant sees each prompt back to back
+                for variant, context in variants.items():
+                    with context():
+                        runs[variant].append(run(target, draft, timer, prompt, mode, kwargs))
+            for variant, variant_runs in runs.items():
+                summary = {key: statistics.median(r[key] for r in variant_runs) for key in variant_runs[0]}
+                results[f"{mode}/{variant}"] = {**summary, "runs": variant_runs}
+                print(f"{mode:8s} {variant:38s} engine {summary['engine_ms_per_token']:7.2f} ms/token   "
+                      f"wall {summary['wall_ms_per_token']:7.2f} ms/token   passes {summary['passes']:5.0f}",
+                      flush=True)
     machine = {"cpu": cpu_model(), "cpu_flags": cpu_flags(), "torch": torch.__version__, "threads": args.threads,
                "transformers": __import__("transformers").__version__}
     print(f"machine: {machine}")

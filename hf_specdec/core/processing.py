@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from transformers import LogitsProcessorList, PrefixConstrainedLogitsProcessor
 
+from .narrowed import apply_narrowed, narrowed_plan
 from .tree import TokenTree
 
 # Processors that read a row's batch index, not only its tokens: `prefix_allowed_tokens_fn(batch_id, sentence)`.
@@ -19,12 +20,15 @@ def process_tree_scores(
     tree: TokenTree,
     logits: torch.Tensor,
     nodes: torch.Tensor | list[int] | None = None,
+    any_tie_order: bool = False,
 ) -> torch.Tensor:
     """Return float32 `(len(nodes), vocab)` scores, processed exactly as plain `generate` would at each node.
 
     `prefix_ids` is `(1, L)` and ends *before* the root; node i's sequence is prefix + root..i. Everything runs
     where `logits` are (the device of the model that made them). Nodes of equal depth share a sequence length, so
     they are processed as one batch per depth, grouped on the host (give `nodes` as a list: no device read).
+    `any_tie_order`: the caller takes any order among equal scores at a top-p cut (a draft's proposal, which only
+    has to be the distribution its tokens are drawn from), so top-p after top-k runs in linear time (`narrowed.py`).
     """
     if not processors:
         return logits.float()  # no copy when already float32: nothing below writes into it
@@ -41,14 +45,16 @@ def process_tree_scores(
         seqs = tree.prefix_tokens([nodes[row] for row in rows]).to(device)
         ids = torch.cat([prefix_ids.expand(len(rows), -1), seqs], dim=1)
         index = torch.tensor(rows).to(device)
-        scores[index] = _apply(processors, ids, scores[index])
+        scores[index] = _apply(processors, ids, scores[index], any_tie_order)
     return scores
 
 
-def _apply(processors: LogitsProcessorList, ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+def _apply(processors: LogitsProcessorList, ids: torch.Tensor, scores: torch.Tensor,
+           any_tie_order: bool = False) -> torch.Tensor:
     """`processors(ids, scores)`, with the processors of ONE_ROW_AT_A_TIME called once per row (batch id 0)."""
     if not any(isinstance(processor, ONE_ROW_AT_A_TIME) for processor in processors):
-        return processors(ids, scores)
+        plan = narrowed_plan(processors) if any_tie_order else None
+        return processors(ids, scores) if plan is None else apply_narrowed(plan, ids, scores)
     for processor in processors:
         if isinstance(processor, ONE_ROW_AT_A_TIME):
             scores = torch.cat([processor(ids[i : i + 1], scores[i : i + 1]) for i in range(len(ids))])

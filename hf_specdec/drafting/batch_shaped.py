@@ -130,7 +130,8 @@ class LockstepShapeDrafter:
         for row, prefix in enumerate(prefixes):
             so_far = TokenTree(tokens=tokens[row].clamp(min=0), parents=shape.parents, _depths=shape.depths,
                                _ancestors=shape.ancestors, _host=self.plan.host_shape)
-            rows.append(process_tree_scores(self.logits_processor, prefix, so_far, logits[row], parents))
+            rows.append(process_tree_scores(self.logits_processor, prefix, so_far, logits[row], parents,
+                                            any_tie_order=True))
         return torch.stack(rows)
 
     def accept(self, index: int, input_ids: torch.Tensor, tree: TokenTree, verdict) -> None:

@@ -336,7 +336,7 @@ class BestFirstDrafter(DraftModelCounts, Drafter):
         if self.logits_processor:
             tree = TokenTree(tokens=torch.tensor(tokens).to(logits.device), parents=torch.tensor(parents).to(
                 logits.device), _host=HostTree(parents=parents, tokens=tokens))
-        scores = process_tree_scores(self.logits_processor, growth.prefix, tree, logits, at)
+        scores = process_tree_scores(self.logits_processor, growth.prefix, tree, logits, at, any_tie_order=True)
         top = scores.log_softmax(-1).topk(self.width, dim=-1)
         # rank by the draft's own probability, or by the calibrated chance the target keeps the node
         rank = top.values if self.sizer is None else self.sizer.acceptance(top.values)

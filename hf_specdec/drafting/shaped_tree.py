@@ -131,7 +131,8 @@ class ModelTreeDrafter(DraftModelCounts, Drafter):
                 logits = root_logits[None]
             so_far = TokenTree(tokens=tokens.clamp(min=0), parents=shape.parents, _depths=shape.depths,
                                _ancestors=shape.ancestors, _host=self.host_shape)
-            scores = process_tree_scores(self.logits_processor, prefix, so_far, logits, level.parent_list)
+            scores = process_tree_scores(self.logits_processor, prefix, so_far, logits, level.parent_list,
+                                         any_tie_order=True)
             probs = scores.softmax(-1) if sampling else scores
             if sampling:
                 draft_probs = self._draft_probs(scores.shape[-1])

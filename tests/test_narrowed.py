@@ -1,0 +1,165 @@
+"""Top-p after top-k in linear time (`core/narrowed.py`) against Transformers' own processors on random rows.
+
+The claim: bit-identical to Transformers whenever its sort puts equal scores in column order (a stable sort), on
+every row (ties at the k-th value, at the top-p cut, -inf present, bfloat16-rounded scores, temperature before and
+after, min_tokens_to_keep); with the default (unstable) CPU sort, only which of the columns tied at the cut survive
+may differ, never their number or the other columns. Only the draft side takes the narrowed path.
+"""
+
+from __future__ import annotations
+
+from unittest import mock
+
+import pytest
+import torch
+from transformers import (
+    LogitsProcessorList,
+    MinPLogitsWarper,
+    RepetitionPenaltyLogitsProcessor,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+)
+
+import hf_specdec  # noqa: F401  (installs `speculation=`)
+from hf_specdec import SpecExecConfig, TokenTree, TreeConfig
+from hf_specdec.core import narrowed
+from hf_specdec.core.processing import process_tree_scores
+from tests.tiny import tiny_model
+
+_SORT = torch.sort
+
+
+def _stable_sort(*args, **kwargs):
+    return _SORT(*args, **{**kwargs, "stable": True})
+
+
+def _rows(kind: str, n: int, width: int, generator: torch.Generator) -> torch.Tensor:
+    rows = torch.randn(n, width, generator=generator) * 3
+    if kind == "ties":  # a handful of distinct values: ties at the k-th value and at the cut
+        rows = torch.randint(0, 6, (n, width), generator=generator).float()
+    elif kind == "bfloat16":  # a bfloat16 model's logits: ties among the top scores
+        rows = (rows * 4).to(torch.bfloat16).float()
+    elif kind == "infinite":  # -inf already present, sometimes fewer finite columns than k
+        rows[torch.rand(n, width, generator=generator) < 0.97] = -float("inf")
+    return rows
+
+
+def _random_processors(generator: torch.Generator, width: int) -> LogitsProcessorList:
+    def draw(high: int) -> int:
+        return int(torch.randint(1, high, (1,), generator=generator))
+
+    keep = draw(4)
+    processors = [TemperatureLogitsWarper(0.7)] if draw(3) == 1 else []
+    processors += [TopKLogitsWarper(draw(min(width, 90) + 8), min_tokens_to_keep=keep)]
+    processors += [TemperatureLogitsWarper(1.3)] if draw(3) == 1 else []
+    processors += [TopPLogitsWarper(float(torch.rand(1, generator=generator)), min_tokens_to_keep=keep)]
+    return LogitsProcessorList(processors)
+
+
+def _cases(seed: int):
+    generator = torch.Generator().manual_seed(seed)
+    for trial in range(96):
+        width = (151_936, 2_000, 41)[trial % 3]
+        kind = ("gaussian", "ties", "bfloat16", "infinite")[trial // 3 % 4]
+        yield _random_processors(generator, width), _rows(kind, 6, width, generator)
+
+
+def _narrowed(processors: LogitsProcessorList, rows: torch.Tensor) -> torch.Tensor:
+    plan = narrowed.narrowed_plan(processors)
+    assert plan is not None
+    return narrowed.apply_narrowed(plan, torch.zeros(len(rows), 2, dtype=torch.long), rows.clone())
+
+
+def test_bit_identical_to_transformers_with_ties_in_column_order():
+    for processors, rows in _cases(0):
+        ids = torch.zeros(len(rows), 2, dtype=torch.long)
+        with mock.patch("torch.sort", _stable_sort):
+            expected = processors(ids, rows.clone())
+        assert torch.equal(_narrowed(processors, rows), expected), processors
+
+
+def test_top_p_cut_exactly_at_a_cumulative_probability():
+    """top_p chosen so that `1 - top_p` equals a cumulative probability: the `<=` decides at equality."""
+    generator = torch.Generator().manual_seed(1)
+    for trial in range(60):
+        rows = _rows(("gaussian", "ties", "bfloat16")[trial % 3], 1, 5_000, generator)
+        top_k = TopKLogitsWarper(40)
+        filtered = top_k(None, rows)
+        cumulative = _SORT(filtered).values.softmax(-1).cumsum(-1)[0]
+        at = int(torch.randint(5_000 - 40, 5_000 - 1, (1,), generator=generator))
+        processors = LogitsProcessorList([top_k, TopPLogitsWarper(1 - float(cumulative[at]))])
+        with mock.patch("torch.sort", _stable_sort):
+            expected = processors(None, rows.clone())
+        assert torch.equal(_narrowed(processors, rows), expected)
+
+
+def test_with_transformers_default_sort_only_the_tied_columns_at_the_cut_may_differ():
+    differing = 0
+    for processors, rows in _cases(2):
+        expected = processors(torch.zeros(len(rows), 2, dtype=torch.long), rows.clone())
+        got = _narrowed(processors, rows)
+        for mine, theirs in zip(got, expected):
+            kept, their_kept = mine > -float("inf"), theirs > -float("inf")
+            assert kept.sum() == their_kept.sum()
+            assert torch.equal(mine[kept & their_kept], theirs[kept & their_kept])
+            moved = kept ^ their_kept
+            if moved.any():  # same count kept: the moved columns all hold the cut's score, in both
+                differing += 1
+                cut = theirs[their_kept].min()
+                assert mine[kept].min() == cut
+                assert (mine[moved & kept] == cut).all() and (theirs[moved & their_kept] == cut).all()
+    assert differing > 0  # the tie rows really straddle the cut sometimes: the comparison above is not vacuous
+
+
+@pytest.mark.parametrize("processors", [
+    [TopKLogitsWarper(5), RepetitionPenaltyLogitsProcessor(1.2), TopPLogitsWarper(0.9)],  # unknown after top-k
+    [TopKLogitsWarper(5), MinPLogitsWarper(0.1), TopPLogitsWarper(0.9)],
+    [TemperatureLogitsWarper(0.7), TopPLogitsWarper(0.9)],  # no top-k
+    [TopKLogitsWarper(5, filter_value=-1e4), TopPLogitsWarper(0.9)],
+    [TopKLogitsWarper(5), TopPLogitsWarper(0.9, filter_value=-1e4)],
+    [TopKLogitsWarper(5), TemperatureLogitsWarper(0.7)],  # nothing to gain
+])
+def test_other_lists_take_the_general_path(processors):
+    assert narrowed.narrowed_plan(LogitsProcessorList(processors)) is None
+
+
+def test_any_processor_may_come_before_the_top_k():
+    processors = LogitsProcessorList([RepetitionPenaltyLogitsProcessor(1.3), TemperatureLogitsWarper(0.7),
+                                      TopKLogitsWarper(20), TopPLogitsWarper(0.8)])
+    generator = torch.Generator().manual_seed(3)
+    rows = _rows("bfloat16", 4, 3_000, generator)
+    ids = torch.randint(0, 3_000, (4, 30), generator=generator)
+    with mock.patch("torch.sort", _stable_sort):
+        expected = processors(ids, rows.clone())
+    plan = narrowed.narrowed_plan(processors)
+    assert torch.equal(narrowed.apply_narrowed(plan, ids, rows.clone()), expected)
+
+
+def test_target_side_keeps_transformers_own_path():
+    """A row whose tie straddles the cut: the target's scores are Transformers' own, the draft's the narrowed ones."""
+    processors = LogitsProcessorList([TopKLogitsWarper(50), TopPLogitsWarper(0.5)])
+    generator = torch.Generator().manual_seed(4)
+    tree = TokenTree.from_parents([0], [-1])
+    for _ in range(200):
+        logits = torch.randint(0, 4, (1, 151_936), generator=generator).float()
+        prefix = torch.zeros(1, 2, dtype=torch.long)
+        theirs = processors(prefix, logits.clone())
+        narrow = _narrowed(processors, logits)
+        if not torch.equal(theirs, narrow):
+            assert torch.equal(process_tree_scores(processors, prefix, tree, logits), theirs)
+            assert torch.equal(process_tree_scores(processors, prefix, tree, logits, any_tie_order=True), narrow)
+            return
+    pytest.fail("no row straddled the cut")
+
+
+@pytest.mark.parametrize("config", [TreeConfig(widths=[2, 2]), SpecExecConfig(budget=8)],
+                         ids=["tree", "specexec"])
+def test_drafters_take_the_narrowed_path(config):
+    target, draft = tiny_model("qwen2", 0), tiny_model("qwen2", 1)
+    calls = []
+    original = narrowed.top_p_after_top_k
+    with mock.patch.object(narrowed, "top_p_after_top_k", lambda *a: calls.append(1) or original(*a)):
+        target.generate(torch.tensor([[5, 6, 7, 8]]), assistant_model=draft, speculation=config, max_new_tokens=6,
+                        do_sample=True, temperature=0.7, top_k=20, top_p=0.9)
+    assert calls
