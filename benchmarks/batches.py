@@ -55,6 +55,7 @@ def run_once(target, draft, batch, args, speculate: bool) -> dict:
               "sequences": sequences.tolist()}
     if speculate:
         stats = out.speculation_stats
+        stats = stats if isinstance(stats, list) else [stats]  # a batch of one has one entry, not a list
         result["tokens_per_target_step_per_row"] = statistics.mean(
             row.new_tokens / max(row.target_forwards, 1) for row in stats)
         result["target_forwards"] = [row.target_forwards for row in stats]
