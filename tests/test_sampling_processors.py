@@ -149,8 +149,86 @@ def test_node_scores_process_only_the_rows_read_and_equal_the_batch(monkeypatch)
                                       TopKLogitsWarper(20), TopPLogitsWarper(0.9)])
     batch = processing.process_tree_scores(processors, prefix_ids, tree, raw)
     lazy = processing.NodeScores(processors, prefix_ids, tree, raw)
-    calls, real = [], processing.process_tree_scores
-    monkeypatch.setattr(processing, "process_tree_scores", lambda *args: calls.append(args[-1]) or real(*args))
+    calls, real = [], processing._process
+    monkeypatch.setattr(processing, "_process", lambda *args: calls.append(args[4]) or real(*args))
     assert torch.equal(lazy[4], batch[4]) and torch.equal(lazy[[0, 1, 4]], batch[[0, 1, 4]])
     assert torch.equal(lazy[4], batch[4])
     assert calls == [[4], [0], [1]]  # each row read is processed once; the other four never
+
+
+# --------------------------------------------------------------------------- ties at the top-p cut, target side
+
+
+class TiedCutCase(ProcessedCase):
+    """Integer logits (-2..2) over 32 tokens, top-k 4 then top-p 0.6: ties straddle the top-p cut often, and which tied
+    token survives is decided by Transformers' sort (not stable beyond 16 columns), not by column order. The draft
+    proposes from 3 tokens (its own top-3), so the enumeration stays small."""
+
+    def raw(self, prefix: tuple[int, ...]) -> torch.Tensor:
+        return torch.round(toy_logits(self.seed, prefix, self.vocab, 0.0, temperature=2.0))
+
+    def draft_q(self, prefix: tuple[int, ...]) -> torch.Tensor:
+        logits = toy_logits(self.seed + 1000, prefix, self.vocab, 0.0, temperature=1.3)
+        return TopKLogitsWarper(3)(None, logits[None])[0].softmax(-1)
+
+
+def tied_processors() -> LogitsProcessorList:
+    return LogitsProcessorList([TemperatureLogitsWarper(0.7), TopKLogitsWarper(4), TopPLogitsWarper(0.6)])
+
+
+def raw_tree(case: ProcessedCase, nested) -> tuple:
+    """The drafted tree and the raw logits of its nodes (the verifier below processes them as the loop does)."""
+    tree, _ = to_token_tree(case, nested)
+    tokens = tree.tokens.tolist()
+    return tree, torch.stack([case.raw(case.prompt + tuple(tokens[i] for i in tree.path_to(n)[1:]))
+                              for n in range(len(tree))])
+
+
+class Doubting:
+    """A `Script` that reads the doubt flag with each outcome, as TorchRandom does (`honest=False`: ignores it)."""
+
+    def __init__(self, script, voided: list, honest: bool = True) -> None:
+        self.script, self.voided, self.honest = script, voided, honest
+
+    def decide(self, accept, dists, doubt=None):
+        if self.honest and doubt is not None and bool(doubt):
+            self.voided.append(1)
+            return None  # nothing enumerated: the verifier corrects its rows and asks again
+        return self.script.decide(accept, dists)
+
+
+class OnNodeScores:
+    """The verifier as the loop runs it: a fresh NodeScores over the raw logits per run (tentative narrowed rows)."""
+
+    def __init__(self, inner, case: ProcessedCase, honest: bool = True) -> None:
+        self.inner, self.case, self.honest, self.voided = inner, case, honest, []
+        self.name, self.child_selection = inner.name, inner.child_selection
+
+    def verify(self, tree, raw, generator=None, *, source):
+        scores = processing.NodeScores(self.case.processors, torch.tensor([self.case.prompt[:-1]]), tree, raw)
+        return self.inner.verify(tree, scores, source=Doubting(source, self.voided, self.honest))
+
+
+def tied_error(verifier_cls, shape: str, honest: bool = True) -> tuple[float, int]:
+    case = TiedCutCase(23, 32, tied_processors(), prompt=(1, 2, 1), same=False)
+    verifier = OnNodeScores(verifier_cls(), case, honest)
+    length = depth(SHAPES[shape]) + 1
+    got, _ = speculative_joint(case, SHAPES[shape], verifier, length, build=raw_tree)
+    assert abs(sum(got.values()) - 1) < 1e-9
+    return total_variation(got, target_joint(case, case.prompt, length)), len(verifier.voided)
+
+
+@pytest.mark.parametrize("verifier_cls", VERIFIERS)
+@pytest.mark.parametrize("shape", ["chain2", "star3"])
+def test_exact_when_ties_straddle_the_top_p_cut(verifier_cls, shape):
+    """The target's rows are narrowed, flagged rows decided again on Transformers' rows: exact, and the flags did
+    fire (decisions were voided)."""
+    error, voided = tied_error(verifier_cls, shape)
+    assert error < TOLERANCE and voided > 0
+
+
+@pytest.mark.parametrize("verifier_cls", VERIFIERS)
+def test_ignoring_the_flag_is_caught(verifier_cls):
+    """A source that does not read the flag decides on the narrowed rows' tie order: not Transformers' distribution."""
+    error, _ = tied_error(verifier_cls, "chain2", honest=False)
+    assert error > 1e-3

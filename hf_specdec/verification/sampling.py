@@ -9,11 +9,12 @@ the default one uses a `torch.Generator` (or the global RNG), so seeded runs rep
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import ClassVar, Protocol
 
 import torch
 
+from ..core.processing import NodeScores
 from ..core.tree import TokenTree
 from .base import Verdict, walk_down
 from .registry import register_verifier
@@ -25,7 +26,10 @@ class RandomSource(Protocol):
     def decide(self, accept: torch.Tensor | None, dists: list[torch.Tensor]) -> tuple[int | None, Sequence[int]]:
         """Trials `i = 0..k-1`, each succeeding with probability `accept[i]` `(k,)`: the first that succeeds (None:
         none does, or no trials); and a token drawn from each normalized distribution in `dists` `(V,)`, of which
-        the verifier uses at most one. Everything is drawn independently, so the unused draws change nothing."""
+        the verifier uses at most one. Everything is drawn independently, so the unused draws change nothing.
+
+        A source may also take `doubt=`, a 0-d bool tensor read with the outcome: when true it returns None (the
+        rows the distributions came from were not the target's; the verifier corrects them and asks again)."""
         ...
 
 
@@ -36,17 +40,20 @@ class TorchRandom:
     def __init__(self, generator: torch.Generator | None = None) -> None:
         self.generator = generator
 
-    def decide(self, accept: torch.Tensor | None, dists: list[torch.Tensor]) -> tuple[int | None, list[int]]:
+    def decide(self, accept: torch.Tensor | None, dists: list[torch.Tensor],
+               doubt: torch.Tensor | None = None) -> tuple[int | None, list[int]] | None:
         device = accept.device if accept is not None else dists[0].device
         where = self.generator.device if self.generator is not None else device  # no generator: that device's RNG
         drawn = [torch.multinomial(d.to(where), 1, generator=self.generator).to(device) for d in dists]
+        flag = torch.zeros(1, dtype=torch.long, device=device) if doubt is None else doubt.reshape(1).to(device).long()
         if accept is None:
-            return None, torch.cat(drawn).tolist()
+            *tokens, doubted = torch.cat([*drawn, flag]).tolist()
+            return None if doubted else (None, tokens)
         k = len(accept)
         uniforms = torch.rand(k, dtype=accept.dtype, generator=self.generator, device=where).to(device)
         first = torch.where(uniforms < accept, torch.arange(k, device=device), k).amin(0, keepdim=True)
-        rank, *tokens = torch.cat([first, *drawn]).tolist()
-        return (rank if rank < k else None), tokens
+        rank, *tokens, doubted = torch.cat([first, *drawn, flag]).tolist()
+        return None if doubted else ((rank if rank < k else None), tokens)
 
 
 def _work_dtype(device: torch.device) -> torch.dtype:
@@ -63,10 +70,34 @@ def _without(t: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     return t.index_fill(0, x, 0)
 
 
-def _target_dists(target_scores: torch.Tensor, nodes: list[int], dtype: torch.dtype) -> list[torch.Tensor]:
-    """The target's distributions at `nodes`: a visited node's children that are leaves get their bonus token drawn
-    with the node's own decision (one read per visited node with children, none for the leaf the walk ends on)."""
-    return [target_scores[node].to(dtype).softmax(-1) for node in nodes]
+def _decide(source: RandomSource, target_scores: torch.Tensor | NodeScores, nodes: list[int],
+            trials: Callable[[torch.Tensor], tuple[torch.Tensor | None, list[torch.Tensor]]]):
+    """`source.decide(*trials(rows))`, `rows` the target's processed scores at `nodes` `(len(nodes), V)`: a visited
+    node and its children that are leaves, whose bonus tokens are drawn with the node's own decision (one read per
+    visited node with children, none for the leaf the walk ends on).
+
+    From `NodeScores` the rows are tentative (top-p in linear time) and the flag saying one may not be Transformers'
+    row is read with the outcome: then the outcome is dropped, the rows recomputed on Transformers' path and the node
+    decided afresh. The flag depends on the rows only, never on the draws, so the outcome kept is distributed as a
+    decision on Transformers' rows.
+    """
+    while True:
+        if isinstance(target_scores, NodeScores):
+            rows, doubt = target_scores.tentative(nodes)
+        else:
+            rows, doubt = target_scores[nodes], None
+        accept, dists = trials(rows)
+        if doubt is None:
+            return source.decide(accept, dists)
+        outcome = source.decide(accept, dists, doubt=doubt)
+        target_scores.settle(nodes, doubted=outcome is None)
+        if outcome is not None:
+            return outcome
+
+
+def _target_dists(rows: torch.Tensor, dtype: torch.dtype) -> list[torch.Tensor]:
+    """The target's distributions from its processed rows."""
+    return list(rows.to(dtype).softmax(-1))
 
 
 def _trials(p: torch.Tensor, q: torch.Tensor, xs: torch.Tensor, without_replacement: bool):
@@ -105,20 +136,24 @@ def _residual_verify(
     children_of = tree.host().children()
 
     def choose(node: int, children: list[int]):
-        p = target_scores[node].to(dtype).softmax(-1)
-        if not children:  # a root with nothing drafted below it
-            return None, source.decide(None, [p])[1][0]
-        if tree.draft_probs is None:
+        if children and tree.draft_probs is None:
             raise ValueError("Sampling verifiers need `tree.draft_probs` (the draft distribution at each node).")
-        q = tree.draft_probs[node].to(device=p.device, dtype=dtype)
-        if len(q) != len(p):  # draft and target vocabularies may be padded differently
-            size = max(len(p), len(q))
-            p, q = (torch.nn.functional.pad(t, (0, size - len(t))) for t in (p, q))
-        q = _normalized(q, fallback=q)  # an all-zero row proposes nothing: every child is skipped
-        xs = torch.tensor([tokens[child] for child in children]).to(p.device)
-        accept, residual = _trials(p, q, xs, without_replacement)
         leaves = [child for child in children if not children_of[child]]
-        rank, drawn = source.decide(accept, [residual, *_target_dists(target_scores, leaves, dtype)])
+        xs = torch.tensor([tokens[child] for child in children]).to(target_scores.device)
+
+        def trials(rows: torch.Tensor):
+            p = rows[0].to(dtype).softmax(-1)
+            if not children:  # a root with nothing drafted below it
+                return None, [p]
+            q = tree.draft_probs[node].to(device=p.device, dtype=dtype)
+            if len(q) != len(p):  # draft and target vocabularies may be padded differently
+                size = max(len(p), len(q))
+                p, q = (torch.nn.functional.pad(t, (0, size - len(t))) for t in (p, q))
+            q = _normalized(q, fallback=q)  # an all-zero row proposes nothing: every child is skipped
+            accept, residual = _trials(p, q, xs, without_replacement)
+            return accept, [residual, *_target_dists(rows[1:], dtype)]
+
+        rank, drawn = _decide(source, target_scores, [node, *leaves], trials)
         if rank is None:
             return None, drawn[0]
         child = children[rank]
@@ -192,7 +227,7 @@ class TargetSampleVerifier:
 
         def choose(node: int, children: list[int]):
             leaves = [child for child in children if not children_of[child]]
-            _, drawn = source.decide(None, _target_dists(target_scores, [node, *leaves], dtype))
+            _, drawn = _decide(source, target_scores, [node, *leaves], lambda rows: (None, _target_dists(rows, dtype)))
             for child in children:
                 if tokens[child] == drawn[0]:
                     return child, (drawn[1 + leaves.index(child)] if child in leaves else None)
