@@ -54,17 +54,26 @@ def _process(
         groups.setdefault(depths[node], []).append(row)
     scores = logits.to(dtype=torch.float32, copy=True)
     prefix_ids = prefix_ids.to(device)
-    plan = narrowed_plan(processors) if narrow and not _one_row_at_a_time(processors) else None
-    unsure = None if plan is None else torch.zeros(len(nodes), dtype=torch.bool, device=device)
+    unsure = torch.zeros(len(nodes), dtype=torch.bool, device=device)
+    narrowed = False
     for rows in groups.values():
         seqs = tree.prefix_tokens([nodes[row] for row in rows]).to(device)
         ids = torch.cat([prefix_ids.expand(len(rows), -1), seqs], dim=1)
         index = torch.tensor(rows).to(device)
-        if plan is None:
-            scores[index] = _apply(processors, ids, scores[index])
-        else:
-            scores[index], unsure[index] = apply_narrowed(plan, ids, scores[index])
-    return scores, unsure
+        scores[index], flags = process_rows(processors, ids, scores[index], narrow)
+        if flags is not None:
+            unsure[index], narrowed = flags, True
+    return scores, (unsure if narrowed else None)
+
+
+def process_rows(processors: LogitsProcessorList, ids: torch.Tensor, scores: torch.Tensor,
+                 narrow: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """`processors(ids, scores)` on rows that share a sequence length; with `narrow`, top-p after top-k in linear
+    time where the list allows, and `(n,)` flags, true for the rows that may not be Transformers' (None: its path)."""
+    plan = narrowed_plan(processors) if narrow and not _one_row_at_a_time(processors) else None
+    if plan is None:
+        return _apply(processors, ids, scores), None
+    return apply_narrowed(plan, ids, scores)
 
 
 def _one_row_at_a_time(processors: LogitsProcessorList) -> bool:
@@ -129,6 +138,22 @@ class NodeScores:
         unsure = [node for node in dict.fromkeys(nodes) if self.unsure.pop(node, None) is not None]
         if doubted and unsure:
             self._process(unsure, narrow=False)
+
+    def row_at(self, node: torch.Tensor, walked: torch.Tensor,
+               narrow: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The row of `node`, a `(1,)` index on the device (never read), whose tokens from the root are `walked`;
+        narrowed as in `tentative`, with its `(1,)` flag (None: Transformers' row). Not kept: see `keep`."""
+        row = self.logits.index_select(0, node).float()
+        if not self.processors:
+            return row[0], None
+        ids = torch.cat([self.prefix_ids.to(row.device), walked[None]], dim=1)
+        row, flag = process_rows(self.processors, ids, row, narrow)
+        return row[0], flag
+
+    def keep(self, node: int, row: torch.Tensor) -> None:
+        """Keep a row of `row_at` known to be Transformers' (its flag read false, or None)."""
+        self.rows[node] = row
+        self.unsure.pop(node, None)
 
     def _process(self, nodes: list[int], narrow: bool) -> None:
         if not nodes:
