@@ -139,17 +139,19 @@ def _constructed(kind: str, rows: torch.Tensor, top_k: int, top_p: float, genera
 
 @settings(max_examples=250, deadline=None)
 @given(width=st.sampled_from([41, 300, 2_000, 20_000]), top_k=st.integers(1, 60), keep=st.integers(1, 4),
-       top_p=st.floats(0.0, 1.0), temperature=st.sampled_from([None, "before", "after", "both"]),
+       keep_p=st.integers(1, 8), top_p=st.floats(0.0, 1.0),
+       temperature=st.sampled_from([None, "before", "after", "both"]),
        kind=st.sampled_from(["gaussian", "ties", "bfloat16", "infinite", "tie_at_kth", "tie_at_cut", "signed_zero"]),
        seed=st.integers(0, 2**31 - 1))
-def test_target_rows_are_transformers_own_bit_for_bit(width, top_k, keep, top_p, temperature, kind, seed):
+def test_target_rows_are_transformers_own_bit_for_bit(width, top_k, keep, keep_p, top_p, temperature, kind, seed):
     """Transformers' default (unstable) sort: every row not flagged is its result bit for bit, and what NodeScores
-    settles on (flagged rows recomputed on its path) is its result for every row."""
+    settles on (flagged rows recomputed on its path) is its result for every row. Top-p may keep more columns than
+    the top-k left (`keep_p`): the cut then falls among the -inf columns."""
     generator = torch.Generator().manual_seed(seed)
     processors = [TemperatureLogitsWarper(0.7)] if temperature in ("before", "both") else []
     processors += [TopKLogitsWarper(top_k, min_tokens_to_keep=keep)]
     processors += [TemperatureLogitsWarper(1.3)] if temperature in ("after", "both") else []
-    processors = LogitsProcessorList([*processors, TopPLogitsWarper(top_p, min_tokens_to_keep=keep)])
+    processors = LogitsProcessorList([*processors, TopPLogitsWarper(top_p, min_tokens_to_keep=keep_p)])
     base = "gaussian" if kind in ("tie_at_kth", "tie_at_cut", "signed_zero") else kind
     rows = _constructed(kind, _rows(base, 4, width, generator), max(top_k, keep), top_p, generator)
     ids = torch.randint(0, width, (4, 3), generator=generator)
