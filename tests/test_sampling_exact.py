@@ -430,6 +430,21 @@ def test_torch_random_decide_rates():
     assert chi_square_pvalue(counts, want, n) > 1e-3
 
 
+def test_torch_random_draws_by_mass_and_never_a_column_without_it():
+    """Inverse transform draws: frequencies as the distribution's, zero-mass columns (first, inner, last) never
+    drawn, and the doubt flag read with the outcome voids it."""
+    src = TorchRandom(torch.Generator().manual_seed(1))
+    dist = torch.tensor([0.0, 0.1, 0.0, 0.6, 0.3, 0.0], dtype=torch.float64)
+    n, counts = 20000, defaultdict(int)
+    for _ in range(n):
+        counts[int(src.draw(dist))] += 1
+    assert set(counts) <= {1, 3, 4}
+    assert chi_square_pvalue(counts, {t: float(dist[t]) for t in (1, 3, 4)}, n) > 1e-3
+    assert all(int(src.draw(torch.eye(6, dtype=torch.float64)[t])) == t for t in range(6))
+    assert src.decide(None, [dist], doubt=torch.tensor(True)) is None
+    assert src.decide(None, [torch.eye(6)[5]], doubt=torch.tensor(False)) == (None, [5])
+
+
 # --------------------------------------------------------------------------- select_children
 
 

@@ -68,8 +68,9 @@ class TorchRandom:
         cdf = dist.to(where).cumsum(0)
         total = cdf[-1:]
         uniform = torch.rand(1, dtype=cdf.dtype, generator=self.generator, device=where)
-        below_total = torch.minimum(uniform * total, total.nextafter(torch.zeros_like(total)))  # rounding: < total
-        return torch.searchsorted(cdf, below_total, right=True).clamp(max=len(cdf) - 1).to(dist.device)
+        token = torch.searchsorted(cdf, uniform * total, right=True)
+        last = (cdf < total).sum(0, keepdim=True)  # the last column with mass, should `uniform * total` round up
+        return torch.minimum(token, last).to(dist.device)
 
 
 def _work_dtype(device: torch.device) -> torch.dtype:
