@@ -10,7 +10,9 @@ passes are cheap, so what is left is what the engine costs around them: host rou
 
 `--compare-general` also runs every speculative method on the general processor path (Transformers' processors
 on the draft side too, as before `core/narrowed.py`), interleaved prompt by prompt with the default path, so both
-see the same machine load.
+see the same machine load. `--compare-before-21d` does the same with the engine as it was before branch issue21d
+(the target's rows on Transformers' path, `torch.multinomial` draws, target sampling walked node by node on the
+host with every leaf child's row processed and drawn at its parent).
 
 Prints a table of medians (over prompts) and writes JSON with the machine (CPU model, flags, torch version).
 """
@@ -109,6 +111,37 @@ def general_path() -> contextlib.AbstractContextManager:
     return mock.patch.object(processing, "narrowed_plan", lambda processors: None)
 
 
+def before_21d() -> contextlib.AbstractContextManager:
+    """The engine before branch issue21d, patched in: see the module's docstring."""
+    from hf_specdec.verification import sampling
+
+    def multinomial(self, dist: torch.Tensor) -> torch.Tensor:
+        where = self.generator.device if self.generator is not None else dist.device
+        return torch.multinomial(dist.to(where), 1, generator=self.generator).to(dist.device)
+
+    def host_walk(self, tree, target_scores, generator=None, *, source=None):
+        source = source or sampling.TorchRandom(generator)
+        tokens, children_of = tree.host(tokens=True).tokens, tree.host().children()
+        dtype = sampling._work_dtype(target_scores.device)
+
+        def choose(node: int, children: list[int]):
+            leaves = [child for child in children if not children_of[child]]
+            _, drawn = sampling._decide(source, target_scores, [node, *leaves],
+                                        lambda rows: (None, sampling._target_dists(rows, dtype)))
+            for child in children:
+                if tokens[child] == drawn[0]:
+                    return child, (drawn[1 + leaves.index(child)] if child in leaves else None)
+            return None, drawn[0]
+
+        return sampling.walk_down(tree, choose)
+
+    stack = contextlib.ExitStack()
+    stack.enter_context(mock.patch.object(processing.NodeScores, "tentative", lambda self, nodes: (self[nodes], None)))
+    stack.enter_context(mock.patch.object(sampling.TorchRandom, "draw", multinomial))
+    stack.enter_context(mock.patch.object(sampling.TargetSampleVerifier, "verify", host_walk))
+    return stack
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--output", type=Path, default=Path("benchmarks/engine-overhead/results.json"))
@@ -118,6 +151,8 @@ def main() -> None:
     parser.add_argument("--modes", nargs="*", default=["greedy", "sampled"], choices=["greedy", "sampled"])
     parser.add_argument("--compare-general", action="store_true",
                         help="Also run each speculative method on the general processor path, interleaved.")
+    parser.add_argument("--compare-before-21d", action="store_true",
+                        help="Also run each speculative method on the engine before branch issue21d, interleaved.")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     target = peaky_model(0)
@@ -137,6 +172,8 @@ def main() -> None:
             variants = {name: contextlib.nullcontext}
             if args.compare_general and "speculation" in kwargs:
                 variants[f"{name} (general path)"] = general_path
+            if args.compare_before_21d and "speculation" in kwargs:
+                variants[f"{name} (before 21d)"] = before_21d
             runs: dict[str, list[dict]] = {variant: [] for variant in variants}
             for prompt in prompts:  # interleaved: every variant sees each prompt back to back
                 for variant, context in variants.items():

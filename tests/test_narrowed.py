@@ -3,7 +3,9 @@
 The claim: bit-identical to Transformers whenever its sort puts equal scores in column order (a stable sort), on
 every row (ties at the k-th value, at the top-p cut, -inf present, bfloat16-rounded scores, temperature before and
 after, min_tokens_to_keep); with the default (unstable) CPU sort, only which of the columns tied at the cut survive
-may differ, never their number or the other columns. Only the draft side takes the narrowed path.
+may differ, never their number or the other columns, and every such row is flagged. The draft side takes the narrowed
+rows as they are; the target side (`NodeScores.tentative`) sends the flagged rows back to Transformers' path, so what
+it settles on is Transformers' own rows, bit for bit, with the default sort.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ from unittest import mock
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from transformers import (
     LogitsProcessorList,
     MinPLogitsWarper,
@@ -24,7 +28,7 @@ from transformers import (
 import hf_specdec  # noqa: F401  (installs `speculation=`)
 from hf_specdec import SpecExecConfig, TokenTree, TreeConfig
 from hf_specdec.core import narrowed
-from hf_specdec.core.processing import process_tree_scores
+from hf_specdec.core.processing import NodeScores, process_tree_scores
 from tests.tiny import tiny_model
 
 _SORT = torch.sort
@@ -68,7 +72,7 @@ def _cases(seed: int):
 def _narrowed(processors: LogitsProcessorList, rows: torch.Tensor) -> torch.Tensor:
     plan = narrowed.narrowed_plan(processors)
     assert plan is not None
-    return narrowed.apply_narrowed(plan, torch.zeros(len(rows), 2, dtype=torch.long), rows.clone())
+    return narrowed.apply_narrowed(plan, torch.zeros(len(rows), 2, dtype=torch.long), rows.clone())[0]
 
 
 def test_bit_identical_to_transformers_with_ties_in_column_order():
@@ -98,18 +102,80 @@ def test_with_transformers_default_sort_only_the_tied_columns_at_the_cut_may_dif
     differing = 0
     for processors, rows in _cases(2):
         expected = processors(torch.zeros(len(rows), 2, dtype=torch.long), rows.clone())
-        got = _narrowed(processors, rows)
-        for mine, theirs in zip(got, expected):
+        got, unsure = narrowed.apply_narrowed(narrowed.narrowed_plan(processors), None, rows.clone())
+        for mine, theirs, flagged in zip(got, expected, unsure):
             kept, their_kept = mine > -float("inf"), theirs > -float("inf")
             assert kept.sum() == their_kept.sum()
             assert torch.equal(mine[kept & their_kept], theirs[kept & their_kept])
             moved = kept ^ their_kept
             if moved.any():  # same count kept: the moved columns all hold the cut's score, in both
                 differing += 1
+                assert flagged  # the target side never keeps such a row
                 cut = theirs[their_kept].min()
                 assert mine[kept].min() == cut
                 assert (mine[moved & kept] == cut).all() and (theirs[moved & their_kept] == cut).all()
     assert differing > 0  # the tie rows really straddle the cut sometimes: the comparison above is not vacuous
+
+
+def _constructed(kind: str, rows: torch.Tensor, top_k: int, top_p: float, generator: torch.Generator) -> torch.Tensor:
+    """Rows with a tie made where it matters: at the k-th value, or across the top-p cut (the last removed column
+    given the first kept one's score), or a signed zero next to a zero."""
+    rows = rows.clone()
+    for row in rows:
+        order = _SORT(row, stable=True).indices  # ascending
+        finite = int(torch.isfinite(row).sum())
+        if kind == "tie_at_kth" and finite > top_k:
+            row[order[-1 - int(torch.randint(top_k, finite, (1,), generator=generator))]] = row[order[-top_k]]
+        elif kind == "tie_at_cut":
+            filtered = TopKLogitsWarper(top_k)(None, row[None])[0]
+            ascending = _SORT(filtered, stable=True)
+            removed = int((ascending.values.softmax(-1).cumsum(-1) <= 1 - top_p).sum().clamp(max=len(row) - 1))
+            if removed > 0:
+                row[ascending.indices[removed - 1]] = ascending.values[removed]
+        elif kind == "signed_zero":
+            row[order[-1]], row[order[-2]] = 0.0, -0.0
+    return rows
+
+
+@settings(max_examples=250, deadline=None)
+@given(width=st.sampled_from([41, 300, 2_000, 20_000]), top_k=st.integers(1, 60), keep=st.integers(1, 4),
+       keep_p=st.integers(1, 8), top_p=st.floats(0.0, 1.0),
+       temperature=st.sampled_from([None, "before", "after", "both"]),
+       kind=st.sampled_from(["gaussian", "ties", "bfloat16", "infinite", "tie_at_kth", "tie_at_cut", "signed_zero"]),
+       seed=st.integers(0, 2**31 - 1))
+def test_target_rows_are_transformers_own_bit_for_bit(width, top_k, keep, keep_p, top_p, temperature, kind, seed):
+    """Transformers' default (unstable) sort: every row not flagged is its result bit for bit, and what NodeScores
+    settles on (flagged rows recomputed on its path) is its result for every row. Top-p may keep more columns than
+    the top-k left (`keep_p`): the cut then falls among the -inf columns."""
+    generator = torch.Generator().manual_seed(seed)
+    processors = [TemperatureLogitsWarper(0.7)] if temperature in ("before", "both") else []
+    processors += [TopKLogitsWarper(top_k, min_tokens_to_keep=keep)]
+    processors += [TemperatureLogitsWarper(1.3)] if temperature in ("after", "both") else []
+    processors = LogitsProcessorList([*processors, TopPLogitsWarper(top_p, min_tokens_to_keep=keep_p)])
+    base = "gaussian" if kind in ("tie_at_kth", "tie_at_cut", "signed_zero") else kind
+    rows = _constructed(kind, _rows(base, 4, width, generator), max(top_k, keep), top_p, generator)
+    ids = torch.randint(0, width, (4, 3), generator=generator)
+    expected = processors(ids, rows.clone())
+    got, unsure = narrowed.apply_narrowed(narrowed.narrowed_plan(processors), ids, rows.clone())
+    for mine, theirs, flagged in zip(got, expected, unsure):
+        assert flagged or torch.equal(mine, theirs)
+    for row in range(4):  # one node per row, as a walking verifier reads them
+        tree = TokenTree.from_parents([int(ids[row, -1])], [-1])
+        scores = NodeScores(processors, ids[row : row + 1, :-1], tree, rows[row : row + 1])
+        tentative, doubt = scores.tentative([0])
+        assert (doubt is not None) and bool(doubt) == bool(unsure[row])
+        assert bool(doubt) or torch.equal(tentative[0], expected[row])
+        scores.settle([0], doubted=bool(doubt))
+        assert torch.equal(scores[0], expected[row])
+
+
+def test_flags_are_raised_where_ties_straddle_the_cut():
+    """The constructed ties do straddle the cut, and are flagged: the test above is not vacuous."""
+    generator = torch.Generator().manual_seed(5)
+    processors = LogitsProcessorList([TopKLogitsWarper(40), TopPLogitsWarper(0.7)])
+    rows = _constructed("tie_at_cut", _rows("gaussian", 64, 2_000, generator), 40, 0.7, generator)
+    _, unsure = narrowed.apply_narrowed(narrowed.narrowed_plan(processors), None, rows)
+    assert unsure.float().mean() > 0.5
 
 
 @pytest.mark.parametrize("processors", [
@@ -133,11 +199,12 @@ def test_any_processor_may_come_before_the_top_k():
     with mock.patch("torch.sort", _stable_sort):
         expected = processors(ids, rows.clone())
     plan = narrowed.narrowed_plan(processors)
-    assert torch.equal(narrowed.apply_narrowed(plan, ids, rows.clone()), expected)
+    assert torch.equal(narrowed.apply_narrowed(plan, ids, rows.clone())[0], expected)
 
 
-def test_target_side_keeps_transformers_own_path():
-    """A row whose tie straddles the cut: the target's scores are Transformers' own, the draft's the narrowed ones."""
+def test_target_side_settles_on_transformers_own_rows():
+    """A row whose tie straddles the cut: `process_tree_scores` and a settled NodeScores row are Transformers' own, the
+    draft's (any_tie_order) the narrowed one."""
     processors = LogitsProcessorList([TopKLogitsWarper(50), TopPLogitsWarper(0.5)])
     generator = torch.Generator().manual_seed(4)
     tree = TokenTree.from_parents([0], [-1])
@@ -149,6 +216,14 @@ def test_target_side_keeps_transformers_own_path():
         if not torch.equal(theirs, narrow):
             assert torch.equal(process_tree_scores(processors, prefix, tree, logits), theirs)
             assert torch.equal(process_tree_scores(processors, prefix, tree, logits, any_tie_order=True), narrow)
+            scores = NodeScores(processors, prefix, tree, logits)
+            tentative, doubt = scores.tentative([0])
+            assert torch.equal(tentative, narrow) and bool(doubt)
+            scores.settle([0], doubted=True)
+            assert torch.equal(scores[0], theirs[0])
+            unread = NodeScores(processors, prefix, tree, logits)
+            unread.tentative([0])
+            assert torch.equal(unread[0], theirs[0])  # indexing never hands out an unsettled row
             return
     pytest.fail("no row straddled the cut")
 

@@ -14,6 +14,7 @@ import torch
 from hf_specdec import ChainConfig, SequoiaConfig, SpecExecConfig, StagedConfig, TokenTree, TreeConfig
 from hf_specdec.planning.sequoia import plan_tree
 from hf_specdec.verification.greedy import GreedyVerifier
+from hf_specdec.verification.sampling import TargetSampleVerifier
 from tests.conftest import random_prompt
 from tests.roundtrips import count_round_trips
 
@@ -61,32 +62,45 @@ SAMPLED = {
     "chain": ChainConfig(num_draft_tokens=4),
     "tree": TreeConfig(widths=[3, 2]),
     "sequoia": SequoiaConfig(plan=plan_tree([0.6, 0.2, 0.1, 0.05], 32, 6)),
-}
-#: verified by target sampling, which reads once per visited node with children (see the test)
-SAMPLED_WALKING = {
+    # verified by target sampling, a walk on the device (verification/sampling.py, TargetWalk)
     "specexec": SpecExecConfig(budget=32, max_depth=6, width=4),
     "staged": StagedConfig(budget=32, max_depth=6),
 }
+TARGET_SAMPLED = ("specexec", "staged")
 
 
-@pytest.mark.parametrize("name", sorted(SAMPLED) + sorted(SAMPLED_WALKING))
-def test_sampled_step_reads(tiny_pair, name):
-    """Residual verification decides each visited node in one read and draws a leaf's bonus token with its parent's
-    decision, so a step reads at most once per draft pass + 2. Target sampling reads once per visited node with
-    children: at most its emitted tokens (accepted + bonus) + 1."""
+def sampled_steps(tiny_pair, name):
     target, draft = tiny_pair
     ids = random_prompt(torch.Generator().manual_seed(3), 6)
-    config = SAMPLED.get(name) or SAMPLED_WALKING[name]
     torch.manual_seed(0)
     with count_round_trips(target, draft) as counts:
-        target.generate(ids, assistant_model=draft, speculation=config, max_new_tokens=30, do_sample=True,
+        target.generate(ids, assistant_model=draft, speculation=SAMPLED[name], max_new_tokens=30, do_sample=True,
                         temperature=0.7, top_k=50, top_p=0.9)
     first, *steps, last = counts.steps
     assert len(counts.steps) > 2 and sum(step.draft_passes for step in steps) > 0
+    return steps
+
+
+@pytest.mark.parametrize("name", sorted(SAMPLED))
+def test_sampled_step_reads_at_most_draft_passes_plus_two(tiny_pair, name, monkeypatch):
+    """Residual verification decides each visited node in one read and draws a leaf's bonus token with its parent's
+    decision; target sampling walks every level on the device and reads once, as it does off the CPU
+    (`TargetSampleVerifier.stop_early`). Either way a step reads at most once per draft pass + 2. The target's rows
+    are narrowed (top-p in linear time), their flags read with those outcomes: no read of their own."""
+    monkeypatch.setattr(TargetSampleVerifier, "stop_early", False)
+    steps = sampled_steps(tiny_pair, name)
     for step in steps:
-        verdict_reads = 1 if name in SAMPLED else step.emitted
-        assert step.reads <= step.draft_passes + 1 + verdict_reads, (name, [(s.reads, s.draft_passes, s.emitted)
-                                                                            for s in counts.steps])
+        assert step.reads <= step.draft_passes + 2, (name, [(s.reads, s.draft_passes) for s in steps])
+
+
+@pytest.mark.parametrize("name", TARGET_SAMPLED)
+def test_sampled_target_walk_on_cpu_reads_once_per_level_it_reaches(tiny_pair, name):
+    """On CPU (a read waits for nothing) the walk reads after each level and stops where it ends: at most its
+    emitted tokens (accepted + bonus) + 1 for the stopping check."""
+    steps = sampled_steps(tiny_pair, name)
+    for step in steps:
+        assert step.reads <= step.draft_passes + 1 + step.emitted, (name, [(s.reads, s.draft_passes, s.emitted)
+                                                                           for s in steps])
 
 
 def test_greedy_verifier_follows_the_first_drafted_of_repeated_siblings():

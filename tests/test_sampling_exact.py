@@ -148,6 +148,12 @@ class Script:
             rank = self._choose([*options, (None, missed)])
         return rank, LazyDraws(self, dists)
 
+    def draw(self, dist):
+        """A token of `dist`, enumerated now: a walk on the device draws level after level before it reads."""
+        probs = dist.tolist()
+        assert abs(sum(probs) - 1) < 1e-9 and all(p >= 0 for p in probs)
+        return torch.tensor([self._choose(list(enumerate(probs)))])
+
 
 class LazyDraws:
     """A `Script`'s tokens for `dists`: each branch point is opened when the verifier reads that token."""
@@ -215,6 +221,15 @@ def total_variation(a: dict, b: dict) -> float:
     return 0.5 * sum(abs(a.get(k, 0.0) - b.get(k, 0.0)) for k in set(a) | set(b))
 
 
+class OneReadTargetSample(TargetSampleVerifier):
+    """Target sampling as on an accelerator: every level of the walk runs on the device, then one read."""
+
+    stop_early = False
+
+
+TARGET_SAMPLING = [TargetSampleVerifier, OneReadTargetSample]
+
+
 def depth(spec: list) -> int:
     return 1 + max((depth(s) for s in spec), default=0) if spec else 0
 
@@ -239,7 +254,7 @@ CASES = {
 GRID = [(c, s) for c in CASES for s in SHAPES if s != "widths22" or c in ("sparse", "dense")]
 
 
-@pytest.mark.parametrize("verifier_cls", [SequoiaVerifier, SpecInferVerifier, TargetSampleVerifier])
+@pytest.mark.parametrize("verifier_cls", [SequoiaVerifier, SpecInferVerifier, *TARGET_SAMPLING])
 @pytest.mark.parametrize("case_name,shape", GRID)
 def test_exact_distribution(verifier_cls, shape, case_name):
     spec = SHAPES[shape]
@@ -266,11 +281,12 @@ def test_exact_with_mismatched_supports():
         assert accepted == 0.0
 
 
-def test_target_sample_exact_on_arbitrary_fixed_trees():
+@pytest.mark.parametrize("verifier_cls", TARGET_SAMPLING)
+def test_target_sample_exact_on_arbitrary_fixed_trees(verifier_cls):
     """Any tree fixed in advance works: banned tokens, duplicated siblings, every token drafted."""
     case = Case(seed=21, vocab=5, banned=0.4)
     for nested in ([(3, [(0, [])]), (2, []), (3, [(1, [])])], [(t, [(t, [])]) for t in range(5)]):
-        got, _ = speculative_joint(case, None, TargetSampleVerifier(), 3, trees=[(1.0, nested)])
+        got, _ = speculative_joint(case, None, verifier_cls(), 3, trees=[(1.0, nested)])
         assert total_variation(got, target_joint(case, case.prompt, 3)) < 1e-9
 
 
@@ -336,7 +352,7 @@ def sample_step(case: Case, shape: list[int], verifier, generator: torch.Generat
     return emitted[0], emitted[1]
 
 
-@pytest.mark.parametrize("verifier_cls", [SequoiaVerifier, SpecInferVerifier, TargetSampleVerifier])
+@pytest.mark.parametrize("verifier_cls", [SequoiaVerifier, SpecInferVerifier, *TARGET_SAMPLING])
 def test_monte_carlo_matches_target(verifier_cls):
     case = Case(seed=3, vocab=5, banned=0.2)
     cache_t, cache_q = {}, {}
@@ -385,7 +401,7 @@ def test_acceptance_ranks_reported():
     scores = torch.full((5, 10), -math.inf)
     scores[0, 2] = 0.0
     scores[1:, 3] = 0.0
-    for cls in (SequoiaVerifier, SpecInferVerifier, TargetSampleVerifier):
+    for cls in (SequoiaVerifier, SpecInferVerifier, *TARGET_SAMPLING):
         verdict = cls().verify(tree, scores, torch.Generator().manual_seed(0))
         assert verdict.path == [0, 3, 4] and verdict.accepted_ranks == [2, 0] and verdict.bonus_token == 3
 
@@ -412,6 +428,21 @@ def test_torch_random_decide_rates():
         counts[rank, token] += 1
     want = {(r, t): w * float(residual[t]) for r, w in ((0, 0.3), (1, 0.35), (None, 0.35)) for t in (1, 2)}
     assert chi_square_pvalue(counts, want, n) > 1e-3
+
+
+def test_torch_random_draws_by_mass_and_never_a_column_without_it():
+    """Inverse transform draws: frequencies as the distribution's, zero-mass columns (first, inner, last) never
+    drawn, and the doubt flag read with the outcome voids it."""
+    src = TorchRandom(torch.Generator().manual_seed(1))
+    dist = torch.tensor([0.0, 0.1, 0.0, 0.6, 0.3, 0.0], dtype=torch.float64)
+    n, counts = 20000, defaultdict(int)
+    for _ in range(n):
+        counts[int(src.draw(dist))] += 1
+    assert set(counts) <= {1, 3, 4}
+    assert chi_square_pvalue(counts, {t: float(dist[t]) for t in (1, 3, 4)}, n) > 1e-3
+    assert all(int(src.draw(torch.eye(6, dtype=torch.float64)[t])) == t for t in range(6))
+    assert src.decide(None, [dist], doubt=torch.tensor(True)) is None
+    assert src.decide(None, [torch.eye(6)[5]], doubt=torch.tensor(False)) == (None, [5])
 
 
 # --------------------------------------------------------------------------- select_children

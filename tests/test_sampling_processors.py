@@ -22,9 +22,10 @@ from transformers import (
 
 from hf_specdec import TokenTree
 from hf_specdec.core import processing
-from hf_specdec.verification import SequoiaVerifier, SpecInferVerifier, TargetSampleVerifier, Verdict
+from hf_specdec.verification import SequoiaVerifier, SpecInferVerifier, TargetSampleVerifier, Verdict, sampling
 from tests.test_sampling_exact import (
     SHAPES,
+    TARGET_SAMPLING,
     Case,
     depth,
     speculative_joint,
@@ -149,8 +150,138 @@ def test_node_scores_process_only_the_rows_read_and_equal_the_batch(monkeypatch)
                                       TopKLogitsWarper(20), TopPLogitsWarper(0.9)])
     batch = processing.process_tree_scores(processors, prefix_ids, tree, raw)
     lazy = processing.NodeScores(processors, prefix_ids, tree, raw)
-    calls, real = [], processing.process_tree_scores
-    monkeypatch.setattr(processing, "process_tree_scores", lambda *args: calls.append(args[-1]) or real(*args))
+    calls, real = [], processing._process
+    monkeypatch.setattr(processing, "_process", lambda *args: calls.append(args[4]) or real(*args))
     assert torch.equal(lazy[4], batch[4]) and torch.equal(lazy[[0, 1, 4]], batch[[0, 1, 4]])
     assert torch.equal(lazy[4], batch[4])
     assert calls == [[4], [0], [1]]  # each row read is processed once; the other four never
+
+
+# --------------------------------------------------------------------------- ties at the top-p cut, target side
+
+
+class TiedCutCase(ProcessedCase):
+    """Integer logits (-2..2) over 32 tokens, top-k 4 then top-p 0.6: ties straddle the top-p cut often, and which tied
+    token survives is decided by Transformers' sort (not stable beyond 16 columns), not by column order. The draft
+    proposes from 3 tokens (its own top-3), so the enumeration stays small."""
+
+    def raw(self, prefix: tuple[int, ...]) -> torch.Tensor:
+        return torch.round(toy_logits(self.seed, prefix, self.vocab, 0.0, temperature=2.0))
+
+    def draft_q(self, prefix: tuple[int, ...]) -> torch.Tensor:
+        if self.same:  # the draft proposes the target's own tokens: the walk goes below the root
+            return super().draft_q(prefix)
+        logits = toy_logits(self.seed + 1000, prefix, self.vocab, 0.0, temperature=1.3)
+        return TopKLogitsWarper(3)(None, logits[None])[0].softmax(-1)
+
+
+def tied_processors() -> LogitsProcessorList:
+    return LogitsProcessorList([TemperatureLogitsWarper(0.7), TopKLogitsWarper(4), TopPLogitsWarper(0.6)])
+
+
+def raw_tree(case: ProcessedCase, nested) -> tuple:
+    """The drafted tree and the raw logits of its nodes (the verifier below processes them as the loop does)."""
+    tree, _ = to_token_tree(case, nested)
+    tokens = tree.tokens.tolist()
+    return tree, torch.stack([case.raw(case.prompt + tuple(tokens[i] for i in tree.path_to(n)[1:]))
+                              for n in range(len(tree))])
+
+
+class Doubting:
+    """A `Script` that reads the doubt flag with each outcome, as TorchRandom does."""
+
+    def __init__(self, script, voided: list) -> None:
+        self.script, self.voided = script, voided
+
+    def decide(self, accept, dists, doubt=None):
+        if doubt is not None and bool(doubt):
+            self.voided.append(1)
+            return None  # nothing enumerated: the verifier corrects its rows and asks again
+        return self.script.decide(accept, dists)
+
+    def draw(self, dist):
+        return self.script.draw(dist)
+
+
+class OnNodeScores:
+    """The verifier as the loop runs it: a fresh NodeScores over the raw logits per run (narrowed rows, flagged)."""
+
+    def __init__(self, inner, case: ProcessedCase) -> None:
+        self.inner, self.case, self.voided, self.flagged = inner, case, [], []
+        self.name, self.child_selection = inner.name, inner.child_selection
+
+    def verify(self, tree, raw, generator=None, *, source):
+        scores = processing.NodeScores(self.case.processors, torch.tensor([self.case.prompt[:-1]]), tree, raw)
+        row_at = scores.row_at
+
+        def counted(node, walked, narrow):  # the device walk reads its flags itself: count the raised ones
+            row, flag = row_at(node, walked, narrow)
+            self.flagged.append(flag is not None and bool(flag))
+            return row, flag
+
+        scores.row_at = counted
+        return self.inner.verify(tree, scores, source=Doubting(source, self.voided))
+
+
+def tied_error(verifier_cls, shape: str, seed: int = 23) -> tuple[float, int]:
+    """Seed 23: every row flagged, the root's included; 36: the root's row not, its children's all, and the draft
+    is the target (its children are the target's likeliest tokens)."""
+    case = TiedCutCase(seed, 32, tied_processors(), prompt=(1, 2, 1), same=seed == 36)
+    verifier = OnNodeScores(verifier_cls(), case)
+    length = depth(SHAPES[shape]) + 1
+    got, _ = speculative_joint(case, SHAPES[shape], verifier, length, build=raw_tree)
+    assert abs(sum(got.values()) - 1) < 1e-9
+    return total_variation(got, target_joint(case, case.prompt, length)), len(verifier.voided) + sum(verifier.flagged)
+
+
+TIED_VERIFIERS = [SequoiaVerifier, SpecInferVerifier, *TARGET_SAMPLING]
+
+
+@pytest.mark.parametrize("verifier_cls", TIED_VERIFIERS)
+@pytest.mark.parametrize("shape", ["chain2", "star3"])
+def test_exact_when_ties_straddle_the_top_p_cut(verifier_cls, shape):
+    """The target's rows are narrowed, flagged rows decided again on Transformers' rows: exact, and the flags did
+    fire."""
+    error, flagged = tied_error(verifier_cls, shape)
+    assert error < TOLERANCE and flagged > 0
+
+
+@pytest.mark.parametrize("verifier_cls", TARGET_SAMPLING)
+@pytest.mark.parametrize("shape", ["chain2", "widths22"])
+def test_exact_when_only_rows_below_the_root_are_flagged(verifier_cls, shape):
+    """The walk meets a flagged row only on some paths: that level is decided again, the ones above it stand."""
+    error, flagged = tied_error(verifier_cls, shape, seed=36)
+    assert error < TOLERANCE and flagged > 0
+
+
+@pytest.mark.parametrize("verifier_cls", TIED_VERIFIERS)
+def test_ignoring_the_flags_is_caught(monkeypatch, verifier_cls):
+    """Flags never raised: the narrowed rows' tie order (lowest ids dropped) decides, not Transformers' sort."""
+    apply = processing.apply_narrowed
+    monkeypatch.setattr(processing, "apply_narrowed", lambda *args: (apply(*args)[0], torch.zeros(1, dtype=bool)))
+    error, _ = tied_error(verifier_cls, "chain2")
+    assert error > 1e-3
+
+
+@pytest.mark.parametrize("verifier_cls", TARGET_SAMPLING)
+def test_a_walk_restarted_from_the_root_on_a_flag_is_caught(monkeypatch, verifier_cls):
+    """Whether a level is flagged depends on the draws above it: dropping those draws too (a restart) biases the walk
+    towards the paths that meet no flagged row. Only the flagged level and what follows may be decided again."""
+    def restart(self, scores, source, stop_early):
+        exact = set(range(self.levels))  # the mutant: every level exact, from the root again
+        for narrow in (True, False):
+            states = [self.start]
+            for _ in range(self.levels):
+                after, flag = self._level(scores, source, states[-1], narrow=narrow)
+                flagged = bool(flag & states[-1].alive) if flag is not None else False
+                states.append(after)
+                if flagged:
+                    break
+            else:
+                alive, end, bonus = (int(t) for t in (states[-1].alive, states[-1].end, states[-1].bonus))
+                return self._verdict(end, bonus, states, scores)
+        raise AssertionError(exact)
+
+    monkeypatch.setattr(sampling.TargetWalk, "run", restart)
+    error, _ = tied_error(verifier_cls, "chain2", seed=36)
+    assert error > 1e-3

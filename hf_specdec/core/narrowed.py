@@ -9,6 +9,12 @@ the sort's order of ties. Here the lowest column ids are removed first, as a sta
 of wide rows, `torch.sort(stable=True)`); the CPU's introsort orders ties arbitrarily. The cut's value and the
 number of columns kept are the same either way, so the path is for scores whose exact tie order does not matter:
 a draft's proposal distribution (the verifiers use the draft scores the tokens were drawn from, whatever they are).
+
+The target's scores must be Transformers' own, bit for bit: each row also gets a flag, true where its result may
+differ (a finite tie straddles a top-p cut, or the row holds NaN or +inf). An unflagged row is Transformers' result
+whatever order its sort gives ties: the cut's value and the number removed are fixed by the sorted values, and with
+no tie across the cut the removed columns are exactly those below the cut. Flagged rows go back to Transformers'
+path (`processing.NodeScores`).
 """
 
 from __future__ import annotations
@@ -38,20 +44,25 @@ def narrowed_plan(processors: LogitsProcessorList) -> tuple[LogitsProcessorList,
 
 
 def apply_narrowed(plan: tuple[LogitsProcessorList, int, LogitsProcessorList], ids: torch.Tensor,
-                   scores: torch.Tensor) -> torch.Tensor:
-    """The processors of `narrowed_plan`, with each top-p computed by `top_p_after_top_k`."""
+                   scores: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The processors of `narrowed_plan`, with each top-p computed by `top_p_after_top_k`; and `(n,)` flags, true
+    for the rows that may differ from Transformers' result (see `top_p_after_top_k`)."""
     head, k, tail = plan
     scores = head(ids, scores)
+    unsure = torch.zeros(len(scores), dtype=torch.bool, device=scores.device)
     for processor in tail:
         if type(processor) is TopPLogitsWarper:
-            scores = top_p_after_top_k(scores, k, processor.top_p, processor.min_tokens_to_keep)
+            scores, flags = top_p_after_top_k(scores, k, processor.top_p, processor.min_tokens_to_keep)
+            unsure |= flags
         else:
             scores = processor(ids, scores)
-    return scores
+    return scores, unsure
 
 
-def top_p_after_top_k(scores: torch.Tensor, top_k: int, top_p: float, min_tokens_to_keep: int) -> torch.Tensor:
-    """`TopPLogitsWarper(top_p, min_tokens_to_keep=...)` on `(n, V)` rows that a -inf top-k of `top_k` has filtered.
+def top_p_after_top_k(scores: torch.Tensor, top_k: int, top_p: float,
+                      min_tokens_to_keep: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """`TopPLogitsWarper(top_p, min_tokens_to_keep=...)` on `(n, V)` rows that a -inf top-k of `top_k` has filtered;
+    and `(n,)` flags: true where the result may not be Transformers' (a finite tie straddles the cut, NaN or +inf).
 
     Every op is linear in V and stays on the rows' device; ties straddling the cut lose their lowest column ids.
     Rows where fewer than k columns are finite (-inf ties at the k-th place) are handled by the same formulas.
@@ -68,8 +79,11 @@ def top_p_after_top_k(scores: torch.Tensor, top_k: int, top_p: float, min_tokens
     remove[..., -min_tokens_to_keep:] = False
     removed = remove.sum(-1, keepdim=True)  # the cumulative sum only grows: the removed positions are a prefix
     cut = ascending.gather(-1, removed.clamp(max=width - 1))  # the smallest surviving score
+    last_removed = ascending.gather(-1, (removed - 1).clamp(min=0))
+    straddles = (removed > 0) & (last_removed == cut) & (cut > -float("inf"))  # -inf ties: filling -inf changes nothing
+    unsure = straddles[:, 0] | top[:, 0].isnan() | top[:, 0].isposinf()  # topk ranks NaN first
     below = scores < cut
     tied = scores == cut
-    tie_rank = tied.cumsum(-1)  # 1-based rank among the columns equal to the cut, by column id
+    tie_rank = tied.cumsum(-1, dtype=torch.int32)  # 1-based rank among the columns equal to the cut, by column id
     drop = below | (tied & (tie_rank <= removed - below.sum(-1, keepdim=True)))
-    return scores.masked_fill(drop, -float("inf"))
+    return scores.masked_fill(drop, -float("inf")), unsure

@@ -30,8 +30,21 @@ def process_tree_scores(
     `any_tie_order`: the caller takes any order among equal scores at a top-p cut (a draft's proposal, which only
     has to be the distribution its tokens are drawn from), so top-p after top-k runs in linear time (`narrowed.py`).
     """
+    return _process(processors, prefix_ids, tree, logits, nodes, any_tie_order)[0]
+
+
+def _process(
+    processors: LogitsProcessorList | None,
+    prefix_ids: torch.Tensor,
+    tree: TokenTree,
+    logits: torch.Tensor,
+    nodes: torch.Tensor | list[int] | None,
+    narrow: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """`process_tree_scores`; with `narrow`, also `(len(nodes),)` flags, true for the rows that may differ from
+    Transformers' own result (None: the general path ran, every row is Transformers')."""
     if not processors:
-        return logits.float()  # no copy when already float32: nothing below writes into it
+        return logits.float(), None  # no copy when already float32: nothing below writes into it
     device = logits.device
     nodes = list(range(len(tree))) if nodes is None else nodes
     nodes = nodes.tolist() if isinstance(nodes, torch.Tensor) else nodes
@@ -41,20 +54,36 @@ def process_tree_scores(
         groups.setdefault(depths[node], []).append(row)
     scores = logits.to(dtype=torch.float32, copy=True)
     prefix_ids = prefix_ids.to(device)
+    unsure = torch.zeros(len(nodes), dtype=torch.bool, device=device)
+    narrowed = False
     for rows in groups.values():
         seqs = tree.prefix_tokens([nodes[row] for row in rows]).to(device)
         ids = torch.cat([prefix_ids.expand(len(rows), -1), seqs], dim=1)
         index = torch.tensor(rows).to(device)
-        scores[index] = _apply(processors, ids, scores[index], any_tie_order)
-    return scores
+        scores[index], flags = process_rows(processors, ids, scores[index], narrow)
+        if flags is not None:
+            unsure[index], narrowed = flags, True
+    return scores, (unsure if narrowed else None)
 
 
-def _apply(processors: LogitsProcessorList, ids: torch.Tensor, scores: torch.Tensor,
-           any_tie_order: bool = False) -> torch.Tensor:
+def process_rows(processors: LogitsProcessorList, ids: torch.Tensor, scores: torch.Tensor,
+                 narrow: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """`processors(ids, scores)` on rows that share a sequence length; with `narrow`, top-p after top-k in linear
+    time where the list allows, and `(n,)` flags, true for the rows that may not be Transformers' (None: its path)."""
+    plan = narrowed_plan(processors) if narrow and not _one_row_at_a_time(processors) else None
+    if plan is None:
+        return _apply(processors, ids, scores), None
+    return apply_narrowed(plan, ids, scores)
+
+
+def _one_row_at_a_time(processors: LogitsProcessorList) -> bool:
+    return any(isinstance(processor, ONE_ROW_AT_A_TIME) for processor in processors)
+
+
+def _apply(processors: LogitsProcessorList, ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
     """`processors(ids, scores)`, with the processors of ONE_ROW_AT_A_TIME called once per row (batch id 0)."""
-    if not any(isinstance(processor, ONE_ROW_AT_A_TIME) for processor in processors):
-        plan = narrowed_plan(processors) if any_tie_order else None
-        return processors(ids, scores) if plan is None else apply_narrowed(plan, ids, scores)
+    if not _one_row_at_a_time(processors):
+        return processors(ids, scores)
     for processor in processors:
         if isinstance(processor, ONE_ROW_AT_A_TIME):
             scores = torch.cat([processor(ids[i : i + 1], scores[i : i + 1]) for i in range(len(ids))])
@@ -68,7 +97,9 @@ class NodeScores:
 
     A sampling verifier walks down from the root and reads a handful of nodes of a tree of dozens or thousands, and
     the processors are most of its cost (top-p sorts the whole vocabulary per row): only the visited rows are
-    processed, each exactly as `process_tree_scores` does it. Index with a node, or a list of nodes.
+    processed, each exactly as `process_tree_scores` does it. Index with a node, or a list of nodes: Transformers'
+    own rows. A verifier that reads a decision's outcome in one transfer can also take `tentative` rows (top-p in
+    linear time, `narrowed.py`) with a flag read in that transfer, then `settle` them.
     """
 
     def __init__(
@@ -76,6 +107,7 @@ class NodeScores:
     ) -> None:
         self.processors, self.prefix_ids, self.tree, self.logits = processors, prefix_ids, tree, logits
         self.rows: dict[int, torch.Tensor] = {}
+        self.unsure: dict[int, torch.Tensor] = {}  # tentative rows not settled yet: node -> 0-d flag on the device
 
     @property
     def device(self) -> torch.device:
@@ -88,7 +120,47 @@ class NodeScores:
         if isinstance(node, list):
             return torch.stack([self[n] for n in node])
         node = int(node)
-        if node not in self.rows:
-            row = self.logits[node : node + 1]
-            self.rows[node] = process_tree_scores(self.processors, self.prefix_ids, self.tree, row, [node])[0]
+        if node not in self.rows or node in self.unsure:  # an unsettled row may not be Transformers': recompute
+            self.unsure.pop(node, None)
+            self._process([node], narrow=False)
         return self.rows[node]
+
+    def tentative(self, nodes: list[int]) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The rows of `nodes`, narrowed where the processors allow; and a 0-d device flag, true when one of them may
+        differ from Transformers' row (None: all are Transformers'). Read the flag with the outcome that used the
+        rows, in the same transfer, then call `settle`."""
+        self._process([node for node in dict.fromkeys(nodes) if node not in self.rows], narrow=True)
+        flags = [self.unsure[node] for node in nodes if node in self.unsure]
+        return torch.stack([self.rows[node] for node in nodes]), (torch.stack(flags).any() if flags else None)
+
+    def settle(self, nodes: list[int], doubted: bool) -> None:
+        """After reading `tentative`'s flag: the rows are Transformers' (False), or are recomputed on its path."""
+        unsure = [node for node in dict.fromkeys(nodes) if self.unsure.pop(node, None) is not None]
+        if doubted and unsure:
+            self._process(unsure, narrow=False)
+
+    def row_at(self, node: torch.Tensor, walked: torch.Tensor,
+               narrow: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The row of `node`, a `(1,)` index on the device (never read), whose tokens from the root are `walked`;
+        narrowed as in `tentative`, with its `(1,)` flag (None: Transformers' row). Not kept: see `keep`."""
+        row = self.logits.index_select(0, node).float()
+        if not self.processors:
+            return row[0], None
+        ids = torch.cat([self.prefix_ids.to(row.device), walked[None]], dim=1)
+        row, flag = process_rows(self.processors, ids, row, narrow)
+        return row[0], flag
+
+    def keep(self, node: int, row: torch.Tensor) -> None:
+        """Keep a row of `row_at` known to be Transformers' (its flag read false, or None)."""
+        self.rows[node] = row
+        self.unsure.pop(node, None)
+
+    def _process(self, nodes: list[int], narrow: bool) -> None:
+        if not nodes:
+            return
+        index = torch.tensor(nodes).to(self.logits.device)
+        rows, unsure = _process(self.processors, self.prefix_ids, self.tree, self.logits[index], nodes, narrow)
+        for i, node in enumerate(nodes):
+            self.rows[node] = rows[i]
+            if unsure is not None:
+                self.unsure[node] = unsure[i]

@@ -9,11 +9,13 @@ the default one uses a `torch.Generator` (or the global RNG), so seeded runs rep
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import ClassVar, Protocol
 
 import torch
 
+from ..core.processing import NodeScores
 from ..core.tree import TokenTree
 from .base import Verdict, walk_down
 from .registry import register_verifier
@@ -25,7 +27,15 @@ class RandomSource(Protocol):
     def decide(self, accept: torch.Tensor | None, dists: list[torch.Tensor]) -> tuple[int | None, Sequence[int]]:
         """Trials `i = 0..k-1`, each succeeding with probability `accept[i]` `(k,)`: the first that succeeds (None:
         none does, or no trials); and a token drawn from each normalized distribution in `dists` `(V,)`, of which
-        the verifier uses at most one. Everything is drawn independently, so the unused draws change nothing."""
+        the verifier uses at most one. Everything is drawn independently, so the unused draws change nothing.
+
+        A source may also take `doubt=`, a 0-d bool tensor read with the outcome: when true it returns None (the
+        rows the distributions came from were not the target's; the verifier corrects them and asks again)."""
+        ...
+
+    def draw(self, dist: torch.Tensor) -> torch.Tensor:
+        """A token drawn from the normalized distribution `dist` `(V,)`, as a `(1,)` long tensor on its device that
+        nothing has read: a walk on the device draws level after level and reads once at the end."""
         ...
 
 
@@ -36,17 +46,31 @@ class TorchRandom:
     def __init__(self, generator: torch.Generator | None = None) -> None:
         self.generator = generator
 
-    def decide(self, accept: torch.Tensor | None, dists: list[torch.Tensor]) -> tuple[int | None, list[int]]:
+    def decide(self, accept: torch.Tensor | None, dists: list[torch.Tensor],
+               doubt: torch.Tensor | None = None) -> tuple[int | None, list[int]] | None:
         device = accept.device if accept is not None else dists[0].device
         where = self.generator.device if self.generator is not None else device  # no generator: that device's RNG
-        drawn = [torch.multinomial(d.to(where), 1, generator=self.generator).to(device) for d in dists]
+        drawn = [self.draw(d) for d in dists]
+        flag = torch.zeros(1, dtype=torch.long, device=device) if doubt is None else doubt.reshape(1).to(device).long()
         if accept is None:
-            return None, torch.cat(drawn).tolist()
+            *tokens, doubted = torch.cat([*drawn, flag]).tolist()
+            return None if doubted else (None, tokens)
         k = len(accept)
         uniforms = torch.rand(k, dtype=accept.dtype, generator=self.generator, device=where).to(device)
         first = torch.where(uniforms < accept, torch.arange(k, device=device), k).amin(0, keepdim=True)
-        rank, *tokens = torch.cat([first, *drawn]).tolist()
-        return (rank if rank < k else None), tokens
+        rank, *tokens, doubted = torch.cat([first, *drawn, flag]).tolist()
+        return None if doubted else ((rank if rank < k else None), tokens)
+
+    def draw(self, dist: torch.Tensor) -> torch.Tensor:
+        """Inverse transform sampling, as `torch.multinomial` does it (the first column whose cumulative mass passes a
+        uniform draw), without its 3-4 ms per 150k-wide row on a CPU; columns of no mass are never drawn."""
+        where = self.generator.device if self.generator is not None else dist.device
+        cdf = dist.to(where).cumsum(0)
+        total = cdf[-1:]
+        uniform = torch.rand(1, dtype=cdf.dtype, generator=self.generator, device=where)
+        token = torch.searchsorted(cdf, uniform * total, right=True)
+        last = (cdf < total).sum(0, keepdim=True)  # the last column with mass, should `uniform * total` round up
+        return torch.minimum(token, last).to(dist.device)
 
 
 def _work_dtype(device: torch.device) -> torch.dtype:
@@ -63,10 +87,34 @@ def _without(t: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     return t.index_fill(0, x, 0)
 
 
-def _target_dists(target_scores: torch.Tensor, nodes: list[int], dtype: torch.dtype) -> list[torch.Tensor]:
-    """The target's distributions at `nodes`: a visited node's children that are leaves get their bonus token drawn
-    with the node's own decision (one read per visited node with children, none for the leaf the walk ends on)."""
-    return [target_scores[node].to(dtype).softmax(-1) for node in nodes]
+def _decide(source: RandomSource, target_scores: torch.Tensor | NodeScores, nodes: list[int],
+            trials: Callable[[torch.Tensor], tuple[torch.Tensor | None, list[torch.Tensor]]]):
+    """`source.decide(*trials(rows))`, `rows` the target's processed scores at `nodes` `(len(nodes), V)`: a visited
+    node and its children that are leaves, whose bonus tokens are drawn with the node's own decision (one read per
+    visited node with children, none for the leaf the walk ends on).
+
+    From `NodeScores` the rows are tentative (top-p in linear time) and the flag saying one may not be Transformers'
+    row is read with the outcome: then the outcome is dropped, the rows recomputed on Transformers' path and the node
+    decided afresh. The flag depends on the rows only, never on the draws, so the outcome kept is distributed as a
+    decision on Transformers' rows.
+    """
+    while True:
+        if isinstance(target_scores, NodeScores):
+            rows, doubt = target_scores.tentative(nodes)
+        else:
+            rows, doubt = target_scores[nodes], None
+        accept, dists = trials(rows)
+        if doubt is None:
+            return source.decide(accept, dists)
+        outcome = source.decide(accept, dists, doubt=doubt)
+        target_scores.settle(nodes, doubted=outcome is None)
+        if outcome is not None:
+            return outcome
+
+
+def _target_dists(rows: torch.Tensor, dtype: torch.dtype) -> list[torch.Tensor]:
+    """The target's distributions from its processed rows."""
+    return list(rows.to(dtype).softmax(-1))
 
 
 def _trials(p: torch.Tensor, q: torch.Tensor, xs: torch.Tensor, without_replacement: bool):
@@ -105,20 +153,24 @@ def _residual_verify(
     children_of = tree.host().children()
 
     def choose(node: int, children: list[int]):
-        p = target_scores[node].to(dtype).softmax(-1)
-        if not children:  # a root with nothing drafted below it
-            return None, source.decide(None, [p])[1][0]
-        if tree.draft_probs is None:
+        if children and tree.draft_probs is None:
             raise ValueError("Sampling verifiers need `tree.draft_probs` (the draft distribution at each node).")
-        q = tree.draft_probs[node].to(device=p.device, dtype=dtype)
-        if len(q) != len(p):  # draft and target vocabularies may be padded differently
-            size = max(len(p), len(q))
-            p, q = (torch.nn.functional.pad(t, (0, size - len(t))) for t in (p, q))
-        q = _normalized(q, fallback=q)  # an all-zero row proposes nothing: every child is skipped
-        xs = torch.tensor([tokens[child] for child in children]).to(p.device)
-        accept, residual = _trials(p, q, xs, without_replacement)
         leaves = [child for child in children if not children_of[child]]
-        rank, drawn = source.decide(accept, [residual, *_target_dists(target_scores, leaves, dtype)])
+        xs = torch.tensor([tokens[child] for child in children]).to(target_scores.device)
+
+        def trials(rows: torch.Tensor):
+            p = rows[0].to(dtype).softmax(-1)
+            if not children:  # a root with nothing drafted below it
+                return None, [p]
+            q = tree.draft_probs[node].to(device=p.device, dtype=dtype)
+            if len(q) != len(p):  # draft and target vocabularies may be padded differently
+                size = max(len(p), len(q))
+                p, q = (torch.nn.functional.pad(t, (0, size - len(t))) for t in (p, q))
+            q = _normalized(q, fallback=q)  # an all-zero row proposes nothing: every child is skipped
+            accept, residual = _trials(p, q, xs, without_replacement)
+            return accept, [residual, *_target_dists(rows[1:], dtype)]
+
+        rank, drawn = _decide(source, target_scores, [node, *leaves], trials)
         if rank is None:
             return None, drawn[0]
         child = children[rank]
@@ -171,11 +223,15 @@ class TargetSampleVerifier:
 
     Exact for any tree whose shape and tokens do not depend on the target's randomness (top-k, best-first,
     n-gram drafts): the emitted tokens are literally target samples; the tree only decides how many per step.
+    The walk runs on the target's device (`TargetWalk`): one processed row and one draw per level.
     """
 
     name: ClassVar[str] = "target_sample"
     walks: ClassVar[bool] = True  # reads the target scores of the nodes it visits only (see NodeScores)
     child_selection: ClassVar[str] = "top_k"
+    #: Read after every level and stop where the walk ends (True), or run every level and read once (False). None:
+    #: the former on CPU, where a read waits for nothing while a level past the walk's end costs a row's processing.
+    stop_early: ClassVar[bool | None] = None
 
     def verify(
         self,
@@ -185,17 +241,96 @@ class TargetSampleVerifier:
         *,
         source: RandomSource | None = None,
     ) -> Verdict:
-        source = source or TorchRandom(generator)
-        tokens = tree.host(tokens=True).tokens
-        dtype = _work_dtype(target_scores.device)
-        children_of = tree.host().children()
+        stop_early = self.stop_early if self.stop_early is not None else target_scores.device.type == "cpu"
+        return TargetWalk(tree, target_scores.device).run(target_scores, source or TorchRandom(generator), stop_early)
 
-        def choose(node: int, children: list[int]):
-            leaves = [child for child in children if not children_of[child]]
-            _, drawn = source.decide(None, _target_dists(target_scores, [node, *leaves], dtype))
-            for child in children:
-                if tokens[child] == drawn[0]:
-                    return child, (drawn[1 + leaves.index(child)] if child in leaves else None)
-            return None, drawn[0]
 
-        return walk_down(tree, choose)
+@dataclass
+class _At:
+    """The walk before a level: its node and the tokens from the root to it, whether it still descends, where and
+    with which token it ended (`(1,)` device tensors, never read), and the row the level before it used."""
+
+    node: torch.Tensor
+    walked: torch.Tensor
+    alive: torch.Tensor
+    end: torch.Tensor
+    bonus: torch.Tensor
+    row: torch.Tensor | None = None
+
+
+class TargetWalk:
+    """Target sampling as a walk on the device: at each level, the current node's row processed (NodeScores.row_at),
+    a token drawn from it, and a descent to the child carrying it (the first drafted, where siblings repeat one);
+    where none does, the walk ends and the token is the bonus (a leaf has no child: its draw is the bonus).
+
+    Levels past the end run on the node the walk ended at and change nothing, so nothing needs reading until the
+    end: one read of (still descending, end, bonus, first level whose narrowed row may not be Transformers'). A
+    flagged level is decided again on Transformers' row, with fresh draws, and the levels after it too; the levels
+    before it stand. Whether a level is flagged depends on the draws above it, but not on its own: conditioned on
+    reaching its node, the level is decided on the target's row either way, so the walk is exact.
+    """
+
+    def __init__(self, tree: TokenTree, device: torch.device) -> None:
+        host = tree.host(tokens=True)
+        children = host.children()
+        self.parents, self.children = host.parents, children
+        self.width = max(1, *(len(kids) for kids in children))
+
+        def table(rows: list[list[int]], fill: int) -> torch.Tensor:
+            return torch.tensor([row + [fill] * (self.width - len(row)) for row in rows]).to(device)
+
+        self.child_tokens = table([[host.tokens[kid] for kid in kids] for kids in children], -1)
+        self.child_nodes = table(children, 0)
+        self.ranks = torch.arange(self.width, device=device)
+        self.levels = max(host.depths()) + 1
+        zero = torch.zeros(1, dtype=torch.long, device=device)
+        self.start = _At(zero, tree.tokens[:1].to(device), torch.ones(1, dtype=torch.bool, device=device), zero, zero)
+        self.dtype = _work_dtype(device)
+
+    def run(self, scores: torch.Tensor | NodeScores, source: RandomSource, stop_early: bool) -> Verdict:
+        states, exact, level = [self.start], set(), 0  # states[d]: before level d; exact: levels on Transformers' path
+        while True:
+            stop = level + 1 if stop_early else self.levels
+            flagged = torch.full((1,), self.levels, device=self.ranks.device)  # the first flagged live level
+            for d in range(level, stop):
+                after, flag = self._level(scores, source, states[d], narrow=d not in exact)
+                del states[d + 1 :]
+                states.append(after)
+                if flag is not None:
+                    flagged = torch.where(flag & states[d].alive & (flagged == self.levels), d, flagged)
+            last = states[stop]
+            alive, end, bonus, first = torch.cat([last.alive.long(), last.end, last.bonus, flagged]).tolist()
+            if first < self.levels:  # decide that level again on Transformers' row, and what follows
+                exact.add(first)
+                level = first
+            elif alive and stop < self.levels:
+                level = stop
+            else:
+                return self._verdict(end, bonus, states, scores)
+
+    def _level(self, scores: torch.Tensor | NodeScores, source: RandomSource, at: _At,
+               narrow: bool) -> tuple[_At, torch.Tensor | None]:
+        if isinstance(scores, NodeScores):
+            row, flag = scores.row_at(at.node, at.walked, narrow)
+        else:
+            row, flag = scores.index_select(0, at.node)[0], None
+        token = source.draw(row.to(self.dtype).softmax(-1))
+        hits = self.child_tokens.index_select(0, at.node)[0] == token
+        rank = torch.where(hits, self.ranks, self.width).amin(0, keepdim=True)
+        found = rank < self.width
+        child = self.child_nodes.index_select(0, at.node)[0].gather(0, rank.clamp(max=self.width - 1))
+        ends = at.alive & ~found
+        return _At(node=torch.where(found, child, at.node), walked=torch.cat([at.walked, token]),
+                   alive=at.alive & found, end=torch.where(ends, at.node, at.end),
+                   bonus=torch.where(ends, token, at.bonus), row=row), flag
+
+    def _verdict(self, end: int, bonus: int, states: list[_At], scores: torch.Tensor | NodeScores) -> Verdict:
+        path = [end]
+        while path[-1] != 0:
+            path.append(self.parents[path[-1]])
+        path.reverse()
+        if isinstance(scores, NodeScores):  # the rows the walk used are Transformers' (none flagged): keep them
+            for depth, node in enumerate(path):
+                scores.keep(node, states[depth + 1].row)
+        ranks = [self.children[parent].index(child) for parent, child in zip(path, path[1:])]
+        return Verdict(path=path, bonus_token=bonus, accepted_ranks=ranks)
