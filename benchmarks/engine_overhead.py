@@ -32,7 +32,7 @@ import hf_specdec  # noqa: F401  (installs `speculation=`)
 from hf_specdec import ChainConfig, SequoiaConfig, SpecExecConfig, StagedConfig
 from hf_specdec.core import processing
 from hf_specdec.core.devices import cpu_flags, cpu_model
-from hf_specdec.planning.sequoia import plan_tree
+from hf_specdec.plan.sequoia import plan_tree
 
 VOCAB = 151_936
 NEW_TOKENS = 64

@@ -10,11 +10,10 @@ the loop) → `decoding` (the loop) → `methods` (one folder per method) → `c
 command, benchmarks, the demo, the embedded models) sits apart: the library never imports it.
 """
 
-from .calibration import SequoiaPlan, calibrate
 from .core import SPECULATION_METHODS, Drafter, SpeculationConfig, TokenTree, Verdict, register_speculation
 from .core.version import __version__
 from .decoding import SpeculationStats, SpeculativeDecoderOnlyOutput
-from .drafting import (
+from .draft import (
     BestFirstDrafter,
     ModelTreeDrafter,
     NGramDrafter,
@@ -37,8 +36,8 @@ from .methods import (
     StagedConfig,
     TreeConfig,
 )
-from .planning import TreePlan, plan_tree
-from .verification import VERIFIERS, register_verifier
+from .plan import SequoiaPlan, TreePlan, calibrate, plan_tree
+from .verify import VERIFIERS, register_verifier
 
 install()
 

@@ -43,7 +43,7 @@ def isolated_machine_choices(tmp_path, monkeypatch):
 @pytest.fixture(autouse=True)
 def isolated_plan_store(tmp_path_factory, monkeypatch):
     """Plans that tests make (online calibration, re-sizing) go to a temporary folder, never the user's cache."""
-    from hf_specdec.calibration import store
+    from hf_specdec.plan import store
 
     folder = tmp_path_factory.getbasetemp() / "plans"
     monkeypatch.setattr(store, "user_plan_dir", lambda: folder)
@@ -59,8 +59,8 @@ def guard_never_fires(monkeypatch):
     import functools
     import math
 
-    from hf_specdec.drafting import guarded
-    from hf_specdec.planning.guard import PlainGuard
+    from hf_specdec.draft import guarded
+    from hf_specdec.plan.guard import PlainGuard
 
     monkeypatch.setattr(guarded, "PlainGuard", functools.partial(PlainGuard, margin=math.inf))
 
@@ -78,8 +78,8 @@ def tree_sizing_sees_a_cheap_draft(monkeypatch):
     import dataclasses
 
     from hf_specdec.methods.tree import config as tree_config
-    from hf_specdec.planning.latency import LatencyCurve
-    from hf_specdec.planning.shape_sizing import RankAcceptance
+    from hf_specdec.plan.latency import LatencyCurve
+    from hf_specdec.plan.shape_sizing import RankAcceptance
 
     measured = tree_config.online_sizer
 

@@ -18,14 +18,14 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache, LogitsProcessorList, PreTrainedModel, StoppingCriteriaList
 
+from ..accept.ragged import RaggedRows
 from ..core.attention import AttentionLayout
 from ..core.devices import PassClock, compute_devices, execution_device
 from ..core.drafter import Drafter
 from ..core.processing import NodeScores, process_tree_scores
-from ..core.ragged import RaggedRows
 from ..core.tree import TokenTree
 from ..core.verdict import Verdict, Verifier
-from ..drafting.batch_shaped import LockstepShapeDrafter
+from ..draft.batch_shaped import LockstepShapeDrafter
 from .loop import BlockStops, _prefill, _record, _renumbered, emit, fit_positions
 from .stats import SpeculationStats
 

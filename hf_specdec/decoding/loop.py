@@ -15,11 +15,11 @@ from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengt
 from transformers.generation.streamers import BaseStreamer
 from transformers.modeling_outputs import ModelOutput
 
+from ..accept.kv_cache import cache_length, crop, is_static, keep_positions, layer_rows
 from ..core.attention import AttentionLayout
 from ..core.device_copies import DeviceCopies, one_pass
 from ..core.devices import PassClock, compute_devices, execution_device
 from ..core.drafter import Drafter
-from ..core.kv_cache import cache_length, crop, is_static, keep_positions, layer_rows
 from ..core.model_inputs import TokenInputs
 from ..core.processing import NodeScores, process_tree_scores
 from ..core.ranks import Ranks

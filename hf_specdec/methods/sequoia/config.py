@@ -10,14 +10,14 @@ from typing import Any
 
 from transformers.utils import logging
 
-from ...calibration.plan_file import SequoiaPlan
 from ...core.config import PlanRequest, register_speculation
 from ...core.model_info import vocab_size
-from ...drafting.shaped_tree import ModelTreeDrafter, StaticShapeConfig
-from ...drafting.sized_shape import SizedShapeDrafter
-from ...drafting.step_sized import online_sizer
-from ...planning.sequoia import TreePlan
-from ...planning.shape_sizing import RankAcceptance, sequoia_menu
+from ...draft.shaped_tree import ModelTreeDrafter, StaticShapeConfig
+from ...draft.sized_shape import SizedShapeDrafter
+from ...plan.plan_file import SequoiaPlan
+from ...plan.sequoia import TreePlan
+from ...plan.shape_sizing import RankAcceptance, sequoia_menu
+from ..step_sized import online_sizer
 
 logger = logging.get_logger(__name__)
 

@@ -6,9 +6,9 @@ from dataclasses import dataclass, field
 
 from ...core.config import register_speculation
 from ...core.model_info import vocab_size
-from ...drafting.best_first import BestFirstDrafter
-from ...drafting.step_sized import StepSizedConfig
-from ...planning.step_sizing import FRONTIER_SIZES
+from ...draft.best_first import BestFirstDrafter
+from ...plan.step_sizing import FRONTIER_SIZES
+from ..step_sized import StepSizedConfig
 
 
 @register_speculation

@@ -13,8 +13,8 @@ from typing import Any
 
 from ...core.config import register_speculation
 from ...core.model_info import vocab_size
-from ...drafting.best_first import BestFirstDrafter
-from ...drafting.step_sized import StepSizedConfig
+from ...draft.best_first import BestFirstDrafter
+from ..step_sized import StepSizedConfig
 from .stack import build_stack, parse_stages
 
 FIXED_BUDGET_PASSES = 3  # draft passes per step with a fixed budget

@@ -8,11 +8,11 @@ from typing import Any
 
 from ...core.config import PlanRequest, register_speculation
 from ...core.model_info import vocab_size
-from ...drafting.shaped_tree import ModelTreeDrafter, StaticShapeConfig
-from ...drafting.sized_shape import SizedShapeDrafter
-from ...drafting.step_sized import PLAN_BUDGET, online_sizer
-from ...planning.shape_sizing import RankAcceptance, sub_shapes_menu
-from ...planning.shapes import validate_parents, widths_parents
+from ...draft.shaped_tree import ModelTreeDrafter, StaticShapeConfig
+from ...draft.sized_shape import SizedShapeDrafter
+from ...plan.shape_sizing import RankAcceptance, sub_shapes_menu
+from ...plan.shapes import validate_parents, widths_parents
+from ..step_sized import PLAN_BUDGET, online_sizer
 
 # Wide and shallow: on a 2-core CPU a 32-node target pass costs < 2 single-token passes, while each
 # extra level costs a whole draft pass (README, "What this hardware rewards").

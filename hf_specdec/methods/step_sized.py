@@ -8,8 +8,8 @@ from typing import Any
 from transformers import LogitsProcessorList, PreTrainedModel
 
 from ..core.config import PlanRequest, SpeculationConfig
-from ..planning.step_sizing import StepSizer
-from .best_first import learned_acceptance, processors_key
+from ..draft.best_first import learned_acceptance, processors_key
+from ..plan.step_sizing import StepSizer
 
 #: the largest tree a plan made for a step-sized method may have (the plan lends only its latency curves)
 PLAN_BUDGET = 128

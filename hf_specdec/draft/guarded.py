@@ -16,7 +16,7 @@ from ..core.drafter import Drafter
 from ..core.model_inputs import TokenInputs
 from ..core.tree import HostTree, TokenTree
 from ..core.verdict import Verdict
-from ..planning.guard import PlainGuard
+from ..plan.guard import PlainGuard
 
 
 def root_only(last: int, device: torch.device) -> TokenTree:

@@ -11,13 +11,13 @@ from dataclasses import dataclass
 import torch
 from transformers import LogitsProcessorList, PreTrainedModel
 
+from ..core.child_selection import CHILD_SELECTIONS, select_children
 from ..core.config import SpeculationConfig
 from ..core.drafter import Drafter
 from ..core.model_info import vocab_size
 from ..core.processing import process_tree_scores
 from ..core.tree import HostTree, TokenTree
 from ..core.verdict import Verdict
-from .child_selection import CHILD_SELECTIONS, select_children
 from .draft_model import DraftModelCounts, DraftModelRunner, HostSequence, emitted_tokens, forwarded_prefix
 
 

@@ -20,8 +20,8 @@ from transformers import LogitsProcessorList, PreTrainedModel
 
 from ..core.tree import TokenTree
 from ..core.verdict import Verdict
-from ..planning.shape_sizing import RankAcceptance, ShapeDepths, ShapeMenu
-from ..planning.step_sizing import StepSizer
+from ..plan.shape_sizing import RankAcceptance, ShapeDepths, ShapeMenu
+from ..plan.step_sizing import StepSizer
 from .shaped_tree import ModelTreeDrafter, ShapeLevel
 
 #: plain steps the prediction chose before one tree is drafted anyway (doubling while it keeps losing), so that

@@ -35,8 +35,8 @@ from ..core.drafter import Drafter
 from ..core.processing import process_tree_scores
 from ..core.tree import HostTree, TokenTree
 from ..core.verdict import Verdict
-from ..planning.sizing import default_beams
-from ..planning.step_sizing import OnlineAcceptance, StepSizer
+from ..plan.sizing import default_beams
+from ..plan.step_sizing import OnlineAcceptance, StepSizer
 from .draft_model import DraftModelCounts, DraftModelRunner, HostSequence, emitted_tokens, forwarded_prefix
 
 

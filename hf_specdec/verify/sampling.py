@@ -15,8 +15,8 @@ from typing import ClassVar, Protocol
 import torch
 
 from ..core.tree import TokenTree
-from .base import Verdict, walk_down
 from .registry import register_verifier
+from .tree_walk import Verdict, walk_down
 
 
 class RandomSource(Protocol):
