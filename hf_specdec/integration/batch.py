@@ -21,7 +21,7 @@ from ..decoding.outputs import SpeculativeDecoderOnlyOutput
 from ..decoding.stats import SpeculationStats
 from ..draft.batch_shaped import LockstepShapeDrafter
 from ..draft.guarded import GuardedDrafter
-from ..draft.shaped_tree import StaticShapeConfig
+from ..methods.static_shape import StaticShapeConfig
 from ..plan.sizing import choose_plan, for_batch
 from .call import SpeculationCall
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ...core.config import register_speculation
-from ...draft.shaped_tree import StaticShapeConfig
 from ...plan.shapes import chain_parents
+from ..static_shape import StaticShapeConfig
 
 
 @register_speculation

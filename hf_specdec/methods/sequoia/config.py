@@ -12,11 +12,12 @@ from transformers.utils import logging
 
 from ...core.config import PlanRequest, register_speculation
 from ...core.model_info import vocab_size
-from ...draft.shaped_tree import ModelTreeDrafter, StaticShapeConfig
+from ...draft.shaped_tree import ModelTreeDrafter
 from ...draft.sized_shape import SizedShapeDrafter
 from ...plan.plan_file import SequoiaPlan
 from ...plan.sequoia import TreePlan
 from ...plan.shape_sizing import RankAcceptance, sequoia_menu
+from ..static_shape import StaticShapeConfig
 from ..step_sized import online_sizer
 
 logger = logging.get_logger(__name__)

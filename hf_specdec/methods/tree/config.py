@@ -8,10 +8,11 @@ from typing import Any
 
 from ...core.config import PlanRequest, register_speculation
 from ...core.model_info import vocab_size
-from ...draft.shaped_tree import ModelTreeDrafter, StaticShapeConfig
+from ...draft.shaped_tree import ModelTreeDrafter
 from ...draft.sized_shape import SizedShapeDrafter
 from ...plan.shape_sizing import RankAcceptance, sub_shapes_menu
 from ...plan.shapes import validate_parents, widths_parents
+from ..static_shape import StaticShapeConfig
 from ..step_sized import PLAN_BUDGET, online_sizer
 
 # Wide and shallow: on a 2-core CPU a 32-node target pass costs < 2 single-token passes, while each
