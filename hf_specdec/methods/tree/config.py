@@ -27,7 +27,7 @@ class TreeConfig(StaticShapeConfig):
 
     With neither (and `per_step`, the default), the default shape is sized every step: each step drafts the smaller
     version of it (fewer levels, fewer children) with the least predicted time per token, down to a plain step, with
-    the latency curves and acceptance vector of the pair's plan (planning/shape_sizing.py). A shape given, or
+    the latency curves and acceptance vector of the pair's plan (plan/shape_sizing.py). A shape given, or
     `per_step=False`, is drafted as given, every step.
     """
 
@@ -46,6 +46,14 @@ class TreeConfig(StaticShapeConfig):
         metadata={"help": "With no shape given: size the default shape every step (default); False drafts it whole "
                   "every step. A shape given is always drafted as given."},
     )
+    plan: Any = field(
+        default=None,
+        init=False,
+        repr=False,
+        compare=False,
+        metadata={"help": "Set by `with_plan`, not a setting: the pair's plan whose acceptance and latency curves size "
+                  "the default shape every step; None drafts the shape whole."},
+    )
 
     def _sized(self) -> bool:
         return self.per_step and self.widths is None and self.parents is None
@@ -61,7 +69,7 @@ class TreeConfig(StaticShapeConfig):
         return resolved
 
     def make_drafter(self, target, assistant_model, logits_processor, child_selection, generator) -> ModelTreeDrafter:
-        plan = getattr(self, "plan", None)
+        plan = self.plan
         if plan is None:
             return super().make_drafter(target, assistant_model, logits_processor, child_selection, generator)
         menu = sub_shapes_menu(DEFAULT_TREE_WIDTHS)
