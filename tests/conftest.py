@@ -52,7 +52,7 @@ def isolated_plan_store(tmp_path_factory, monkeypatch):
 
 @pytest.fixture(autouse=True)
 def guard_never_fires(monkeypatch):
-    """The measured guard (planning/guard.py) decides by wall time; on tiny models whose draft costs what the target
+    """The measured guard (plan/guard.py) decides by wall time; on tiny models whose draft costs what the target
     does it may rightly turn steps plain, and how often depends on the machine's load. Tests that check a method
     really speculates must not depend on that, so the guard here never judges speculation the loser; its decisions
     are tested in test_sized_trees.py, which patches its own guard over this one."""

@@ -231,7 +231,7 @@ def test_fixed_shapes_draft_all_rows_in_lockstep():
 
 def test_sequoia_trees_shrink_as_the_batch_grows():
     """Sized for a batch, a pass over B trees of n nodes costs what B * n tokens cost: bigger batches, smaller trees
-    (curves shaped like DESIGN.md's Zen 4 measurements, where 8 tokens cost about what 1 does)."""
+    (curves measured on an unloaded Zen 4 CPU, where 8 tokens cost about what 1 does)."""
     from hf_specdec.plan.latency import LatencyCurve
     from hf_specdec.plan.sizing import HardwareProfile, choose_plan, for_batch
 

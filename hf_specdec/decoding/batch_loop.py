@@ -32,7 +32,7 @@ from .stats import SpeculationStats
 
 class RowDrafters:
     """One `Drafter` per row (any method's: its own draft cache, plan and state), drafting row by row. The batch
-    drafter contract `batch_speculative_loop` takes; `drafting.batch_shaped.LockstepShapeDrafter` is the other."""
+    drafter contract `batch_speculative_loop` takes; `draft.batch_shaped.LockstepShapeDrafter` is the other."""
 
     def __init__(self, drafters: list[Drafter]) -> None:
         self.drafters = drafters

@@ -1,6 +1,6 @@
 """A planned shape sized every step (`sequoia` and `tree` at their defaults): choose, draft, stop early, learn.
 
-Before a step: the shape of the menu with the least predicted time per token (planning/shape_sizing.py), possibly
+Before a step: the shape of the menu with the least predicted time per token (plan/shape_sizing.py), possibly
 the root alone (a plain step). While drafting: before each level's pass, the drafted nodes are valued as SpecExec's
 sizer values them (a(v) = a(parent) f(q_v), f learned online from the draft's probabilities), the nodes not drafted
 yet by the learned positional acceptance below them, and the pass runs only if stopping at some deeper level is

@@ -16,7 +16,7 @@ from ..step_sized import StepSizedConfig
 class SpecExecConfig(StepSizedConfig):
     """`speculation="specexec"`: best-first trees of the draft's most probable continuations (SpecExec).
 
-    Without a `budget`, the tree is sized every step by a cost model (planning/step_sizing.py): the pair's latency
+    Without a `budget`, the tree is sized every step by a cost model (plan/step_sizing.py): the pair's latency
     curves (from the plan store shared with `speculation="sequoia"`: stored, re-sized for this hardware, or measured
     at first use) and the draft's probabilities mapped to how often the target agrees, learned while generating.
     It keeps drafting while another pass is predicted to lower the time per token (deep trees when the draft is
