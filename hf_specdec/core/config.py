@@ -36,6 +36,13 @@ def register_speculation(cls: type[SpeculationConfig]) -> type[SpeculationConfig
     return cls
 
 
+def set_by_with_plan(default: Any, help: str) -> Any:
+    """A field `with_plan` sets on the config it resolves, declared (with `help`) but not a setting: no `__init__`
+    argument, left out of `settings()`, `to_dict` and generation_config.json, of repr and of ==."""
+    return field(default=default, init=False, repr=False, compare=False,
+                 metadata={"help": f"Set by `with_plan`, not a setting: {help}"})
+
+
 @dataclass
 class SpeculationConfig:
     """Settings shared by every method. Subclasses add their own and build their drafter."""
@@ -64,15 +71,9 @@ class SpeculationConfig:
         },
     )
 
-    plan_source: str = field(
-        default="",
-        init=False,
-        repr=False,
-        compare=False,
-        metadata={
-            "help": "Set by `with_plan`, not a setting: where a plan or size came from (stats and logs say it; never "
-            "guessed silently). Empty for a config that took no plan."
-        },
+    plan_source: str = set_by_with_plan(
+        "", "where a plan or size came from (stats and logs say it; never guessed silently). Empty for a config that "
+        "took no plan."
     )
 
     def make_drafter(

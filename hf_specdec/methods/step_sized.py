@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from transformers import LogitsProcessorList, PreTrainedModel
 
-from ..core.config import PlanRequest, SpeculationConfig
+from ..core.config import PlanRequest, SpeculationConfig, set_by_with_plan
 from ..draft.best_first import learned_acceptance, processors_key
 from ..plan.step_sizing import StepSizer
 
@@ -25,13 +25,8 @@ class StepSizedConfig(SpeculationConfig):
     settings `budget: int | None` (None: sized every step) and `max_depth: int`.
     """
 
-    profile: Any = field(
-        default=None,
-        init=False,
-        repr=False,
-        compare=False,
-        metadata={"help": "Set by `with_plan`, not a setting: the latency curves (`HardwareProfile`) trees are sized "
-                  "with every step; None with a fixed budget."},
+    profile: Any = set_by_with_plan(
+        None, "the latency curves (`HardwareProfile`) trees are sized with every step; None with a fixed budget."
     )
 
     def plan_request(self) -> PlanRequest | None:

@@ -10,7 +10,7 @@ from typing import Any
 
 from transformers.utils import logging
 
-from ...core.config import PlanRequest, register_speculation
+from ...core.config import PlanRequest, register_speculation, set_by_with_plan
 from ...core.model_info import vocab_size
 from ...draft.shaped_tree import ModelTreeDrafter
 from ...draft.sized_shape import SizedShapeDrafter
@@ -58,13 +58,9 @@ class SequoiaConfig(StaticShapeConfig):
         metadata={"help": "Size the tree every step from the DP's table (a looked-up plan lends its acceptance and "
                   "latency curves); False drafts the plan's own tree every step. A `plan` given is always kept."},
     )
-    sized: bool = field(
-        default=False,
-        init=False,
-        repr=False,
-        compare=False,
-        metadata={"help": "Set by `with_plan`, not a setting: True when the plan looked up sizes the tree every step "
-                  "(a SequoiaPlan with latency curves, `per_step`, no `plan` given)."},
+    sized: bool = set_by_with_plan(
+        False, "True when the plan looked up sizes the tree every step (a SequoiaPlan with latency curves, `per_step`, "
+        "no `plan` given)."
     )
 
     def validate(self) -> None:

@@ -6,7 +6,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from ...core.config import PlanRequest, register_speculation
+from ...core.config import PlanRequest, register_speculation, set_by_with_plan
 from ...core.model_info import vocab_size
 from ...draft.shaped_tree import ModelTreeDrafter
 from ...draft.sized_shape import SizedShapeDrafter
@@ -46,13 +46,9 @@ class TreeConfig(StaticShapeConfig):
         metadata={"help": "With no shape given: size the default shape every step (default); False drafts it whole "
                   "every step. A shape given is always drafted as given."},
     )
-    plan: Any = field(
-        default=None,
-        init=False,
-        repr=False,
-        compare=False,
-        metadata={"help": "Set by `with_plan`, not a setting: the pair's plan whose acceptance and latency curves size "
-                  "the default shape every step; None drafts the shape whole."},
+    plan: Any = set_by_with_plan(
+        None, "the pair's plan whose acceptance and latency curves size the default shape every step; None drafts the "
+        "shape whole."
     )
 
     def _sized(self) -> bool:
