@@ -30,8 +30,8 @@ from pathlib import Path
 import torch
 
 from hf_specdec import frequent_tokens, prepack, quantize_draft
-from hf_specdec.core.kv_cache import crop
-from hf_specdec.planning.latency import measure_latency
+from hf_specdec.accept.kv_cache import crop
+from hf_specdec.plan.latency import measure_latency
 from hf_specdec_tools import models
 from hf_specdec_tools.bench.environment import collect_environment
 from hf_specdec_tools.prompts import humaneval_prompts, vocabulary_corpus

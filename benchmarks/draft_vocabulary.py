@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from hf_specdec import frequent_tokens, prepack, quantize_draft
-from hf_specdec.planning.latency import measure_latency
+from hf_specdec.plan.latency import measure_latency
 from hf_specdec_tools import models
 from hf_specdec_tools.bench.environment import collect_environment
 from hf_specdec_tools.prompts import code_prompts, humaneval_prompts, vocabulary_corpus

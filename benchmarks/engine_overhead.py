@@ -34,7 +34,7 @@ import hf_specdec  # noqa: F401  (installs `speculation=`)
 from hf_specdec import ChainConfig, SequoiaConfig, SpecExecConfig, StagedConfig
 from hf_specdec.core import processing
 from hf_specdec.core.devices import cpu_flags, cpu_model
-from hf_specdec.planning.sequoia import plan_tree
+from hf_specdec.plan.sequoia import plan_tree
 
 VOCAB = 151_936
 NEW_TOKENS = 64
@@ -113,7 +113,7 @@ def general_path() -> contextlib.AbstractContextManager:
 
 def before_21d() -> contextlib.AbstractContextManager:
     """The engine before branch issue21d, patched in: see the module's docstring."""
-    from hf_specdec.verification import sampling
+    from hf_specdec.verify import sampling
 
     def multinomial(self, dist: torch.Tensor) -> torch.Tensor:
         where = self.generator.device if self.generator is not None else dist.device

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from hf_specdec import prepack, quantize_draft
-from hf_specdec.planning.latency import measure_latency
+from hf_specdec.plan.latency import measure_latency
 from hf_specdec_tools import models
 from hf_specdec_tools.bench.environment import collect_environment
 

@@ -28,9 +28,9 @@ import torch
 
 import hf_specdec  # noqa: F401  (installs `speculation=`)
 from hf_specdec import ChainConfig, SequoiaConfig, SpecExecConfig, StagedConfig, TreeConfig
-from hf_specdec.calibration import plan_lookup
 from hf_specdec.core.config import PlanRequest
-from hf_specdec.planning.sizing import ROOT_PASS_TOKENS
+from hf_specdec.plan import plan_lookup
+from hf_specdec.plan.sizing import ROOT_PASS_TOKENS
 from hf_specdec_tools.bench.inputs import load_prompt_source, tokenize_prompts
 from hf_specdec_tools.bench.loading import load_models
 
@@ -44,8 +44,8 @@ METHODS = {
     "tree-static": TreeConfig(per_step=False),
 }
 #: modules whose `time.perf_counter` decides or measures while generating
-CLOCKED = ("hf_specdec.decoding.loop", "hf_specdec.core.devices", "hf_specdec.drafting.best_first",
-           "hf_specdec.drafting.guarded")
+CLOCKED = ("hf_specdec.decoding.loop", "hf_specdec.core.devices", "hf_specdec.draft.best_first",
+           "hf_specdec.draft.guarded")
 
 
 class ModelledClock:
@@ -63,7 +63,7 @@ class ModelledClock:
 
     def record_planned_shapes(self) -> None:
         """Every shape a step-sized drafter chooses before drafting (its size), beside the passes."""
-        from hf_specdec.drafting.sized_shape import SizedShapeDrafter
+        from hf_specdec.draft.sized_shape import SizedShapeDrafter
 
         use_shape = SizedShapeDrafter.use_shape
 

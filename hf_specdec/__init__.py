@@ -4,17 +4,19 @@
 
     model.generate(input_ids, assistant_model=draft, speculation="tree", max_new_tokens=128)
 
-Layers, top to bottom (imports only point down; `make lint` checks it): `integration` (how `speculation=` reaches
-the loop) → `decoding` (the loop) → `methods` (one folder per method) → `calibration` (plans for a pair) →
-`drafting` | `verification` → `planning` (tree shapes and sizes) → `core` (contracts). `tools` (the `hf-specdec`
-command, benchmarks, the demo, the embedded models) sits apart: the library never imports it.
+The folders, in the order data flows: `integration` (how `speculation=` reaches the loop) → `decoding` (the loop
+that wires the stages) → `methods` (one folder per method, as peft's tuners) → the stages `plan` (tree shapes, sizes
+and plans for a pair) → `draft` (shared drafting machinery) → `verify` (verifiers) → `accept` (emitting the block,
+compacting the caches) → `core` (contracts). Imports only point down the layers integration → decoding → methods →
+draft | kernels → plan → verify | accept → core (`make lint` checks it; a drafter sizes its tree with plan's cost
+models, so `draft` stands on `plan`). `hf_specdec_tools` (the `hf-specdec` command, benchmarks, the demo, the
+embedded models) sits apart: the library never imports it.
 """
 
-from .calibration import SequoiaPlan, calibrate
 from .core import SPECULATION_METHODS, Drafter, SpeculationConfig, TokenTree, Verdict, register_speculation
 from .core.version import __version__
 from .decoding import SpeculationStats, SpeculativeDecoderOnlyOutput
-from .drafting import (
+from .draft import (
     BestFirstDrafter,
     ModelTreeDrafter,
     NGramDrafter,
@@ -37,8 +39,8 @@ from .methods import (
     StagedConfig,
     TreeConfig,
 )
-from .planning import TreePlan, plan_tree
-from .verification import VERIFIERS, register_verifier
+from .plan import SequoiaPlan, TreePlan, calibrate, plan_tree
+from .verify import VERIFIERS, register_verifier
 
 install()
 

@@ -26,9 +26,27 @@ SLOW_FILES = {"test_sampling_generate.py", "test_families.py", "test_bench.py", 
               "test_models_fetch.py"}
 
 
+#: single cases outside the fast tier (`make test` still runs them, unchanged), each 15-30 s on 2 busy cores while
+#: faster cases of the same test stay in it: exact enumeration of with-replacement (SpecInfer) drafts on the largest
+#: trees and vocabularies, Monte-Carlo frequencies, an end-to-end chi-square, two processes calibrating at once, a
+#: compiled forward, the largest specexec budget; `file::name[params]`, or `file::name` for every parametrisation
+SLOW_CASES = {
+    "test_sampling_exact.py::test_exact_distribution[dense-irregular-SpecInferVerifier]",
+    "test_sampling_exact.py::test_exact_distribution[draft_vocab_larger-irregular-SpecInferVerifier]",
+    "test_sampling_exact.py::test_exact_distribution[dense-widths22-SpecInferVerifier]",
+    "test_sampling_exact.py::test_monte_carlo_matches_target",
+    "test_staged.py::test_sampling_through_generate_matches_plain_sampling",
+    "test_faults.py::test_two_processes_on_one_folder_calibrate_once",
+    "test_static_cache.py::test_forward_the_user_compiled_works",
+    "test_greedy_lossless.py::test_identical_to_plain_on_random_prompts[llama-specexec-specexec-True-40-12-4-2-2048]",
+    "test_greedy_lossless.py::test_identical_to_plain_on_random_prompts[qwen2-specexec-specexec-True-40-12-4-2-2048]",
+}
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        if item.path.name in SLOW_FILES:
+        name = item.path.name
+        if name in SLOW_FILES or f"{name}::{item.name}" in SLOW_CASES or f"{name}::{item.originalname}" in SLOW_CASES:
             item.add_marker(pytest.mark.slow)
 
 
@@ -43,7 +61,7 @@ def isolated_machine_choices(tmp_path, monkeypatch):
 @pytest.fixture(autouse=True)
 def isolated_plan_store(tmp_path_factory, monkeypatch):
     """Plans that tests make (online calibration, re-sizing) go to a temporary folder, never the user's cache."""
-    from hf_specdec.calibration import store
+    from hf_specdec.plan import store
 
     folder = tmp_path_factory.getbasetemp() / "plans"
     monkeypatch.setattr(store, "user_plan_dir", lambda: folder)
@@ -52,15 +70,15 @@ def isolated_plan_store(tmp_path_factory, monkeypatch):
 
 @pytest.fixture(autouse=True)
 def guard_never_fires(monkeypatch):
-    """The measured guard (planning/guard.py) decides by wall time; on tiny models whose draft costs what the target
+    """The measured guard (plan/guard.py) decides by wall time; on tiny models whose draft costs what the target
     does it may rightly turn steps plain, and how often depends on the machine's load. Tests that check a method
     really speculates must not depend on that, so the guard here never judges speculation the loser; its decisions
     are tested in test_sized_trees.py, which patches its own guard over this one."""
     import functools
     import math
 
-    from hf_specdec.drafting import guarded
-    from hf_specdec.planning.guard import PlainGuard
+    from hf_specdec.draft import guarded
+    from hf_specdec.plan.guard import PlainGuard
 
     monkeypatch.setattr(guarded, "PlainGuard", functools.partial(PlainGuard, margin=math.inf))
 
@@ -78,8 +96,8 @@ def tree_sizing_sees_a_cheap_draft(monkeypatch):
     import dataclasses
 
     from hf_specdec.methods.tree import config as tree_config
-    from hf_specdec.planning.latency import LatencyCurve
-    from hf_specdec.planning.shape_sizing import RankAcceptance
+    from hf_specdec.plan.latency import LatencyCurve
+    from hf_specdec.plan.shape_sizing import RankAcceptance
 
     measured = tree_config.online_sizer
 

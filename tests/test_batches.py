@@ -12,7 +12,7 @@ from transformers import pipeline
 
 from hf_specdec.core import processing
 from hf_specdec.decoding import batch_loop
-from hf_specdec.planning.sequoia import plan_tree
+from hf_specdec.plan.sequoia import plan_tree
 from tests.conftest import TINY_CONFIGS, VOCAB, tiny_model
 from tests.test_entry_points import tiny_tokenizer
 from tests.test_generate_options import stop_tokenizer  # noqa: F401  (a fixture)
@@ -231,9 +231,9 @@ def test_fixed_shapes_draft_all_rows_in_lockstep():
 
 def test_sequoia_trees_shrink_as_the_batch_grows():
     """Sized for a batch, a pass over B trees of n nodes costs what B * n tokens cost: bigger batches, smaller trees
-    (curves shaped like DESIGN.md's Zen 4 measurements, where 8 tokens cost about what 1 does)."""
-    from hf_specdec.planning.latency import LatencyCurve
-    from hf_specdec.planning.sizing import HardwareProfile, choose_plan, for_batch
+    (curves measured on an unloaded Zen 4 CPU, where 8 tokens cost about what 1 does)."""
+    from hf_specdec.plan.latency import LatencyCurve
+    from hf_specdec.plan.sizing import HardwareProfile, choose_plan, for_batch
 
     sizes = (1, 8, 16, 32, 64, 128, 256)
     profile = HardwareProfile(LatencyCurve(sizes, (0.174, 0.152, 0.221, 0.271, 0.379, 0.661, 1.257)),

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from transformers import DynamicCache
 
 from hf_specdec import TokenTree
-from hf_specdec.core.kv_cache import crop, keep_positions
+from hf_specdec.accept.kv_cache import crop, keep_positions
 from tests.conftest import VOCAB, tiny_model
 
 

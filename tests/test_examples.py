@@ -10,7 +10,7 @@ import pytest
 import torch
 from transformers import pipeline
 
-from hf_specdec.planning import validate_parents
+from hf_specdec.plan import validate_parents
 from tests.conftest import tiny_model
 from tests.test_entry_points import ForwardCounter, tiny_tokenizer
 

@@ -20,13 +20,13 @@ from transformers import DynamicCache, GenerationMixin
 from transformers.generation.streamers import BaseStreamer
 
 from hf_specdec import plan_tree
+from hf_specdec.accept.kv_cache import full_length_cache
 from hf_specdec.core.attention import AttentionLayout
-from hf_specdec.core.kv_cache import full_length_cache
 from hf_specdec.core.tree import TokenTree
 from hf_specdec.decoding.loop import tree_pass
-from hf_specdec.drafting.draft_model import DraftModelRunner
-from hf_specdec.planning.latency import measure_latency
-from hf_specdec.verification import SequoiaVerifier, TargetSampleVerifier
+from hf_specdec.draft.draft_model import DraftModelRunner
+from hf_specdec.plan.latency import measure_latency
+from hf_specdec.verify import SequoiaVerifier, TargetSampleVerifier
 from hf_specdec_tools import families_cli
 from tests.families import FAMILIES, POSITIONS, WINDOW, Family, family
 from tests.test_sampling_exact import Case, speculative_joint, target_joint, to_token_tree, total_variation

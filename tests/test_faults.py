@@ -20,13 +20,12 @@ import torch
 from transformers import DynamicCache, LogitsProcessor, LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
 from transformers.generation.streamers import BaseStreamer
 
-from hf_specdec.calibration import plan_lookup, store
-from hf_specdec.calibration.plan_file import SequoiaPlan, model_record, pair_placement
 from hf_specdec.core import paths
-from hf_specdec.planning import plan_tree
-from hf_specdec.planning.latency import LatencyCurve
-from hf_specdec.planning.sequoia import TreePlan
-from hf_specdec.planning.sizing import HardwareProfile
+from hf_specdec.plan import plan_lookup, plan_tree, store
+from hf_specdec.plan.latency import LatencyCurve
+from hf_specdec.plan.plan_file import SequoiaPlan, model_record, pair_placement
+from hf_specdec.plan.sequoia import TreePlan
+from hf_specdec.plan.sizing import HardwareProfile
 from tests.conftest import random_prompt, tiny_model
 
 NEW_TOKENS = 16
@@ -233,7 +232,7 @@ def test_a_failed_write_leaves_no_file_behind(pair, plan_dir, monkeypatch):
     def disk_full(*args):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr("hf_specdec.calibration.plan_file.os.replace", disk_full)
+    monkeypatch.setattr("hf_specdec.plan.plan_file.os.replace", disk_full)
     with pytest.warns(UserWarning, match="No space left on device"):
         assert store.save_user_plan(SequoiaPlan.from_dict(good_plan(target, draft)), target, draft) is None
     assert list(plan_dir.iterdir()) == []

@@ -12,7 +12,7 @@ import hf_specdec
 from hf_specdec.core.devices import kernels
 from hf_specdec.kernels import PackedLinear, is_prepacked
 from hf_specdec.kernels.prepack import can_prepack
-from hf_specdec.planning.latency import placement
+from hf_specdec.plan.latency import placement
 from tests.conftest import random_prompt, tiny_model
 
 

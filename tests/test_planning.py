@@ -12,7 +12,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from hf_specdec.planning import (
+from hf_specdec.plan import (
     TreePlan,
     chain_parents,
     expected_tokens,

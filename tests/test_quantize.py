@@ -9,9 +9,9 @@ from transformers import AutoModelForCausalLM
 
 from hf_specdec import quantize_draft
 from hf_specdec.core.model_info import quantization
-from hf_specdec.drafting import weight_only
-from hf_specdec.drafting.quantize import is_quantized
-from hf_specdec.drafting.weight_only import Int4Linear, Int8Linear
+from hf_specdec.draft import weight_only
+from hf_specdec.draft.quantize import is_quantized
+from hf_specdec.draft.weight_only import Int4Linear, Int8Linear
 from tests.conftest import random_prompt, tiny_model
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hf_specdec.planning import plan_tree
+from hf_specdec.plan import plan_tree
 from hf_specdec_tools.prompts import humaneval_prompts
 
 pytestmark = pytest.mark.real

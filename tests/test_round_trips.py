@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from hf_specdec import ChainConfig, SequoiaConfig, SpecExecConfig, StagedConfig, TokenTree, TreeConfig
-from hf_specdec.planning.sequoia import plan_tree
-from hf_specdec.verification.greedy import GreedyVerifier
-from hf_specdec.verification.sampling import TargetSampleVerifier
+from hf_specdec.plan.sequoia import plan_tree
+from hf_specdec.verify.greedy import GreedyVerifier
+from hf_specdec.verify.sampling import TargetSampleVerifier
 from tests.conftest import random_prompt
 from tests.roundtrips import count_round_trips
 

@@ -20,9 +20,9 @@ from collections import defaultdict
 import pytest
 import torch
 
+from hf_specdec.core.child_selection import select_children
 from hf_specdec.core.tree import TokenTree
-from hf_specdec.drafting.child_selection import select_children
-from hf_specdec.verification import VERIFIERS, SequoiaVerifier, SpecInferVerifier, TargetSampleVerifier, TorchRandom
+from hf_specdec.verify import VERIFIERS, SequoiaVerifier, SpecInferVerifier, TargetSampleVerifier, TorchRandom
 
 # --------------------------------------------------------------------------- toy models: prefix -> distribution
 

@@ -12,20 +12,20 @@ import numpy as np
 import pytest
 import torch
 
-import hf_specdec.drafting.guarded as guarded
+import hf_specdec.draft.guarded as guarded
 import hf_specdec.integration.generate as integration
 import hf_specdec.methods.sequoia.config as sequoia_config
 import hf_specdec.methods.tree.config as tree_config
 from hf_specdec import ChainConfig, SequoiaConfig, TreeConfig
-from hf_specdec.calibration.plan_file import SequoiaPlan
-from hf_specdec.drafting.shaped_tree import ModelTreeDrafter
-from hf_specdec.drafting.sized_shape import SizedShapeDrafter
-from hf_specdec.planning.guard import PlainGuard
-from hf_specdec.planning.latency import LatencyCurve
-from hf_specdec.planning.sequoia import plan_tree
-from hf_specdec.planning.shape_sizing import RankAcceptance, ShapeDepths, sequoia_menu, sub_shapes_menu
-from hf_specdec.planning.sizing import HardwareProfile
-from hf_specdec.planning.step_sizing import OnlineAcceptance, StepSizer
+from hf_specdec.draft.shaped_tree import ModelTreeDrafter
+from hf_specdec.draft.sized_shape import SizedShapeDrafter
+from hf_specdec.plan.guard import PlainGuard
+from hf_specdec.plan.latency import LatencyCurve
+from hf_specdec.plan.plan_file import SequoiaPlan
+from hf_specdec.plan.sequoia import plan_tree
+from hf_specdec.plan.shape_sizing import RankAcceptance, ShapeDepths, sequoia_menu, sub_shapes_menu
+from hf_specdec.plan.sizing import HardwareProfile
+from hf_specdec.plan.step_sizing import OnlineAcceptance, StepSizer
 from tests.conftest import random_prompt, tiny_model
 
 SIZES = (1, 2, 4, 8, 16, 32, 64, 128)

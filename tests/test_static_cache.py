@@ -11,12 +11,12 @@ import torch
 from transformers import CompileConfig, DynamicCache, StaticCache
 from transformers.cache_utils import StaticLayer
 
+from hf_specdec.accept.kv_cache import cache_length, full_length_cache, keep_positions, layer_rows
 from hf_specdec.core.attention import AttentionLayout
-from hf_specdec.core.kv_cache import cache_length, full_length_cache, keep_positions, layer_rows
 from hf_specdec.core.tree import TokenTree
 from hf_specdec.decoding.loop import tree_pass
 from hf_specdec.decoding.pass_shapes import PassShapes, fit_tree
-from hf_specdec.verification import SequoiaVerifier, TargetSampleVerifier
+from hf_specdec.verify import SequoiaVerifier, TargetSampleVerifier
 from tests.conftest import random_prompt, tiny_model
 from tests.families import WINDOW, family
 from tests.roundtrips import count_round_trips
@@ -283,7 +283,7 @@ def test_the_guard_does_not_judge_a_step_that_compiled(monkeypatch):
     """A step whose forward compiled a graph took seconds of compiling, not of decoding: the guard skips it."""
     from torch._dynamo.utils import counters
 
-    from hf_specdec.drafting.guarded import GuardedDrafter
+    from hf_specdec.draft.guarded import GuardedDrafter
 
     seen = []
 

@@ -7,9 +7,9 @@ import math
 import pytest
 import torch
 
-from hf_specdec.planning.latency import LatencyCurve
-from hf_specdec.planning.sizing import HardwareProfile
-from hf_specdec.planning.step_sizing import OnlineAcceptance, StepSizer
+from hf_specdec.plan.latency import LatencyCurve
+from hf_specdec.plan.sizing import HardwareProfile
+from hf_specdec.plan.step_sizing import OnlineAcceptance, StepSizer
 
 SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 

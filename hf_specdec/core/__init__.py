@@ -1,5 +1,5 @@
 """The contracts every layer above shares: the TokenTree value and its operations, the Drafter and Verifier
-interfaces, KV-cache compaction, logits processing per node, where a model runs, and the config registry.
+interfaces, how a drafter picks children, logits processing per node, where a model runs, and the config registry.
 
 Nothing here runs a drafting or verification algorithm; everything above builds on these.
 """

@@ -36,6 +36,13 @@ def register_speculation(cls: type[SpeculationConfig]) -> type[SpeculationConfig
     return cls
 
 
+def set_by_with_plan(default: Any, help: str) -> Any:
+    """A field `with_plan` sets on the config it resolves, declared (with `help`) but not a setting: no `__init__`
+    argument, left out of `settings()`, `to_dict` and generation_config.json, of repr and of ==."""
+    return field(default=default, init=False, repr=False, compare=False,
+                 metadata={"help": f"Set by `with_plan`, not a setting: {help}"})
+
+
 @dataclass
 class SpeculationConfig:
     """Settings shared by every method. Subclasses add their own and build their drafter."""
@@ -43,14 +50,11 @@ class SpeculationConfig:
     method: ClassVar[str] = ""
     aliases: ClassVar[tuple[str, ...]] = ()  # other names `speculation=` accepts for this method (older ones)
     needs_assistant: ClassVar[bool] = True
-    #: how this method's drafter can pick children (see drafting/child_selection.py); sampling verifiers need
+    #: how this method's drafter can pick children (see core/child_selection.py); sampling verifiers need
     #: children drawn from the draft distribution, so deterministic drafters accept only greedy and target_sample
     child_selections: ClassVar[tuple[str, ...]] = ("top_k",)
     #: the verifier used when sampling and none is named: the best-accepting exact one for this drafter
     default_sampling_verifier: ClassVar[str] = "target_sample"
-    #: set by `with_plan`: where a plan or size came from (stats and logs say it; never guessed silently)
-    plan_source: ClassVar[str] = ""
-
     verifier: str | None = field(
         default=None,
         metadata={
@@ -63,8 +67,13 @@ class SpeculationConfig:
         default=True,
         metadata={
             "help": "Measure every step against plain decoding and run plain steps while speculation keeps losing "
-            "(planning/guard.py). False: every step speculates (a fixed tree to benchmark, passes to count)."
+            "(plan/guard.py). False: every step speculates (a fixed tree to benchmark, passes to count)."
         },
+    )
+
+    plan_source: str = set_by_with_plan(
+        "", "where a plan or size came from (stats and logs say it; never guessed silently). Empty for a config that "
+        "took no plan."
     )
 
     def make_drafter(
@@ -95,13 +104,20 @@ class SpeculationConfig:
         return True
 
     def to_dict(self) -> dict[str, Any]:
-        return {"method": self.method, **dataclasses.asdict(self)}
+        names = {f.name for f in settings(self)}
+        return {"method": self.method, **{k: v for k, v in dataclasses.asdict(self).items() if k in names}}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> SpeculationConfig:
         data = dict(data)
         method = data.pop("method", cls.method or None)
         return make_config(method, data)
+
+
+def settings(config: SpeculationConfig | type[SpeculationConfig]) -> list[dataclasses.Field]:
+    """The fields a user sets (`speculation=` settings, `to_dict`, generation_config.json); not the ones `with_plan`
+    sets (declared with `init=False`: `plan_source`, a resolved config's plan or latency curves)."""
+    return [f for f in dataclasses.fields(config) if f.init]
 
 
 def known_methods() -> str:
@@ -126,7 +142,7 @@ def make_config(
         if speculation not in SPECULATION_METHODS:
             raise ValueError(f"Unknown speculation {speculation!r}. Known methods: {known_methods()}.")
         config_cls = SPECULATION_METHODS[speculation]
-        names = {f.name for f in dataclasses.fields(config_cls)}
+        names = {f.name for f in settings(config_cls)}
         unknown = sorted(set(overrides) - names)
         if unknown:
             raise ValueError(

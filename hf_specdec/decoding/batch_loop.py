@@ -18,21 +18,21 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache, LogitsProcessorList, PreTrainedModel, StoppingCriteriaList
 
+from ..accept.ragged import RaggedRows
 from ..core.attention import AttentionLayout
 from ..core.devices import PassClock, compute_devices, execution_device
 from ..core.drafter import Drafter
 from ..core.processing import NodeScores, process_tree_scores
-from ..core.ragged import RaggedRows
 from ..core.tree import TokenTree
 from ..core.verdict import Verdict, Verifier
-from ..drafting.batch_shaped import LockstepShapeDrafter
+from ..draft.batch_shaped import LockstepShapeDrafter
 from .loop import BlockStops, _prefill, _record, _renumbered, emit, fit_positions
 from .stats import SpeculationStats
 
 
 class RowDrafters:
     """One `Drafter` per row (any method's: its own draft cache, plan and state), drafting row by row. The batch
-    drafter contract `batch_speculative_loop` takes; `drafting.batch_shaped.LockstepShapeDrafter` is the other."""
+    drafter contract `batch_speculative_loop` takes; `draft.batch_shaped.LockstepShapeDrafter` is the other."""
 
     def __init__(self, drafters: list[Drafter]) -> None:
         self.drafters = drafters

@@ -11,15 +11,15 @@ from dataclasses import dataclass
 import torch
 from torch._dynamo.utils import counters
 from transformers import Cache, LogitsProcessorList, PreTrainedModel, StoppingCriteriaList
-from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria, MaxTimeCriteria
 from transformers.generation.streamers import BaseStreamer
 from transformers.modeling_outputs import ModelOutput
 
+from ..accept.emit import BlockStops, emit
+from ..accept.kv_cache import cache_length, crop, is_static, keep_positions, layer_rows
 from ..core.attention import AttentionLayout
 from ..core.device_copies import DeviceCopies, one_pass
 from ..core.devices import PassClock, compute_devices, execution_device
 from ..core.drafter import Drafter
-from ..core.kv_cache import cache_length, crop, is_static, keep_positions, layer_rows
 from ..core.model_inputs import TokenInputs
 from ..core.processing import NodeScores, process_tree_scores
 from ..core.ranks import Ranks
@@ -164,47 +164,6 @@ def speculative_loop(
     if streamer is not None:
         streamer.end()
     return LoopResult(sequences=input_ids, records=records, stats=stats)
-
-
-@dataclass(frozen=True)
-class BlockStops:
-    """When an accepted block can be emitted at once: every stopping criterion is one whose firing anywhere in the
-    block shows at its end (a length or time limit) or an end-of-sequence id the host spots in the block's tokens."""
-
-    monotone: bool  # no criterion but max length, max time and end-of-sequence ids
-    eos: frozenset[int]
-
-    @classmethod
-    def of(cls, criteria: StoppingCriteriaList) -> BlockStops:
-        eos = set()
-        for criterion in criteria:
-            if isinstance(criterion, EosTokenCriteria):
-                eos.update(torch.as_tensor(criterion.eos_token_id).flatten().tolist())
-        monotone = all(isinstance(c, (MaxLengthCriteria, MaxTimeCriteria, EosTokenCriteria)) for c in criteria)
-        return cls(monotone, frozenset(eos))
-
-
-def emit(
-    input_ids: torch.LongTensor,
-    block: list[int],
-    block_scores: torch.Tensor,
-    criteria: StoppingCriteriaList,
-    stops: BlockStops,
-) -> tuple[torch.LongTensor, int, bool]:
-    """Append the accepted `block` (`block_scores`: each token's processed scores); returns the sequence, how many
-    tokens went in and whether decoding stops.
-
-    One `cat` and one stopping check for the whole block when `stops` allows; otherwise (or when that check fires)
-    token by token, so a stop lands on the very token where plain generate's check fires.
-    """
-    grown = torch.cat([input_ids, torch.tensor([block], dtype=input_ids.dtype).to(input_ids.device)], dim=1)
-    if stops.monotone and stops.eos.isdisjoint(block) and not bool(criteria(grown, block_scores[-1:]).any()):
-        return grown, len(block), False
-    start = input_ids.shape[1]
-    for emitted in range(1, len(block) + 1):
-        if bool(criteria(grown[:, : start + emitted], block_scores[emitted - 1 : emitted]).any()):
-            return grown[:, : start + emitted], emitted, True
-    return grown, len(block), False
 
 
 def _prefill(

@@ -13,16 +13,16 @@ import torch
 from transformers import GenerationConfig, LogitsProcessorList, PreTrainedModel, StoppingCriteriaList
 from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria, MaxTimeCriteria
 
+from ..accept.kv_cache import full_length_cache
 from ..core.config import SpeculationConfig
-from ..core.kv_cache import full_length_cache
 from ..core.model_info import vocab_size
 from ..decoding.batch_loop import RowDrafters, batch_speculative_loop
 from ..decoding.outputs import SpeculativeDecoderOnlyOutput
 from ..decoding.stats import SpeculationStats
-from ..drafting.batch_shaped import LockstepShapeDrafter
-from ..drafting.guarded import GuardedDrafter
-from ..drafting.shaped_tree import StaticShapeConfig
-from ..planning.sizing import choose_plan, for_batch
+from ..draft.batch_shaped import LockstepShapeDrafter
+from ..draft.guarded import GuardedDrafter
+from ..methods.static_shape import StaticShapeConfig
+from ..plan.sizing import choose_plan, for_batch
 from .call import SpeculationCall
 
 

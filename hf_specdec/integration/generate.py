@@ -26,16 +26,16 @@ from transformers import (
 from transformers.generation.utils import GenerationMixin
 from transformers.utils import logging
 
-from ..calibration.plan_lookup import call_temperature, plan_for_call
+from ..accept.kv_cache import full_length_cache, is_static, make_room, static_capacity
 from ..core.config import SpeculationConfig, make_config
-from ..core.kv_cache import full_length_cache, is_static, make_room, static_capacity
 from ..core.model_inputs import TokenInputs
 from ..core.ranks import Ranks
 from ..decoding.loop import speculative_loop
 from ..decoding.outputs import SpeculativeDecoderOnlyOutput, TokenRecords
 from ..decoding.stats import SpeculationStats
-from ..drafting.guarded import GuardedDrafter
-from ..verification import verifier_for
+from ..draft.guarded import GuardedDrafter
+from ..plan.plan_lookup import call_temperature, plan_for_call
+from ..verify import verifier_for
 from .batch import batch_drafts, decode_batch
 from .call import SpeculationCall
 from .generation_config import FIELD, get_speculation, keep_field_on_load

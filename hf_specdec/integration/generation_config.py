@@ -12,12 +12,11 @@ config saves as), so `model.generation_config.speculation = "tree"` alone would 
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 from transformers import GenerationConfig
 
-from ..core.config import SpeculationConfig, known_methods, make_config
+from ..core.config import SpeculationConfig, known_methods, make_config, settings
 
 FIELD = "speculation"
 
@@ -27,7 +26,7 @@ def speculation_to_json(config: SpeculationConfig) -> str | dict[str, Any]:
     defaults = type(config)()
     changed = {
         f.name: getattr(config, f.name)
-        for f in dataclasses.fields(config)
+        for f in settings(config)
         if getattr(config, f.name) != getattr(defaults, f.name)
     }
     return {"method": config.method, **changed} if changed else config.method

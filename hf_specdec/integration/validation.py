@@ -7,12 +7,12 @@ from typing import Any
 import torch
 from transformers import DynamicCache, GenerationConfig, PreTrainedModel, StaticCache
 
+from ..accept.kv_cache import cache_length, dropped_rows, is_static, static_capacity
 from ..core.attention import AttentionLayout, check_supported
-from ..core.kv_cache import cache_length, dropped_rows, is_static, static_capacity
 from ..core.model_info import vocabulary_mismatch
 from ..core.model_inputs import TokenInputs, unplaceable_inputs
 from ..core.ranks import Ranks
-from ..verification import verifier_for
+from ..verify import verifier_for
 from .call import SpeculationCall
 
 

@@ -20,7 +20,7 @@ from torch import nn
 from transformers import PreTrainedModel
 
 from ..core.devices import KERNELS_ATTRIBUTE, execution_device, is_offloaded
-from ..planning.latency import measure_latency
+from ..plan.latency import measure_latency
 
 #: rows the packed layout is tuned for: tree passes are a few to a few dozen tokens
 BATCH_HINT = 16

@@ -14,7 +14,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
 from hf_specdec.core.model_info import quantization
-from hf_specdec.drafting import frequent_tokens, quantize_draft, restrict_vocabulary
+from hf_specdec.draft import frequent_tokens, quantize_draft, restrict_vocabulary
 
 from .machine_choices import machine_key, recall, remember
 from .target_quantization import ROUTES, available_routes, fastest_route, quantization_config

@@ -24,7 +24,7 @@ from typing import Any
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel
 
-from hf_specdec.planning.latency import measure_latency
+from hf_specdec.plan.latency import measure_latency
 
 
 @dataclass(frozen=True)

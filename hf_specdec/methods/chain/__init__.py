@@ -1,4 +1,4 @@
-"""`speculation="chain"`: its config; the drafter is the shared `ModelTreeDrafter` (drafting/shaped_tree.py)."""
+"""`speculation="chain"`: its config; the drafter is the shared `ModelTreeDrafter` (draft/shaped_tree.py)."""
 
 from .config import ChainConfig
 

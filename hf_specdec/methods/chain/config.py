@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ...core.config import register_speculation
-from ...drafting.shaped_tree import StaticShapeConfig
-from ...planning.shapes import chain_parents
+from ...plan.shapes import chain_parents
+from ..static_shape import StaticShapeConfig
 
 
 @register_speculation

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ...core.config import SpeculationConfig, register_speculation
-from ...drafting.prompt_lookup import PromptLookupDrafter
+from ...draft.prompt_lookup import PromptLookupDrafter
 
 
 @register_speculation

@@ -10,14 +10,15 @@ from typing import Any
 
 from transformers.utils import logging
 
-from ...calibration.plan_file import SequoiaPlan
-from ...core.config import PlanRequest, register_speculation
+from ...core.config import PlanRequest, register_speculation, set_by_with_plan
 from ...core.model_info import vocab_size
-from ...drafting.shaped_tree import ModelTreeDrafter, StaticShapeConfig
-from ...drafting.sized_shape import SizedShapeDrafter
-from ...drafting.step_sized import online_sizer
-from ...planning.sequoia import TreePlan
-from ...planning.shape_sizing import RankAcceptance, sequoia_menu
+from ...draft.shaped_tree import ModelTreeDrafter
+from ...draft.sized_shape import SizedShapeDrafter
+from ...plan.plan_file import SequoiaPlan
+from ...plan.sequoia import TreePlan
+from ...plan.shape_sizing import RankAcceptance, sequoia_menu
+from ..static_shape import StaticShapeConfig
+from ..step_sized import online_sizer
 
 logger = logging.get_logger(__name__)
 
@@ -34,7 +35,7 @@ class SequoiaConfig(StaticShapeConfig):
 
     A plan looked up (not given) is sized every step (`per_step`, the default): each step drafts the DP's best tree
     for the size and depth with the least predicted time per token, under the acceptance learned while generating
-    and latency curves corrected by the passes measured (planning/shape_sizing.py), stops drafting deeper levels when
+    and latency curves corrected by the passes measured (plan/shape_sizing.py), stops drafting deeper levels when
     the draft is unsure, and runs a plain step (the root alone) when no tree is predicted to beat one. A plan given,
     or `per_step=False`, is drafted as it is, every step.
     """
@@ -56,6 +57,10 @@ class SequoiaConfig(StaticShapeConfig):
         default=True,
         metadata={"help": "Size the tree every step from the DP's table (a looked-up plan lends its acceptance and "
                   "latency curves); False drafts the plan's own tree every step. A `plan` given is always kept."},
+    )
+    sized: bool = set_by_with_plan(
+        False, "True when the plan looked up sizes the tree every step (a SequoiaPlan with latency curves, `per_step`, "
+        "no `plan` given)."
     )
 
     def validate(self) -> None:
@@ -83,10 +88,10 @@ class SequoiaConfig(StaticShapeConfig):
         return resolved
 
     def drafts(self) -> bool:
-        return getattr(self, "sized", False) or super().drafts()
+        return self.sized or super().drafts()
 
     def make_drafter(self, target, assistant_model, logits_processor, child_selection, generator) -> ModelTreeDrafter:
-        if not getattr(self, "sized", False):
+        if not self.sized:
             return super().make_drafter(target, assistant_model, logits_processor, child_selection, generator)
         menu = sequoia_menu(self.plan.acceptance, self.max_budget, self.max_depth)
         return SizedShapeDrafter(assistant_model, menu, online_sizer(self.plan.profile, target, assistant_model,

@@ -1,4 +1,4 @@
-"""`speculation="specexec"`: its config; the drafter is the shared best-first engine (drafting/best_first.py)."""
+"""`speculation="specexec"`: its config; the drafter is the shared best-first engine (draft/best_first.py)."""
 
 from .config import SpecExecConfig
 

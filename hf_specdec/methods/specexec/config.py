@@ -6,9 +6,9 @@ from dataclasses import dataclass, field
 
 from ...core.config import register_speculation
 from ...core.model_info import vocab_size
-from ...drafting.best_first import BestFirstDrafter
-from ...drafting.step_sized import StepSizedConfig
-from ...planning.step_sizing import FRONTIER_SIZES
+from ...draft.best_first import BestFirstDrafter
+from ...plan.step_sizing import FRONTIER_SIZES
+from ..step_sized import StepSizedConfig
 
 
 @register_speculation
@@ -16,7 +16,7 @@ from ...planning.step_sizing import FRONTIER_SIZES
 class SpecExecConfig(StepSizedConfig):
     """`speculation="specexec"`: best-first trees of the draft's most probable continuations (SpecExec).
 
-    Without a `budget`, the tree is sized every step by a cost model (planning/step_sizing.py): the pair's latency
+    Without a `budget`, the tree is sized every step by a cost model (plan/step_sizing.py): the pair's latency
     curves (from the plan store shared with `speculation="sequoia"`: stored, re-sized for this hardware, or measured
     at first use) and the draft's probabilities mapped to how often the target agrees, learned while generating.
     It keeps drafting while another pass is predicted to lower the time per token (deep trees when the draft is

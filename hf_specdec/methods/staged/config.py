@@ -1,20 +1,19 @@
 """`speculation="staged"`: staged speculative decoding (Spector & Ré, 2023): the draft is itself sped up by cheaper
 drafters below it, a stack of any depth, e.g. target <- draft model <- smaller model <- n-gram lookup.
 
-The draft model grows best-first trees (the engine SpecExec uses, drafting/best_first.py) and confirms the lower
+The draft model grows best-first trees (the engine SpecExec uses, draft/best_first.py) and confirms the lower
 stage's guesses in the same passes; `stack.py` turns the `stages` setting into that lower stage.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from ...core.config import register_speculation
+from ...core.config import register_speculation, settings
 from ...core.model_info import vocab_size
-from ...drafting.best_first import BestFirstDrafter
-from ...drafting.step_sized import StepSizedConfig
+from ...draft.best_first import BestFirstDrafter
+from ..step_sized import StepSizedConfig
 from .stack import build_stack, parse_stages
 
 FIXED_BUDGET_PASSES = 3  # draft passes per step with a fixed budget
@@ -64,7 +63,7 @@ class StagedConfig(StepSizedConfig):
 
     def to_dict(self) -> dict[str, Any]:
         """Settings as given (shallow: model objects in `stages` are not copied)."""
-        return {"method": self.method, **{f.name: getattr(self, f.name) for f in dataclasses.fields(self)}}
+        return {"method": self.method, **{f.name: getattr(self, f.name) for f in settings(self)}}
 
     def make_drafter(self, target, assistant_model, logits_processor, child_selection, generator) -> BestFirstDrafter:
         below = build_stack(self.stages, target, logits_processor)

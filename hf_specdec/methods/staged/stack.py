@@ -25,8 +25,8 @@ from transformers import LogitsProcessorList, PreTrainedModel
 from ...core.attention import check_supported
 from ...core.drafter import Drafter
 from ...core.model_info import vocab_size, vocabulary_mismatch
-from ...drafting.best_first import BestFirstDrafter
-from ...drafting.prompt_lookup import PromptLookupDrafter
+from ...draft.best_first import BestFirstDrafter
+from ...draft.prompt_lookup import PromptLookupDrafter
 from .merged import MergedDrafter
 from .ngram_model import NGramModel, NGramModelDrafter
 

@@ -1,4 +1,4 @@
-"""`speculation="tree"`: its config; the drafter is the shared `ModelTreeDrafter` (drafting/shaped_tree.py)."""
+"""`speculation="tree"`: its config; the drafter is the shared `ModelTreeDrafter` (draft/shaped_tree.py)."""
 
 from .config import DEFAULT_TREE_WIDTHS, TreeConfig
 

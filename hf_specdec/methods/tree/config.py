@@ -6,13 +6,14 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from ...core.config import PlanRequest, register_speculation
+from ...core.config import PlanRequest, register_speculation, set_by_with_plan
 from ...core.model_info import vocab_size
-from ...drafting.shaped_tree import ModelTreeDrafter, StaticShapeConfig
-from ...drafting.sized_shape import SizedShapeDrafter
-from ...drafting.step_sized import PLAN_BUDGET, online_sizer
-from ...planning.shape_sizing import RankAcceptance, sub_shapes_menu
-from ...planning.shapes import validate_parents, widths_parents
+from ...draft.shaped_tree import ModelTreeDrafter
+from ...draft.sized_shape import SizedShapeDrafter
+from ...plan.shape_sizing import RankAcceptance, sub_shapes_menu
+from ...plan.shapes import validate_parents, widths_parents
+from ..static_shape import StaticShapeConfig
+from ..step_sized import PLAN_BUDGET, online_sizer
 
 # Wide and shallow: on a 2-core CPU a 32-node target pass costs < 2 single-token passes, while each
 # extra level costs a whole draft pass (README, "What this hardware rewards").
@@ -26,7 +27,7 @@ class TreeConfig(StaticShapeConfig):
 
     With neither (and `per_step`, the default), the default shape is sized every step: each step drafts the smaller
     version of it (fewer levels, fewer children) with the least predicted time per token, down to a plain step, with
-    the latency curves and acceptance vector of the pair's plan (planning/shape_sizing.py). A shape given, or
+    the latency curves and acceptance vector of the pair's plan (plan/shape_sizing.py). A shape given, or
     `per_step=False`, is drafted as given, every step.
     """
 
@@ -45,6 +46,10 @@ class TreeConfig(StaticShapeConfig):
         metadata={"help": "With no shape given: size the default shape every step (default); False drafts it whole "
                   "every step. A shape given is always drafted as given."},
     )
+    plan: Any = set_by_with_plan(
+        None, "the pair's plan whose acceptance and latency curves size the default shape every step; None drafts the "
+        "shape whole."
+    )
 
     def _sized(self) -> bool:
         return self.per_step and self.widths is None and self.parents is None
@@ -60,7 +65,7 @@ class TreeConfig(StaticShapeConfig):
         return resolved
 
     def make_drafter(self, target, assistant_model, logits_processor, child_selection, generator) -> ModelTreeDrafter:
-        plan = getattr(self, "plan", None)
+        plan = self.plan
         if plan is None:
             return super().make_drafter(target, assistant_model, logits_processor, child_selection, generator)
         menu = sub_shapes_menu(DEFAULT_TREE_WIDTHS)

@@ -7,8 +7,8 @@ from typing import ClassVar
 import torch
 
 from ..core.tree import HostTree, TokenTree
-from .base import Verdict
 from .registry import register_verifier
+from .tree_walk import Verdict
 
 
 @register_verifier

@@ -18,9 +18,9 @@ import itertools
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
+from ..accept.kv_cache import keep_positions
 from ..core.attention import AttentionLayout
 from ..core.devices import PassClock, execution_device
-from ..core.kv_cache import keep_positions
 from ..core.model_info import embeddable, fit_vocabulary
 from ..core.model_inputs import TokenInputs, explicit_parameters
 from ..core.tree import TokenTree

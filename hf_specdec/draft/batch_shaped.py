@@ -13,14 +13,14 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache, LogitsProcessorList, PreTrainedModel
 
+from ..accept.kv_cache import crop
+from ..accept.ragged import RaggedRows
 from ..core.attention import AttentionLayout
+from ..core.child_selection import select_children
 from ..core.devices import PassClock, execution_device
-from ..core.kv_cache import crop
 from ..core.model_info import embeddable, fit_vocabulary
 from ..core.processing import process_tree_scores
-from ..core.ragged import RaggedRows
 from ..core.tree import HostTree, TokenTree, additive_mask
-from .child_selection import select_children
 from .shaped_tree import ModelTreeDrafter
 
 

@@ -17,8 +17,8 @@ import torch
 
 from ..core.processing import NodeScores
 from ..core.tree import TokenTree
-from .base import Verdict, walk_down
 from .registry import register_verifier
+from .tree_walk import Verdict, walk_down
 
 
 class RandomSource(Protocol):

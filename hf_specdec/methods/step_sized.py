@@ -3,27 +3,31 @@
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 from typing import Any
 
 from transformers import LogitsProcessorList, PreTrainedModel
 
-from ..core.config import PlanRequest, SpeculationConfig
-from ..planning.step_sizing import StepSizer
-from .best_first import learned_acceptance, processors_key
+from ..core.config import PlanRequest, SpeculationConfig, set_by_with_plan
+from ..draft.best_first import learned_acceptance, processors_key
+from ..plan.step_sizing import StepSizer
 
 #: the largest tree a plan made for a step-sized method may have (the plan lends only its latency curves)
 PLAN_BUDGET = 128
 
 
+@dataclass
 class StepSizedConfig(SpeculationConfig):
-    """A best-first method whose `budget=None` means: size the tree every step (planning/step_sizing.py).
+    """A best-first method whose `budget=None` means: size the tree every step (plan/step_sizing.py).
 
     The sizing needs this pair's latency curves on this hardware: `plan_request` asks the integration for them
-    (stored, re-sized, or measured at first use) and `with_plan` keeps them.
+    (stored, re-sized, or measured at first use) and `with_plan` keeps them in `profile`. A subclass declares the
+    settings `budget: int | None` (None: sized every step) and `max_depth: int`.
     """
 
-    budget: int | None
-    max_depth: int
+    profile: Any = set_by_with_plan(
+        None, "the latency curves (`HardwareProfile`) trees are sized with every step; None with a fixed budget."
+    )
 
     def plan_request(self) -> PlanRequest | None:
         return None if self.budget is not None else PlanRequest(max_budget=PLAN_BUDGET, max_depth=self.max_depth + 1)
@@ -40,7 +44,7 @@ class StepSizedConfig(SpeculationConfig):
         """The cost model for this call (None with a fixed budget); what it learns carries over to the next call."""
         if self.budget is not None:
             return None
-        profile = getattr(self, "profile", None)
+        profile = self.profile
         if profile is None:
             raise RuntimeError(f"{type(self).__name__} without a budget needs latency curves: the integration passes "
                                "a plan to `with_plan` first (see `plan_request`).")

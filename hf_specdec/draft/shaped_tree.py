@@ -1,7 +1,7 @@
 """Draft a tree of a fixed shape with a draft model: one draft pass per level, tree attention inside.
 
-The shared drafter of `chain`, `tree` and `sequoia` (whose configs derive from `StaticShapeConfig`): they differ
-only in where the shape comes from.
+The shared drafter of `chain`, `tree` and `sequoia` (whose configs derive from `StaticShapeConfig`, in
+`methods/static_shape.py`): they differ only in where the shape comes from.
 """
 
 from __future__ import annotations
@@ -11,13 +11,11 @@ from dataclasses import dataclass
 import torch
 from transformers import LogitsProcessorList, PreTrainedModel
 
-from ..core.config import SpeculationConfig
+from ..core.child_selection import select_children
 from ..core.drafter import Drafter
-from ..core.model_info import vocab_size
 from ..core.processing import process_tree_scores
 from ..core.tree import HostTree, TokenTree
 from ..core.verdict import Verdict
-from .child_selection import CHILD_SELECTIONS, select_children
 from .draft_model import DraftModelCounts, DraftModelRunner, HostSequence, emitted_tokens, forwarded_prefix
 
 
@@ -190,27 +188,3 @@ class ModelTreeDrafter(DraftModelCounts, Drafter):
                  for k in (self._kept[node] for node in verdict.path[1:])]
         self.runner.commit(self.sequence.read(input_ids), forwarded_prefix(slots))
 
-
-class StaticShapeConfig(SpeculationConfig):
-    """A method whose every step drafts the same tree shape with the assistant model (`ModelTreeDrafter`)."""
-
-    child_selections = CHILD_SELECTIONS
-    default_sampling_verifier = "sequoia"
-
-    def shape(self) -> list[int]:
-        """The tree to draft, as a parents list (breadth-first, siblings contiguous)."""
-        raise NotImplementedError
-
-    def drafts(self) -> bool:
-        return len(self.shape()) > 1
-
-    def make_drafter(
-        self,
-        target: PreTrainedModel,
-        assistant_model: PreTrainedModel | None,
-        logits_processor: LogitsProcessorList,
-        child_selection: str,
-        generator: torch.Generator | None,
-    ) -> ModelTreeDrafter:
-        return ModelTreeDrafter(assistant_model, self.shape(), logits_processor, child_selection, generator,
-                                vocab_size(target))

@@ -23,10 +23,10 @@ from ..core.devices import cpu_model
 from ..core.model_info import quantization
 from ..core.paths import json_list, json_object, write_json
 from ..core.version import __version__
-from ..planning.latency import dtype_name, placement
-from ..planning.sequoia import TreePlan
-from ..planning.sizing import HardwareProfile
-from ..verification.registry import VERIFIERS
+from ..verify.registry import VERIFIERS
+from .latency import dtype_name, placement
+from .sequoia import TreePlan
+from .sizing import HardwareProfile
 
 FORMAT = 1
 RECORD_FIELDS = ("target", "draft", "predicted", "measured", "environment")  # free-form JSON objects

@@ -1,6 +1,6 @@
 """A planned shape sized every step (`sequoia` and `tree` at their defaults): choose, draft, stop early, learn.
 
-Before a step: the shape of the menu with the least predicted time per token (planning/shape_sizing.py), possibly
+Before a step: the shape of the menu with the least predicted time per token (plan/shape_sizing.py), possibly
 the root alone (a plain step). While drafting: before each level's pass, the drafted nodes are valued as SpecExec's
 sizer values them (a(v) = a(parent) f(q_v), f learned online from the draft's probabilities), the nodes not drafted
 yet by the learned positional acceptance below them, and the pass runs only if stopping at some deeper level is
@@ -20,8 +20,8 @@ from transformers import LogitsProcessorList, PreTrainedModel
 
 from ..core.tree import TokenTree
 from ..core.verdict import Verdict
-from ..planning.shape_sizing import RankAcceptance, ShapeDepths, ShapeMenu
-from ..planning.step_sizing import StepSizer
+from ..plan.shape_sizing import RankAcceptance, ShapeDepths, ShapeMenu
+from ..plan.step_sizing import StepSizer
 from .shaped_tree import ModelTreeDrafter, ShapeLevel
 
 #: plain steps the prediction chose before one tree is drafted anyway (doubling while it keeps losing), so that

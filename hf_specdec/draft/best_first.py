@@ -35,8 +35,8 @@ from ..core.drafter import Drafter
 from ..core.processing import process_tree_scores
 from ..core.tree import HostTree, TokenTree
 from ..core.verdict import Verdict
-from ..planning.sizing import default_beams
-from ..planning.step_sizing import OnlineAcceptance, StepSizer
+from ..plan.sizing import default_beams
+from ..plan.step_sizing import OnlineAcceptance, StepSizer
 from .draft_model import DraftModelCounts, DraftModelRunner, HostSequence, emitted_tokens, forwarded_prefix
 
 
@@ -47,7 +47,7 @@ class Node:
     token: int
     parent: int  # index of the parent node (-1: the root)
     depth: int
-    logp: float  # rank: cumulative log-probability (the draft's, or the calibrated chance the target keeps it)
+    log_rank: float  # the rank, a cumulative log-probability: the draft's, or the calibrated chance the target keeps it
     logq: float  # the draft's log-probability of the token under its parent
     slot: int = -1  # draft-cache slot once forwarded (the root is committed: -1)
     expanded: bool = False
@@ -107,22 +107,22 @@ class Growth:
 
     def prune(self, budget: int) -> None:
         """Keep the `budget` most probable nodes (finite ones; ties: earlier first, so parents before children)."""
-        ranked = sorted(self.kept(), key=lambda i: (-self.nodes[i].logp, i))
+        ranked = sorted(self.kept(), key=lambda i: (-self.nodes[i].log_rank, i))
         for rank, i in enumerate(ranked):
-            self.nodes[i].kept = rank < budget and math.isfinite(self.nodes[i].logp)
+            self.nodes[i].kept = rank < budget and math.isfinite(self.nodes[i].log_rank)
 
     def open_nodes(self, budget: int, max_depth: int) -> list[int]:
         """Unexpanded nodes that can still place a child, most probable first: above max depth, and more probable
         than the weakest kept node when the tree is full."""
         kept = self.kept()
-        weakest = min(self.nodes[i].logp for i in kept) if len(kept) >= budget else -math.inf
+        weakest = min(self.nodes[i].log_rank for i in kept) if len(kept) >= budget else -math.inf
         found = [i for i in kept if not self.nodes[i].expanded and self.nodes[i].depth < max_depth
-                 and self.nodes[i].logp > weakest]
-        return sorted(found, key=lambda i: (-self.nodes[i].logp, i))
+                 and self.nodes[i].log_rank > weakest]
+        return sorted(found, key=lambda i: (-self.nodes[i].log_rank, i))
 
     def values(self) -> list[float]:
-        """Probabilities (exp logp) of the kept non-root nodes, descending: what the cost model sizes with."""
-        return sorted((math.exp(self.nodes[i].logp) for i in self.kept()[1:]), reverse=True)
+        """Probabilities (exp log_rank) of the kept non-root nodes, descending: what the cost model sizes with."""
+        return sorted((math.exp(self.nodes[i].log_rank) for i in self.kept()[1:]), reverse=True)
 
     def breadth_first(self) -> list[int]:
         """Kept nodes breadth first, siblings contiguous in their parents' order, most probable sibling first."""
@@ -130,7 +130,7 @@ class Growth:
         while level:
             above = set(level)
             children = [i for i in self.kept() if self.nodes[i].parent in above]
-            children.sort(key=lambda i: (place[self.nodes[i].parent], -self.nodes[i].logp, i))
+            children.sort(key=lambda i: (place[self.nodes[i].parent], -self.nodes[i].log_rank, i))
             for i in children:
                 place[i] = len(order)
                 order.append(i)
@@ -183,7 +183,7 @@ class BestFirstDrafter(DraftModelCounts, Drafter):
         self.logits_processor = logits_processor
         self.lower, self.lower_leaves = lower, lower_leaves
         self.max_passes = max_passes  # None: until nothing can grow
-        self.min_logp = math.log(min_prob) if min_prob > 0 else float("-inf")
+        self.min_log_rank = math.log(min_prob) if min_prob > 0 else float("-inf")
         self.sequence = HostSequence()
         self.lower_forwarded = 0  # lower-stage nodes forwarded (stats)
         self.lower_confirmed = 0  # ... of which joined the tree
@@ -199,7 +199,7 @@ class BestFirstDrafter(DraftModelCounts, Drafter):
     def propose(self, input_ids: torch.LongTensor) -> TokenTree:
         start = time.perf_counter()
         ids = self.sequence.read(input_ids)
-        growth = Growth(nodes=[Node(token=ids[-1], parent=-1, depth=0, logp=0.0, logq=0.0)],
+        growth = Growth(nodes=[Node(token=ids[-1], parent=-1, depth=0, log_rank=0.0, logq=0.0)],
                         prefix=input_ids[:, :-1].to(self.runner.device), ids=ids)
         frontier, hangs, passes = [], [0], 0
         while True:
@@ -208,13 +208,13 @@ class BestFirstDrafter(DraftModelCounts, Drafter):
             self._grow(growth, ready, lower)
             growth.prune(self.budget)
             pool = growth.open_nodes(self.budget, self.max_depth)
-            if not pool or growth.nodes[pool[0]].logp < self.min_logp:
+            if not pool or growth.nodes[pool[0]].log_rank < self.min_log_rank:
                 break  # nothing can grow, or not likely enough to be worth a draft pass
             if self.max_passes is not None and passes >= self.max_passes:
                 break
             beams = self.beams
             if self.sizer is not None:  # another pass only if the cost model predicts it pays, and over how many
-                open_values = [math.exp(growth.nodes[i].logp) for i in pool]
+                open_values = [math.exp(growth.nodes[i].log_rank) for i in pool]
                 beams = min(beams, self.sizer.next_frontier(growth.values(), open_values, time.perf_counter() - start))
                 if beams == 0:
                     break
@@ -303,7 +303,7 @@ class BestFirstDrafter(DraftModelCounts, Drafter):
         w = self.width
         while rows:
             if self.sizer is not None:
-                parents = [math.exp(growth.nodes[p].logp) for p in rows]
+                parents = [math.exp(growth.nodes[p].log_rank) for p in rows]
                 self.sizer.observe_expansion(math.fsum(parents), math.fsum(
                     v * math.exp(r) for v, p in zip(parents, rows) for r in picked[p][w : 2 * w]))
             confirmed = []
@@ -352,7 +352,8 @@ class BestFirstDrafter(DraftModelCounts, Drafter):
         node.expanded = True
         first = len(growth.nodes)
         for token, q, r in zip(tokens, logq, rank):
-            growth.nodes.append(Node(token=token, parent=parent, depth=node.depth + 1, logp=node.logp + r, logq=q))
+            growth.nodes.append(Node(token=token, parent=parent, depth=node.depth + 1, log_rank=node.log_rank + r,
+                                     logq=q))
         place = lower.get(parent)
         if place is None:
             return []

@@ -18,12 +18,12 @@ from transformers.utils import logging
 from ..core.config import PlanRequest
 from ..core.devices import is_offloaded
 from ..core.ranks import ONE_PROCESS, Ranks
-from ..planning.latency import STOP_RATIO
-from ..planning.sequoia import TreePlan
-from ..planning.sizing import HardwareProfile
 from . import store
 from .calibrate import calibrate, measure_profile, resize
+from .latency import STOP_RATIO
 from .plan_file import INVALID_VALUE, SequoiaPlan
+from .sequoia import TreePlan
+from .sizing import HardwareProfile
 
 logger = logging.get_logger(__name__)
 

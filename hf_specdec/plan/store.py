@@ -26,9 +26,9 @@ from transformers import PreTrainedModel
 from ..core.devices import device_layout, execution_device, is_offloaded
 from ..core.model_info import quantization
 from ..core.paths import CACHE_ENV, cache_dir
-from ..planning.latency import dtype_name
-from ..planning.sizing import HardwareProfile
+from .latency import dtype_name
 from .plan_file import SequoiaPlan, model_fingerprint, read_json
+from .sizing import HardwareProfile
 
 try:
     import fcntl

@@ -1,4 +1,4 @@
-"""Any drafter behind the measured guard (planning/guard.py): a plain step is the root alone, proposed as a TokenTree.
+"""Any drafter behind the measured guard (plan/guard.py): a plain step is the root alone, proposed as a TokenTree.
 
 The loop never knows: it verifies a one-node tree with one target pass over one token, which is plain decoding's
 step (greedy output identical, sampling exact, the same code path), and the drafter underneath catches up with the
@@ -16,7 +16,7 @@ from ..core.drafter import Drafter
 from ..core.model_inputs import TokenInputs
 from ..core.tree import HostTree, TokenTree
 from ..core.verdict import Verdict
-from ..planning.guard import PlainGuard
+from ..plan.guard import PlainGuard
 
 
 def root_only(last: int, device: torch.device) -> TokenTree:

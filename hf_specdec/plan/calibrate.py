@@ -24,11 +24,11 @@ from transformers import (
 from ..core.attention import AttentionLayout
 from ..core.devices import execution_device
 from ..core.model_info import vocab_size
-from ..planning.latency import DEFAULT_SIZES, STOP_RATIO, measure_latency
-from ..planning.sequoia import TreePlanner
-from ..planning.sizing import HardwareProfile, choose_plan, step_seconds
 from .acceptance import estimate_acceptance
+from .latency import DEFAULT_SIZES, STOP_RATIO, measure_latency
 from .plan_file import SequoiaPlan, environment, model_record, pair_placement
+from .sequoia import TreePlanner
+from .sizing import HardwareProfile, choose_plan, step_seconds
 
 
 def sampling_processors(

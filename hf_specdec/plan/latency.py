@@ -19,9 +19,9 @@ import torch
 from tqdm.auto import tqdm
 from transformers import DynamicCache, PreTrainedModel
 
+from ..accept.kv_cache import crop
 from ..core.attention import AttentionLayout
 from ..core.devices import compute_devices, cpu_model, device_layout, execution_device, is_offloaded, kernels
-from ..core.kv_cache import crop
 from ..core.model_info import quantization
 from ..core.paths import json_object
 from ..core.tree import TokenTree

@@ -12,8 +12,8 @@ from __future__ import annotations
 import torch
 from transformers import Cache
 
+from ..core.tree import TokenTree, additive_mask
 from .kv_cache import keep_positions_per_row, select_batch_rows
-from .tree import TokenTree, additive_mask
 
 
 class RaggedRows:

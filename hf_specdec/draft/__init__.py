@@ -1,0 +1,16 @@
+"""Drafting machinery the methods share: the draft-model runner (`draft_model.py`), the static-shape drafter
+(`shaped_tree.py`: chain, tree, sequoia), a shape sized every step (`sized_shape.py`: tree, sequoia), the
+best-first engine (`best_first.py`: specexec, staged), prompt lookup (`prompt_lookup.py`: prompt_lookup, the
+cheapest staged stage), the draft behind the measured guard (`guarded.py`), a fixed shape drafted for every row of
+a batch (`batch_shaped.py`), the int8 draft (`quantize.py`, `weight_only.py`) and the draft's output layer over a
+subset of the vocabulary (`vocabulary.py`)."""
+
+from .best_first import BestFirstDrafter
+from .draft_model import DraftModelRunner
+from .prompt_lookup import NGramDrafter, PromptLookupDrafter
+from .quantize import quantize_draft
+from .shaped_tree import ModelTreeDrafter
+from .vocabulary import frequent_tokens, restrict_vocabulary
+
+__all__ = ["BestFirstDrafter", "DraftModelRunner", "ModelTreeDrafter", "NGramDrafter", "PromptLookupDrafter",
+           "frequent_tokens", "quantize_draft", "restrict_vocabulary"]

@@ -1,0 +1,37 @@
+"""What `chain`, `tree` and `sequoia` share: a config whose every step drafts one tree shape with the assistant
+model (`draft/shaped_tree.py`'s `ModelTreeDrafter`); the three differ only in where the shape comes from."""
+
+from __future__ import annotations
+
+import torch
+from transformers import LogitsProcessorList, PreTrainedModel
+
+from ..core.child_selection import CHILD_SELECTIONS
+from ..core.config import SpeculationConfig
+from ..core.model_info import vocab_size
+from ..draft.shaped_tree import ModelTreeDrafter
+
+
+class StaticShapeConfig(SpeculationConfig):
+    """A method whose every step drafts the same tree shape with the assistant model (`ModelTreeDrafter`)."""
+
+    child_selections = CHILD_SELECTIONS
+    default_sampling_verifier = "sequoia"
+
+    def shape(self) -> list[int]:
+        """The tree to draft, as a parents list (breadth-first, siblings contiguous)."""
+        raise NotImplementedError
+
+    def drafts(self) -> bool:
+        return len(self.shape()) > 1
+
+    def make_drafter(
+        self,
+        target: PreTrainedModel,
+        assistant_model: PreTrainedModel | None,
+        logits_processor: LogitsProcessorList,
+        child_selection: str,
+        generator: torch.Generator | None,
+    ) -> ModelTreeDrafter:
+        return ModelTreeDrafter(assistant_model, self.shape(), logits_processor, child_selection, generator,
+                                vocab_size(target))
