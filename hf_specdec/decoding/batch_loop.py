@@ -5,9 +5,12 @@ Each row has its own drafter (any method's: its draft cache, plan and state are 
 without its padding), and the rows' trees go through the target together, padded to the largest tree
 (`core.ragged.RaggedRows`: per-row valid cache columns, positions and masks). Every row is verified by the call's
 verifier on its own scores (logits processors applied to the padded row, as plain batched `generate` applies
-them) and stopped by the call's stopping criteria on its own sequence; a row that stops leaves the batch (its
-cache rows are dropped, so it costs no more target rows) and its output is padded with `pad_token_id`, as plain
-batched `generate` writes after a finished row.
+them, each row with its own processors: `core.processing.row_processors`) and stopped by the call's stopping
+criteria on its own sequence; a row that stops leaves the batch (its cache rows are dropped, so it costs no more
+target rows; `batch_cache.FinishedRows` keeps them when the cache is returned) and its output is padded with
+`pad_token_id`, as plain batched `generate` writes after a finished row. The host reads what a single sequence's
+step reads, whatever the batch size: the rows' verdicts are decided together (`verify_rows`) and their stopping
+checks read in one transfer (`loop.emit_rows`).
 """
 
 from __future__ import annotations
@@ -168,8 +171,8 @@ def batch_speculative_loop(
 
 def verify_rows(verifier: Verifier, trees: list[TokenTree], scores: list, generator: torch.Generator | None
                 ) -> list[Verdict]:
-    """Every row's verdict: in one read where the verifier decides rows together (greedy), else row by row (the
-    sampling verifiers walk each tree, reading once per visited node with children)."""
+    """Every row's verdict, decided together where the verifier can (greedy: one read; the sampling verifiers walk
+    the rows' trees in lockstep, one read per level), else row by row (a verifier without `verify_rows`)."""
     together = getattr(verifier, "verify_rows", None)
     if together is not None:
         return together(trees, scores, generator)

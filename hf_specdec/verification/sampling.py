@@ -9,7 +9,7 @@ the default one uses a `torch.Generator` (or the global RNG), so seeded runs rep
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Generator, Sequence
 from typing import ClassVar, Protocol
 
 import torch
@@ -31,22 +31,64 @@ class RandomSource(Protocol):
 
 class TorchRandom:
     """`RandomSource` on a `torch.Generator` (None: torch's global RNG), drawing on the generator's device and
-    reading every outcome of a node in one transfer."""
+    reading every outcome of a node in one transfer (of several nodes, `decide_many`, in one transfer too)."""
 
     def __init__(self, generator: torch.Generator | None = None) -> None:
         self.generator = generator
 
     def decide(self, accept: torch.Tensor | None, dists: list[torch.Tensor]) -> tuple[int | None, list[int]]:
-        device = accept.device if accept is not None else dists[0].device
-        where = self.generator.device if self.generator is not None else device  # no generator: that device's RNG
-        drawn = [torch.multinomial(d.to(where), 1, generator=self.generator).to(device) for d in dists]
-        if accept is None:
-            return None, torch.cat(drawn).tolist()
-        k = len(accept)
-        uniforms = torch.rand(k, dtype=accept.dtype, generator=self.generator, device=where).to(device)
-        first = torch.where(uniforms < accept, torch.arange(k, device=device), k).amin(0, keepdim=True)
-        rank, *tokens = torch.cat([first, *drawn]).tolist()
-        return (rank if rank < k else None), tokens
+        return self.decide_many([(accept, dists)])[0]
+
+    def decide_many(self, requests: list[tuple[torch.Tensor | None, list[torch.Tensor]]]
+                    ) -> list[tuple[int | None, list[int]]]:
+        """`decide` for each request, drawn in order (the same draws as one `decide` after another), read back in
+        one transfer."""
+        outcomes = []
+        for accept, dists in requests:
+            device = accept.device if accept is not None else dists[0].device
+            where = self.generator.device if self.generator is not None else device  # no generator: that device's RNG
+            drawn = [torch.multinomial(d.to(where), 1, generator=self.generator).to(device) for d in dists]
+            if accept is None:
+                outcomes.append(torch.cat([torch.full((1,), -1, dtype=torch.long, device=device), *drawn]))
+                continue
+            k = len(accept)
+            uniforms = torch.rand(k, dtype=accept.dtype, generator=self.generator, device=where).to(device)
+            first = torch.where(uniforms < accept, torch.arange(k, device=device), k).amin(0, keepdim=True)
+            outcomes.append(torch.cat([torch.where(first < k, first, -1), *drawn]))
+        devices = {outcome.device for outcome in outcomes}
+        flat = (torch.cat(outcomes) if len(devices) == 1 else torch.cat([o.cpu() for o in outcomes])).tolist()
+        decided, at = [], 0
+        for outcome in outcomes:  # the one read
+            rank, *tokens = flat[at : at + len(outcome)]
+            decided.append((None if rank < 0 else rank, tokens))
+            at += len(outcome)
+        return decided
+
+
+def run_walks(walks: list[Generator], source: RandomSource) -> list[Verdict]:
+    """Run tree walks (`base.walk_down` generators) in lockstep: each round every walk still descending states the
+    decision it needs, and the source makes them all (in one read where it can, `TorchRandom.decide_many`; else one
+    `decide` after another). Returns each walk's verdict."""
+    verdicts: list[Verdict | None] = [None] * len(walks)
+    pending: dict[int, tuple] = {}
+
+    def advance(index: int, outcome) -> None:
+        try:
+            pending[index] = walks[index].send(outcome)
+        except StopIteration as done:
+            pending.pop(index, None)
+            verdicts[index] = done.value
+
+    for index in range(len(walks)):
+        advance(index, None)
+    while pending:
+        order = list(pending)
+        many = getattr(source, "decide_many", None)
+        requests = [pending[index] for index in order]
+        outcomes = many(requests) if many is not None else [source.decide(*request) for request in requests]
+        for index, outcome in zip(order, outcomes):
+            advance(index, outcome)
+    return verdicts
 
 
 def _work_dtype(device: torch.device) -> torch.dtype:
@@ -91,10 +133,10 @@ def _trials(p: torch.Tensor, q: torch.Tensor, xs: torch.Tensor, without_replacem
     return accept, p
 
 
-def _residual_verify(
-    tree: TokenTree, target_scores: torch.Tensor, source: RandomSource, without_replacement: bool
-) -> Verdict:
-    """Recursive rejection sampling (SpecInfer; Sequoia/SpecTr when `without_replacement`).
+def _residual_walk(
+    tree: TokenTree, target_scores: torch.Tensor, without_replacement: bool
+) -> Generator[tuple, tuple, Verdict]:
+    """Recursive rejection sampling (SpecInfer; Sequoia/SpecTr when `without_replacement`), as a walk.
 
     At each visited node the children's trials (`_trials`) run on the target's device and the source reads the
     outcome once: the first accepted child, where the walk descends, or a token from the residual. Nothing
@@ -107,7 +149,8 @@ def _residual_verify(
     def choose(node: int, children: list[int]):
         p = target_scores[node].to(dtype).softmax(-1)
         if not children:  # a root with nothing drafted below it
-            return None, source.decide(None, [p])[1][0]
+            _, drawn = yield None, [p]
+            return None, drawn[0]
         if tree.draft_probs is None:
             raise ValueError("Sampling verifiers need `tree.draft_probs` (the draft distribution at each node).")
         q = tree.draft_probs[node].to(device=p.device, dtype=dtype)
@@ -118,55 +161,64 @@ def _residual_verify(
         xs = torch.tensor([tokens[child] for child in children]).to(p.device)
         accept, residual = _trials(p, q, xs, without_replacement)
         leaves = [child for child in children if not children_of[child]]
-        rank, drawn = source.decide(accept, [residual, *_target_dists(target_scores, leaves, dtype)])
+        rank, drawn = yield accept, [residual, *_target_dists(target_scores, leaves, dtype)]
         if rank is None:
             return None, drawn[0]
         child = children[rank]
         return child, (drawn[1 + leaves.index(child)] if child in leaves else None)
 
-    return walk_down(tree, choose)
+    return (yield from walk_down(tree, choose))
+
+
+class _Walking:
+    """A verifier whose verdict is a tree walk (`walk(tree, scores)`): one tree, or a batch's trees in lockstep."""
+
+    walks: ClassVar[bool] = True  # reads the target scores of the nodes it visits only (see NodeScores)
+
+    def walk(self, tree: TokenTree, target_scores: torch.Tensor) -> Generator[tuple, tuple, Verdict]:
+        raise NotImplementedError
+
+    def verify(
+        self,
+        tree: TokenTree,
+        target_scores: torch.Tensor,
+        generator: torch.Generator | None = None,
+        *,
+        source: RandomSource | None = None,
+    ) -> Verdict:
+        return run_walks([self.walk(tree, target_scores)], source or TorchRandom(generator))[0]
+
+    def verify_rows(self, trees: list[TokenTree], target_scores: list[torch.Tensor],
+                    generator: torch.Generator | None = None) -> list[Verdict]:
+        """Every row's verdict, the rows walking in lockstep: one read per level any row visits, not per row."""
+        walks = [self.walk(tree, scores) for tree, scores in zip(trees, target_scores)]
+        return run_walks(walks, TorchRandom(generator))
 
 
 @register_verifier
-class SequoiaVerifier:
+class SequoiaVerifier(_Walking):
     """Exact for children drawn without replacement from q (Sequoia / SpecTr-style recursive rejection)."""
 
     name: ClassVar[str] = "sequoia"
-    walks: ClassVar[bool] = True  # reads the target scores of the nodes it visits only (see NodeScores)
     child_selection: ClassVar[str] = "without_replacement"
 
-    def verify(
-        self,
-        tree: TokenTree,
-        target_scores: torch.Tensor,
-        generator: torch.Generator | None = None,
-        *,
-        source: RandomSource | None = None,
-    ) -> Verdict:
-        return _residual_verify(tree, target_scores, source or TorchRandom(generator), without_replacement=True)
+    def walk(self, tree: TokenTree, target_scores: torch.Tensor) -> Generator[tuple, tuple, Verdict]:
+        return _residual_walk(tree, target_scores, without_replacement=True)
 
 
 @register_verifier
-class SpecInferVerifier:
+class SpecInferVerifier(_Walking):
     """Exact for children drawn i.i.d. from q (SpecInfer's multi-step speculative sampling)."""
 
     name: ClassVar[str] = "specinfer"
-    walks: ClassVar[bool] = True  # reads the target scores of the nodes it visits only (see NodeScores)
     child_selection: ClassVar[str] = "with_replacement"
 
-    def verify(
-        self,
-        tree: TokenTree,
-        target_scores: torch.Tensor,
-        generator: torch.Generator | None = None,
-        *,
-        source: RandomSource | None = None,
-    ) -> Verdict:
-        return _residual_verify(tree, target_scores, source or TorchRandom(generator), without_replacement=False)
+    def walk(self, tree: TokenTree, target_scores: torch.Tensor) -> Generator[tuple, tuple, Verdict]:
+        return _residual_walk(tree, target_scores, without_replacement=False)
 
 
 @register_verifier
-class TargetSampleVerifier:
+class TargetSampleVerifier(_Walking):
     """Sample from the target at each node and descend while a child carries the sample.
 
     Exact for any tree whose shape and tokens do not depend on the target's randomness (top-k, best-first,
@@ -174,28 +226,19 @@ class TargetSampleVerifier:
     """
 
     name: ClassVar[str] = "target_sample"
-    walks: ClassVar[bool] = True  # reads the target scores of the nodes it visits only (see NodeScores)
     child_selection: ClassVar[str] = "top_k"
 
-    def verify(
-        self,
-        tree: TokenTree,
-        target_scores: torch.Tensor,
-        generator: torch.Generator | None = None,
-        *,
-        source: RandomSource | None = None,
-    ) -> Verdict:
-        source = source or TorchRandom(generator)
+    def walk(self, tree: TokenTree, target_scores: torch.Tensor) -> Generator[tuple, tuple, Verdict]:
         tokens = tree.host(tokens=True).tokens
         dtype = _work_dtype(target_scores.device)
         children_of = tree.host().children()
 
         def choose(node: int, children: list[int]):
             leaves = [child for child in children if not children_of[child]]
-            _, drawn = source.decide(None, _target_dists(target_scores, [node, *leaves], dtype))
+            _, drawn = yield None, _target_dists(target_scores, [node, *leaves], dtype)
             for child in children:
                 if tokens[child] == drawn[0]:
                     return child, (drawn[1 + leaves.index(child)] if child in leaves else None)
             return None, drawn[0]
 
-        return walk_down(tree, choose)
+        return (yield from walk_down(tree, choose))
