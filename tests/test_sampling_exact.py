@@ -414,6 +414,17 @@ def test_torch_random_decide_rates():
     assert chi_square_pvalue(counts, want, n) > 1e-3
 
 
+def test_decide_many_draws_what_decide_after_decide_draws():
+    """A batch's rows decided together (one read) get the very draws of one `decide` after another: the same
+    generator stream, in the same order."""
+    residual = torch.tensor([0.0, 0.25, 0.75], dtype=torch.float64)
+    requests = [(torch.tensor([0.2, 0.6], dtype=torch.float64), [residual, torch.eye(3)[1]]), (None, [residual]),
+                (torch.tensor([0.5], dtype=torch.float64), [])] * 20
+    one_by_one = TorchRandom(torch.Generator().manual_seed(5))
+    together = TorchRandom(torch.Generator().manual_seed(5))
+    assert together.decide_many(requests) == [one_by_one.decide(*request) for request in requests]
+
+
 # --------------------------------------------------------------------------- select_children
 
 
