@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+import hf_specdec.integration.batch as batch_integration
 import hf_specdec.integration.generate as integration
 
 READS = ("item", "tolist", "numpy", "cpu", "__bool__", "__int__", "__float__", "__index__")
@@ -49,9 +50,17 @@ class RoundTrips:
         return self.draft_passes + 2 * self.target_passes
 
 
+def batch_draft_passes(drafter) -> int:
+    """Draft passes a batch drafter made: the lockstep drafter's (shared by every row), or every row drafter's."""
+    if hasattr(drafter, "forward_count"):
+        return drafter.forward_count
+    return sum(row.forward_count for row in drafter.drafters)
+
+
 @contextmanager
 def count_round_trips(*models: torch.nn.Module):
-    """Count reads during the speculative loop's steps of every `generate` inside; yields a `RoundTrips`."""
+    """Count reads during the speculative loop's steps of every `generate` inside (the single-sequence loop's and a
+    batch's, whose step is every row's); yields a `RoundTrips`."""
     counts = RoundTrips()
     originals = {name: getattr(torch.Tensor, name) for name in READS}
 
@@ -102,13 +111,46 @@ def count_round_trips(*models: torch.nn.Module):
         counts.draft_passes += result.stats.draft_forwards
         return result
 
+    batch_loop = batch_integration.batch_speculative_loop
+
+    def counted_batch_loop(target, input_ids, attention_mask, drafter, *args, **kwargs):
+        """A batch step: from one `propose` (every row's trees) to the next; its draft passes are every row's."""
+        propose = drafter.propose
+        last = [0, 0]
+
+        def close_step():
+            if counts.active:
+                counts.steps.append(Step(counts.reads - last[0], batch_draft_passes(drafter) - last[1]))
+
+        def first_propose_starts(*propose_args):
+            close_step()
+            counts.active = True
+            last[:] = counts.reads, batch_draft_passes(drafter)
+            return propose(*propose_args)
+
+        drafter.propose = first_propose_starts
+        try:
+            result = batch_loop(target, input_ids, attention_mask, drafter, *args, **kwargs)
+            close_step()
+        finally:
+            counts.active = False
+            del drafter.propose
+        steps = max(row.target_forwards for row in result.stats)
+        for index, step in enumerate(counts.steps[len(counts.steps) - steps :]):
+            step.emitted = sum(row.tokens_per_step[index] for row in result.stats if index < len(row.tokens_per_step))
+        counts.target_passes += steps
+        counts.draft_passes += batch_draft_passes(drafter)
+        return result
+
     for name in READS:
         setattr(torch.Tensor, name, counting(name))
     integration.speculative_loop = counted_loop
+    batch_integration.batch_speculative_loop = counted_batch_loop
     try:
         yield counts
     finally:
         integration.speculative_loop = loop
+        batch_integration.batch_speculative_loop = batch_loop
         for name, original in originals.items():
             setattr(torch.Tensor, name, original)
         for hook in hooks:

@@ -62,7 +62,7 @@ SAMPLED = {
     "chain": ChainConfig(num_draft_tokens=4),
     "tree": TreeConfig(widths=[3, 2]),
     "sequoia": SequoiaConfig(plan=plan_tree([0.6, 0.2, 0.1, 0.05], 32, 6)),
-    # verified by target sampling, a walk on the device (verification/sampling.py, TargetWalk)
+    # verified by target sampling, a walk on the device (verify/sampling.py, TargetWalk)
     "specexec": SpecExecConfig(budget=32, max_depth=6, width=4),
     "staged": StagedConfig(budget=32, max_depth=6),
 }
@@ -114,3 +114,57 @@ def test_greedy_verifier_follows_the_first_drafted_of_repeated_siblings():
     deeper = TokenTree.from_parents([1, 4, 5, 7], [-1, 0, 0, 2])  # now only b matches: its subtree is followed
     verdict = GreedyVerifier().verify(deeper, scores)
     assert verdict.path == [0, 2, 3] and verdict.bonus_token == 3 and verdict.accepted_ranks == [1, 0]
+
+
+BATCH_PADS = [0, 3, 5, 1]  # left pads of the batch's rows (the first `rows` of them)
+
+
+def batch_counts(target, draft, config, rows: int, **call):
+    """Round trips of one batch call of `rows` prompts (left-padded), checked against plain batched generate."""
+    from tests.test_batches import padded_batch
+
+    ids, mask = padded_batch(rows, BATCH_PADS[:rows])
+    kwargs = dict(attention_mask=mask, max_new_tokens=30, **call)
+    torch.manual_seed(0)
+    expected = target.generate(ids, **kwargs)
+    torch.manual_seed(0)
+    with count_round_trips(target, draft) as counts:
+        out = target.generate(ids, assistant_model=draft, speculation=config, **kwargs)
+    return counts, expected, out
+
+
+@pytest.mark.parametrize("rows", [1, 2, 4])
+@pytest.mark.parametrize("name", ["chain", "tree", "sequoia"])
+def test_greedy_batch_step_reads_at_most_draft_passes_plus_two(tiny_pair, name, rows):
+    """A batch step reads the drafted tokens of every row once (the lockstep drafter), every row's verdict in one
+    transfer and every row's stopping check in another: the single sequence's bound whatever the batch size, the
+    steps where rows finish (at the length limit, which the host foresees) and the returned cache included."""
+    from tests.test_batches import near_draft
+
+    target = tiny_pair[0]
+    counts, expected, out = batch_counts(target, near_draft(target), GREEDY[name], rows, do_sample=False,
+                                         return_dict_in_generate=True)
+    assert torch.equal(out.sequences, expected.sequences)
+    assert len(counts.steps) == counts.target_passes > 2
+    first, *steps = counts.steps
+    assert sum(step.draft_passes for step in counts.steps) > 0
+    for step in steps:
+        assert step.reads <= step.draft_passes + 2, (name, rows, [(s.reads, s.draft_passes) for s in counts.steps])
+    assert first.reads <= first.draft_passes + 2 + (rows == 1)  # one sequence: its prompt copied to the host once
+
+
+@pytest.mark.parametrize("rows", [2, 4])
+@pytest.mark.parametrize("name", sorted(SAMPLED))
+def test_sampled_batch_step_reads_at_most_draft_passes_per_row_plus_two(tiny_pair, name, rows):
+    """Sampled rows are verified one after another, each walk reading as a single sequence's does (at most once per
+    level it visits with children, so at most the lockstep drafter's passes per row); the drafted tokens and the
+    stopping checks stay one read each for the whole batch."""
+    from tests.test_batches import near_draft
+
+    target = tiny_pair[0]
+    counts, _, out = batch_counts(target, near_draft(target), SAMPLED[name], rows, do_sample=True,
+                                  temperature=0.7, top_k=50, top_p=0.9)
+    assert out.shape[0] == rows and len(counts.steps) == counts.target_passes > 2
+    for step in counts.steps:
+        assert step.reads <= rows * step.draft_passes + 2, (name, rows, [(s.reads, s.draft_passes)
+                                                                         for s in counts.steps])

@@ -55,17 +55,20 @@ def _dist(target, ids: torch.Tensor) -> torch.Tensor:
     return _processors()(ids, logits).softmax(-1)[0].double()
 
 
-@pytest.fixture(scope="module")
-def exact(models):
-    """P(first two sampled tokens) under plain sampling, computed prefix by prefix."""
-    target, _ = models
-    first = _dist(target, PROMPT)
+def joint_of(target, prompt: torch.Tensor) -> dict[tuple[int, int], float]:
+    """P(first two sampled tokens after `prompt`) under plain sampling, computed prefix by prefix."""
+    first = _dist(target, prompt)
     joint = {}
     for a in range(VOCAB):
         if first[a] > 0:
-            second = _dist(target, torch.cat([PROMPT, torch.tensor([[a]])], dim=1))
+            second = _dist(target, torch.cat([prompt, torch.tensor([[a]])], dim=1))
             joint.update({(a, b): float(first[a] * second[b]) for b in range(VOCAB) if second[b] > 0})
     return joint
+
+
+@pytest.fixture(scope="module")
+def exact(models):
+    return joint_of(models[0], PROMPT)
 
 
 def test_processors_match_what_generate_applies(models):
@@ -137,3 +140,62 @@ def test_sampling_exact_with_a_draft_padded_differently(models, exact, method, v
     assert chi_square_pvalue(counts, exact, SAMPLES) > 1e-3
     assert total_variation({k: c / SAMPLES for k, c in counts.items()}, exact) < 0.2
     assert accepted_drafts > SAMPLES // 10
+
+
+#: a batch of four rows: the prompt (no padding), and the prompt without its first two tokens, left-padded by two.
+#: Rows accept different numbers of tokens in the first step, so a row that goes on to its second token sees holes
+#: in the cache (another row kept more columns)
+BATCH_PADS = [0, 2, 0, 2]
+
+
+def _padded_prompts() -> tuple[torch.Tensor, torch.Tensor]:
+    ids = PROMPT.repeat(len(BATCH_PADS), 1)
+    mask = torch.ones_like(ids)
+    for row, pad in enumerate(BATCH_PADS):
+        ids[row, :pad], mask[row, :pad] = 0, 0
+    return ids, mask
+
+
+@pytest.fixture(scope="module")
+def exact_padded(models):
+    """The padded rows' P(first two tokens): their prompt's alone (plain batched generate's repetition penalty skips
+    each row's padding, and the model sees no pad)."""
+    return joint_of(models[0], PROMPT[:, max(BATCH_PADS) :])
+
+
+def test_padded_row_distribution_is_its_prompts_alone(models):
+    """What `exact_padded` relies on: plain batched sampling scores a padded row as its prompt alone."""
+    target, _ = models
+    ids, mask = _padded_prompts()
+    out = target.generate(ids, attention_mask=mask, max_new_tokens=1, output_scores=True,
+                          return_dict_in_generate=True, **SAMPLING)
+    for row, pad in enumerate(BATCH_PADS):
+        torch.testing.assert_close(out.scores[0][row].softmax(-1).double(), _dist(target, PROMPT[:, pad:]),
+                                   atol=1e-5, rtol=1e-5)
+
+
+BATCH_CASES = [("chain", None), ("tree", None), ("tree", "specinfer"), ("sequoia", "sequoia"), ("specexec", None)]
+
+
+@pytest.mark.parametrize("method,verifier", BATCH_CASES, ids=[f"{m}-{v or 'default'}" for m, v in BATCH_CASES])
+def test_batch_rows_sample_exactly_as_plain_batched_sampling(models, exact, exact_padded, method, verifier):
+    """Every row of a sampled batch draws its first two tokens from plain batched sampling's distribution for that
+    row (chi-square over SAMPLES draws per kind of row, unpadded and padded): each row is verified on its own
+    scores and its own draft distribution, and a row's second step runs over a cache with holes."""
+    target, draft = models
+    config = hf_specdec.SPECULATION_METHODS[method]
+    ids, mask = _padded_prompts()
+    torch.manual_seed(4321)
+    counts, accepted_drafts = {False: Counter(), True: Counter()}, 0
+    for _ in range(SAMPLES // 2):  # two rows of each kind per call
+        out = target.generate(ids, attention_mask=mask, assistant_model=draft if config.needs_assistant else None,
+                              speculation=method, speculation_config=_config(method, verifier), max_new_tokens=2,
+                              return_dict_in_generate=True, **SAMPLING)
+        assert isinstance(out.speculation_stats, list)  # the batch loop decoded it
+        for row, pad in enumerate(BATCH_PADS):
+            counts[pad > 0][tuple(out.sequences[row, ids.shape[1] :].tolist())] += 1
+        accepted_drafts += sum(row.target_forwards == 1 for row in out.speculation_stats)
+    for padded_rows, want in ((False, exact), (True, exact_padded)):
+        assert chi_square_pvalue(counts[padded_rows], want, SAMPLES) > 1e-3, (padded_rows, counts[padded_rows])
+        assert total_variation({k: c / SAMPLES for k, c in counts[padded_rows].items()}, want) < 0.2
+    assert accepted_drafts > SAMPLES // 10  # speculation happened: drafted tokens were accepted

@@ -12,11 +12,13 @@ from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengt
 
 @dataclass(frozen=True)
 class BlockStops:
-    """When an accepted block can be emitted at once: every stopping criterion is one whose firing anywhere in the
-    block shows at its end (a length or time limit) or an end-of-sequence id the host spots in the block's tokens."""
+    """When an accepted block can be checked once, at its end: every stopping criterion is one whose firing anywhere
+    in the block shows at its end (a length or time limit) or an end-of-sequence id the host spots in the block's
+    tokens. The host also sees where the length limit falls, so only a time limit can fire unforeseen."""
 
     monotone: bool  # no criterion but max length, max time and end-of-sequence ids
     eos: frozenset[int]
+    max_length: int | None = None  # the smallest length limit among the criteria
 
     @classmethod
     def of(cls, criteria: StoppingCriteriaList) -> BlockStops:
@@ -25,7 +27,14 @@ class BlockStops:
             if isinstance(criterion, EosTokenCriteria):
                 eos.update(torch.as_tensor(criterion.eos_token_id).flatten().tolist())
         monotone = all(isinstance(c, (MaxLengthCriteria, MaxTimeCriteria, EosTokenCriteria)) for c in criteria)
-        return cls(monotone, frozenset(eos))
+        limits = [c.max_length for c in criteria if isinstance(c, MaxLengthCriteria)]
+        return cls(monotone, frozenset(eos), min(limits) if limits else None)
+
+    def may_stop(self, start: int, block: list[int]) -> bool:
+        """Whether a criterion may fire inside `block` appended after `start` tokens for a reason other than time:
+        then the block is checked token by token at once."""
+        return (not self.monotone or not self.eos.isdisjoint(block)
+                or (self.max_length is not None and start + len(block) >= self.max_length))
 
 
 def emit(
@@ -36,16 +45,55 @@ def emit(
     stops: BlockStops,
 ) -> tuple[torch.LongTensor, int, bool]:
     """Append the accepted `block` (`block_scores`: each token's processed scores); returns the sequence, how many
-    tokens went in and whether decoding stops.
+    tokens went in and whether decoding stops (`emit_rows` for one sequence)."""
+    return emit_rows([(input_ids, block, block_scores)], criteria, stops)[0]
 
-    One `cat` and one stopping check for the whole block when `stops` allows; otherwise (or when that check fires)
-    token by token, so a stop lands on the very token where plain generate's check fires.
+
+def emit_rows(
+    rows: list[tuple[torch.LongTensor, list[int], torch.Tensor]],
+    criteria: StoppingCriteriaList,
+    stops: BlockStops,
+) -> list[tuple[torch.LongTensor, int, bool]]:
+    """`emit` for several sequences (each `(1, L_r)`, its block and the block's scores), their stopping checks read
+    in one transfer (two when a time limit passes inside a block).
+
+    A block that may stop (`BlockStops.may_stop`) is checked after each of its tokens, so a stop lands on the very
+    token where plain generate's check fires; any other block once, after its last token (and token by token, in
+    the second transfer, when that fires: a time limit).
     """
-    grown = torch.cat([input_ids, torch.tensor([block], dtype=input_ids.dtype).to(input_ids.device)], dim=1)
-    if stops.monotone and stops.eos.isdisjoint(block) and not bool(criteria(grown, block_scores[-1:]).any()):
-        return grown, len(block), False
-    start = input_ids.shape[1]
-    for emitted in range(1, len(block) + 1):
-        if bool(criteria(grown[:, : start + emitted], block_scores[emitted - 1 : emitted]).any()):
-            return grown[:, : start + emitted], emitted, True
-    return grown, len(block), False
+    grown = [torch.cat([ids, torch.tensor([block], dtype=ids.dtype).to(ids.device)], dim=1) for ids, block, _ in rows]
+    starts = [ids.shape[1] for ids, _, _ in rows]
+    each = [stops.may_stop(start, block) for start, (_, block, _) in zip(starts, rows)]
+    scores = [block_scores for _, _, block_scores in rows]
+    fired = _stop_checks(grown, starts, scores, each, criteria)
+    late = [row for row, checks in enumerate(fired) if not each[row] and checks[0]]
+    if late:
+        for row, checks in zip(late, _stop_checks([grown[r] for r in late], [starts[r] for r in late],
+                                                  [scores[r] for r in late], [True] * len(late), criteria)):
+            fired[row], each[row] = checks, True
+    out = []
+    for row, (sequence, start, checks) in enumerate(zip(grown, starts, fired)):
+        first = next((token for token, stop in enumerate(checks) if stop), None) if each[row] else None
+        if first is None:
+            out.append((sequence, sequence.shape[1] - start, False))
+        else:
+            out.append((sequence[:, : start + first + 1], first + 1, True))
+    return out
+
+
+def _stop_checks(grown: list[torch.LongTensor], starts: list[int], scores: list[torch.Tensor], each: list[bool],
+                 criteria: StoppingCriteriaList) -> list[list[bool]]:
+    """Per sequence: whether the criteria fire after each token of its block (`each`) or after the whole block,
+    computed where the sequences are and read back in one transfer."""
+    checks, sizes = [], []
+    for sequence, start, block_scores, token_by_token in zip(grown, starts, scores, each):
+        ends = range(start + 1, sequence.shape[1] + 1) if token_by_token else [sequence.shape[1]]
+        checks += [criteria(sequence[:, :end], block_scores[end - start - 1 : end - start]).any()[None]
+                   for end in ends]
+        sizes.append(len(ends))
+    flat = torch.cat(checks).tolist()  # the one read
+    out, at = [], 0
+    for size in sizes:
+        out.append(flat[at : at + size])
+        at += size
+    return out

@@ -139,7 +139,7 @@ def keep_positions_per_row(cache: Cache, start: int, kept: list[list[int]]) -> i
 
     Row r's kept positions `kept[r]` (sorted, absolute, from `start` on) land at `start, start + 1, ...`; the
     cache is then cut to `start + max(len(k) for k in kept)`: the columns a shorter row leaves behind hold stale
-    keys, and its caller marks them as holes (`core.ragged.RaggedRows`). Returns that new length. Dynamic layers
+    keys, and its caller marks them as holes (`accept.ragged.RaggedRows`). Returns that new length. Dynamic layers
     only (a batch never runs on a static cache).
     """
     width = max(len(row) for row in kept)
@@ -171,3 +171,26 @@ def select_batch_rows(cache: Cache, rows: list[int]) -> None:
             index[device] = torch.tensor(rows, dtype=torch.long).to(device)
         layer.keys = layer.keys.index_select(0, index[device])
         layer.values = layer.values.index_select(0, index[device])
+
+
+def gather_row_columns(
+    cache: Cache, rows: list[int], order: torch.Tensor, counts: torch.Tensor
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Copies of batch rows `rows` of every layer, row i's columns taken in `order[i]` `(R, L)` and zeroed from
+    column `counts[i]` on: each row's own columns packed to the front (`accept.ragged.RaggedRows.packed_order`), so
+    they outlive the row's removal from the batch. Every layer must hold keys (a batch's cache after its prefill)."""
+    index: dict[torch.device, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+    out = []
+    for layer in cache.layers:
+        device = layer.keys.device
+        if device not in index:
+            columns = order.to(device)
+            live = torch.arange(columns.shape[1], device=device)[None] < counts.to(device)[:, None]
+            index[device] = torch.tensor(rows, dtype=torch.long).to(device), columns, live[:, None, :, None]
+        picked, columns, live = index[device]
+        taken = []
+        for tensor in (layer.keys, layer.values):
+            gather = columns[:, None, :, None].expand(-1, tensor.shape[1], -1, tensor.shape[-1])
+            taken.append(torch.where(live, tensor.index_select(0, picked).gather(2, gather), 0))
+        out.append((taken[0], taken[1]))
+    return out

@@ -55,6 +55,15 @@ class RaggedRows:
         added = torch.arange(end - length, device=self.valid.device)[None, :] < counts[:, None]
         self.valid = torch.cat([self.valid, added], dim=1)
 
+    def packed_order(self, rows: list[int], prompt: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """For batch rows `rows`: each one's column order that puts the columns holding its tokens first, in sequence
+        order (the first `prompt` columns as they are, left pads included, then its valid columns: holes dropped),
+        and how many those are `(R,)`. Computed on the device (no read): plain generate's layout of the row."""
+        keep = self.valid[torch.tensor(rows, dtype=torch.long).to(self.valid.device)].clone()
+        keep[:, :prompt] = True
+        order = torch.sort((~keep).to(torch.uint8), dim=1, stable=True).indices
+        return order, keep.sum(dim=1)
+
     def select(self, cache: Cache | None, rows: list[int]) -> None:
         """Keep only batch rows `rows` (of this and of `cache`)."""
         if cache is not None:

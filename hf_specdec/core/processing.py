@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import copy
+
 import torch
-from transformers import LogitsProcessorList, PrefixConstrainedLogitsProcessor
+from transformers import LogitsProcessorList, PrefixConstrainedLogitsProcessor, RepetitionPenaltyLogitsProcessor
 
 from .narrowed import apply_narrowed, narrowed_plan
 from .tree import TokenTree
@@ -12,6 +14,40 @@ from .tree import TokenTree
 # Nodes batched as rows would show up as batch ids 0..k-1 of a batch of k, while each node is the one real sequence
 # (batch id 0): these see one node at a time.
 ONE_ROW_AT_A_TIME = (PrefixConstrainedLogitsProcessor,)
+
+
+def row_processors(processors: LogitsProcessorList | None, row: int, rows: int) -> LogitsProcessorList | None:
+    """The processors of row `row` of a batch of `rows`, for calls that see that row's tree nodes (any number of
+    sequences, all of that row). Plain batched generate builds some with per-row state: a repetition penalty that
+    skips each row's left padding (`prompt_ignore_length`, one entry per row) gets the row's entry; a prefix
+    constraint gets the row's batch id. The others are shared as they are."""
+    if not processors or rows == 1:
+        return processors
+    out = LogitsProcessorList()
+    for processor in processors:
+        ignore = getattr(processor, "prompt_ignore_length", None)
+        if isinstance(processor, RepetitionPenaltyLogitsProcessor) and isinstance(ignore, torch.Tensor):
+            if ignore.shape[0] != rows:
+                raise ValueError(f"A repetition penalty built for {ignore.shape[0]} rows cannot score a batch of "
+                                 f"{rows}: build it with an int prompt_ignore_length (or none).")
+            processor = copy.copy(processor)
+            processor.prompt_ignore_length = int(ignore[row])  # read once per row, before decoding
+        elif isinstance(processor, PrefixConstrainedLogitsProcessor):
+            processor = copy.copy(processor)
+            processor._prefix_allowed_tokens_fn = _RowPrefix(processor._prefix_allowed_tokens_fn, row)
+        out.append(processor)
+    return out
+
+
+class _RowPrefix:
+    """`prefix_allowed_tokens_fn` called with the batch row's id, whatever id the call is made with (each node of
+    one row is scored as batch id 0)."""
+
+    def __init__(self, function, row: int) -> None:
+        self.function, self.row = function, row
+
+    def __call__(self, batch_id: int, sentence: torch.Tensor):
+        return self.function(self.row, sentence)
 
 
 def process_tree_scores(

@@ -3,11 +3,14 @@
 
 Each row has its own drafter (any method's: its draft cache, plan and state are per sequence, and it sees the row
 without its padding), and the rows' trees go through the target together, padded to the largest tree
-(`core.ragged.RaggedRows`: per-row valid cache columns, positions and masks). Every row is verified by the call's
+(`accept.ragged.RaggedRows`: per-row valid cache columns, positions and masks). Every row is verified by the call's
 verifier on its own scores (logits processors applied to the padded row, as plain batched `generate` applies
-them) and stopped by the call's stopping criteria on its own sequence; a row that stops leaves the batch (its
-cache rows are dropped, so it costs no more target rows) and its output is padded with `pad_token_id`, as plain
-batched `generate` writes after a finished row.
+them, each row with its own processors: `core.processing.row_processors`) and stopped by the call's stopping
+criteria on its own sequence; a row that stops leaves the batch (its cache rows are dropped, so it costs no more
+target rows; `batch_cache.FinishedRows` keeps them when the cache is returned) and its output is padded with
+`pad_token_id`, as plain batched `generate` writes after a finished row. A greedy step reads
+what a single sequence's step reads, whatever the batch size: the rows' verdicts are decided together
+(`verify_rows`) and their stopping checks read in one transfer (`accept.emit.emit_rows`).
 """
 
 from __future__ import annotations
@@ -18,15 +21,17 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache, LogitsProcessorList, PreTrainedModel, StoppingCriteriaList
 
+from ..accept.emit import BlockStops, emit_rows
 from ..accept.ragged import RaggedRows
 from ..core.attention import AttentionLayout
 from ..core.devices import PassClock, compute_devices, execution_device
 from ..core.drafter import Drafter
-from ..core.processing import NodeScores, process_tree_scores
+from ..core.processing import NodeScores, process_tree_scores, row_processors
 from ..core.tree import TokenTree
 from ..core.verdict import Verdict, Verifier
 from ..draft.batch_shaped import LockstepShapeDrafter
-from .loop import BlockStops, _prefill, _record, _renumbered, emit, fit_positions
+from .batch_cache import FinishedRows
+from .loop import _prefill, _record, _renumbered, fit_positions
 from .stats import SpeculationStats
 
 
@@ -59,6 +64,7 @@ class RowDrafters:
 class BatchResult:
     sequences: torch.LongTensor  # (B, prompt + longest row's new tokens), finished rows padded with pad_token_id
     stats: list[SpeculationStats]  # one per row
+    cache: DynamicCache | None = None  # with returns_cache: every row in plain generate's layout (`batch_cache`)
 
 
 def batch_speculative_loop(
@@ -74,10 +80,13 @@ def batch_speculative_loop(
     stats: list[SpeculationStats] | None = None,
     model_kwargs: dict | None = None,
     cache: DynamicCache | None = None,
+    returns_cache: bool = False,
 ) -> BatchResult:
     """Decode every row of `input_ids` `(B, P)` (left-padded: `attention_mask` 0 on pads) until its stopping
     criteria fire; `drafter` drafts every row's tree. `cache`: an empty `DynamicCache` of full-length layers
-    (default a new one); it ends with holes, so it is no cache plain generate would return."""
+    (default a new one). With `returns_cache`, each row's columns are kept as it leaves the batch and the cache
+    ends in plain batched generate's layout for the returned sequences (`decoding.batch_cache`); otherwise it ends
+    empty (every row has left)."""
     batch, prompt = input_ids.shape
     stats = stats or [SpeculationStats() for _ in range(batch)]
     host = [row[pad:] for row, pad in zip(input_ids.tolist(), (attention_mask == 0).sum(dim=1).tolist())]
@@ -96,6 +105,8 @@ def batch_speculative_loop(
     sequences = [input_ids[row : row + 1] for row in range(batch)]  # padded: what processors and criteria see
     unpadded = [sequences[row][:, pads[row] :] for row in range(batch)]  # what a drafter continues
     active = list(range(batch))  # the original row of each batch row still decoding
+    finished_rows = FinishedRows(prompt - 1) if returns_cache else None
+    processors = [row_processors(logits_processor, row, batch) for row in range(batch)]  # each row's own state
     first_step = True
     while active:
         t0 = time.perf_counter()
@@ -112,20 +123,26 @@ def batch_speculative_loop(
                         use_cache=True, return_dict=True)
         clock.stop()
         seconds = clock.total - timed
-        kept, still = [], []
-        for index, (row, tree, (_, cut)) in enumerate(zip(active, trees, fitted)):
+        logits_rows = []
+        for index, (row, tree) in enumerate(zip(active, trees)):
             logits = output.logits[index, : len(tree)]
             if first_step:  # the first token as plain generate computes it (see loop._prefill)
                 logits = torch.cat([first_logits[row : row + 1].to(logits.dtype), logits[1:]])
-            score_rows = NodeScores if getattr(verifier, "walks", False) else process_tree_scores
-            scores = score_rows(logits_processor, sequences[row][:, :-1].to(device), tree, logits)
-            verdict = verifier.verify(tree, scores, generator)
-            path = verdict.path
-            block = [tree.host(tokens=True).tokens[node] for node in path[1:]] + [verdict.bonus_token]
-            grown, emitted, finished = emit(sequences[row], block, scores[path], stopping_criteria, stops)
+            logits_rows.append(logits)
+        score_rows = NodeScores if getattr(verifier, "walks", False) else process_tree_scores
+        scores = [score_rows(processors[row], sequences[row][:, :-1].to(device), tree, logits)
+                  for row, tree, logits in zip(active, trees, logits_rows)]
+        verdicts = verify_rows(verifier, trees, scores, generator)
+        blocks = [[tree.host(tokens=True).tokens[node] for node in verdict.path[1:]] + [verdict.bonus_token]
+                  for tree, verdict in zip(trees, verdicts)]
+        emitted_rows = emit_rows([(sequences[row], block, row_scores[verdict.path]) for row, block, row_scores, verdict
+                                  in zip(active, blocks, scores, verdicts)], stopping_criteria, stops)
+        kept, still = [], []
+        for index, (row, tree, (_, cut)) in enumerate(zip(active, trees, fitted)):
+            verdict, (grown, emitted, finished) = verdicts[index], emitted_rows[index]
             sequences[row], unpadded[row] = grown, grown[:, pads[row] :]
-            host[row] += block[:emitted]
-            kept.append(path[:emitted])
+            host[row] += blocks[index][:emitted]
+            kept.append(verdict.path[:emitted])
             drafter.observe(index, len(tree), seconds / len(active))  # the row's share of the pass
             if not finished:
                 still.append(index)
@@ -136,15 +153,31 @@ def batch_speculative_loop(
             stats[row].time_drafting += (t1 - t0) / len(active)
         rows.keep(cache, kept)
         if len(still) < len(active):
+            if finished_rows is not None:  # their columns, before they leave the cache
+                leaving = [index for index in range(len(active)) if index not in still]
+                finished_rows.take(cache, rows, leaving, [active[index] for index in leaving])
             rows.select(cache, still)
             drafter.drop(still)
             active = [active[index] for index in still]
         first_step = False
+    returned = None if finished_rows is None else finished_rows.into(
+        cache, target, [sequence.shape[1] for sequence in sequences], pads, [tokens[-1] for tokens in host],
+        pad_token_id)
     total = time.perf_counter() - start
     for row, row_stats in enumerate(stats):
         row_stats.time_prefill, row_stats.time_total = prefill_seconds, total
         row_stats.draft_forwards, row_stats.time_draft_forward = drafter.counts(row)
-    return BatchResult(sequences=padded(sequences, pad_token_id), stats=stats)
+    return BatchResult(sequences=padded(sequences, pad_token_id), stats=stats, cache=returned)
+
+
+def verify_rows(verifier: Verifier, trees: list[TokenTree], scores: list, generator: torch.Generator | None
+                ) -> list[Verdict]:
+    """Every row's verdict, decided together where the verifier can (greedy: one read), else row by row (the
+    sampling verifiers: each row's walk reads as a single sequence's does)."""
+    together = getattr(verifier, "verify_rows", None)
+    if together is not None:
+        return together(trees, scores, generator)
+    return [verifier.verify(tree, row_scores, generator) for tree, row_scores in zip(trees, scores)]
 
 
 def padded(sequences: list[torch.LongTensor], pad_token_id: int) -> torch.LongTensor:

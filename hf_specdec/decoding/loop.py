@@ -87,7 +87,7 @@ def speculative_loop(
     """Decode until a stopping criterion fires on some token; batch size 1.
 
     The target cache always holds every committed token but the last one, which is the next tree's root, and keeps
-    all its rows (`core.kv_cache.full_length_cache`): sliding windows are applied by the tree masks. `model_kwargs`
+    all its rows (`accept.kv_cache.full_length_cache`): sliding windows are applied by the tree masks. `model_kwargs`
     are the call's model inputs as Transformers prepared them: the prefill takes them all, as plain's first pass
     does; tree passes take `token_inputs` (see `core.model_inputs`), which the drafter gets too. On a target
     sharded over `ranks`, only the deciding rank drafts and verifies; the others receive its tree and verdict.

@@ -1,7 +1,7 @@
 """Draft one fixed shape for every row of a batch in lockstep: one draft pass per level for all rows together.
 
 The batch form of `ModelTreeDrafter` (whose shape levels it reuses): the draft's cache is ragged like the target's
-(`core.ragged.RaggedRows`). Each step first feeds every row the tokens its draft cache lacks (the last step's
+(`accept.ragged.RaggedRows`). Each step first feeds every row the tokens its draft cache lacks (the last step's
 emitted tokens, the root last) as one pass of per-row chains, which commits them and gives each root's logits; then
 each level's nodes of every row go through one pass, seeing the row's committed columns and the level's forwarded
 ancestors (the same slots in every row: the shape is shared, the tokens are each row's). The node slots are
@@ -32,14 +32,17 @@ class LockstepShapeDrafter:
         draft_model: PreTrainedModel,
         shape: list[int],
         rows: int,
-        logits_processor: LogitsProcessorList | None = None,
+        logits_processor: LogitsProcessorList | list[LogitsProcessorList | None] | None = None,
         child_selection: str = "top_k",
         generator: torch.Generator | None = None,
         vocab: int | None = None,
     ) -> None:
         self.plan = ModelTreeDrafter(draft_model, shape, None, child_selection, generator, vocab)  # shape + levels
         self.model, self.vocab = draft_model, vocab
-        self.logits_processor, self.child_selection, self.generator = logits_processor, child_selection, generator
+        # one list per row (`core.processing.row_processors`: a row's padding, its batch id), or one for all
+        shared = logits_processor is None or isinstance(logits_processor, LogitsProcessorList)
+        self.processors = [logits_processor] * rows if shared else list(logits_processor)
+        self.child_selection, self.generator = child_selection, generator
         self.device = execution_device(draft_model)
         self.layout = AttentionLayout.of(draft_model)
         self.input_rows = getattr(draft_model.get_input_embeddings(), "num_embeddings", None)
@@ -123,14 +126,14 @@ class LockstepShapeDrafter:
     def _scores(self, tokens: torch.Tensor, parents: list[int], logits: torch.Tensor,
                 prefixes: list[torch.Tensor]) -> torch.Tensor:
         """The draft's processed scores `(B, parents, vocab)` at this level's parents, each row with its prefix."""
-        if not self.logits_processor:
+        if not any(self.processors):
             return logits
         shape = self.plan.shape
         rows = []
         for row, prefix in enumerate(prefixes):
             so_far = TokenTree(tokens=tokens[row].clamp(min=0), parents=shape.parents, _depths=shape.depths,
                                _ancestors=shape.ancestors, _host=self.plan.host_shape)
-            rows.append(process_tree_scores(self.logits_processor, prefix, so_far, logits[row], parents,
+            rows.append(process_tree_scores(self.processors[row], prefix, so_far, logits[row], parents,
                                             any_tie_order=True))
         return torch.stack(rows)
 
@@ -144,6 +147,7 @@ class LockstepShapeDrafter:
         """Keep only batch rows `keep` (rows that finished leave)."""
         self.rows.select(self.cache, keep)
         self.committed = [self.committed[index] for index in keep]
+        self.processors = [self.processors[index] for index in keep]
 
     def counts(self, row: int) -> tuple[int, float]:
         """Draft passes and their seconds, shared by every row."""

@@ -16,6 +16,7 @@ from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengt
 from ..accept.kv_cache import full_length_cache
 from ..core.config import SpeculationConfig
 from ..core.model_info import vocab_size
+from ..core.processing import row_processors
 from ..decoding.batch_loop import RowDrafters, batch_speculative_loop
 from ..decoding.outputs import SpeculativeDecoderOnlyOutput
 from ..decoding.stats import SpeculationStats
@@ -38,7 +39,8 @@ def decode_batch(
     model_kwargs: dict[str, Any],
     plan_seconds: float = 0.0,
 ) -> torch.LongTensor | SpeculativeDecoderOnlyOutput:
-    """Run the batch loop; with return_dict_in_generate, `speculation_stats` is a list (one entry per row)."""
+    """Run the batch loop; with return_dict_in_generate, `speculation_stats` is a list (one entry per row) and
+    `past_key_values` the cache laid out as plain batched generate's (see `decoding.batch_cache`)."""
     check_stops(stopping_criteria)
     mask = model_kwargs.get("attention_mask")
     mask = torch.ones_like(input_ids) if mask is None else mask
@@ -49,13 +51,14 @@ def decode_batch(
     pad = generation_config._pad_token_tensor
     pad_token_id = int(pad) if pad is not None else int(generation_config.pad_token_id or 0)
     inputs = {k: v for k, v in model_kwargs.items() if k not in ("attention_mask", "past_key_values")}
+    # the cache as plain returns it: column j of row r holds sequences[r, j]'s key/value (zeros after a row's end)
+    returns_cache = bool(generation_config.return_dict_in_generate and generation_config.use_cache)
     result = batch_speculative_loop(model, input_ids, mask, drafter, verifier, logits_processor, stopping_criteria,
                                     pad_token_id, generator=call.generator, stats=stats, model_kwargs=inputs,
-                                    cache=cache)
+                                    cache=cache, returns_cache=returns_cache)
     if not generation_config.return_dict_in_generate:
         return result.sequences
-    # the cache holds holes where rows accepted fewer tokens than others: no cache plain generate would return
-    return SpeculativeDecoderOnlyOutput(sequences=result.sequences, past_key_values=None,
+    return SpeculativeDecoderOnlyOutput(sequences=result.sequences, past_key_values=result.cache,
                                         speculation_stats=result.stats)
 
 
@@ -63,12 +66,13 @@ def batch_drafter(model: PreTrainedModel, rows: int, logits_processor: LogitsPro
                   config: SpeculationConfig, verifier) -> RowDrafters | LockstepShapeDrafter:
     """A fixed shape (chain, tree, sequoia: its plan's tree, not sized per step in a batch) is drafted for all rows
     in lockstep, one draft pass per level; any other method drafts row by row with a drafter per row."""
+    processors = [row_processors(logits_processor, row, rows) for row in range(rows)]
     if isinstance(config, StaticShapeConfig):
-        return LockstepShapeDrafter(call.assistant_model, batch_shape(config, rows), rows, logits_processor,
+        return LockstepShapeDrafter(call.assistant_model, batch_shape(config, rows), rows, processors,
                                     verifier.child_selection, call.generator, vocab_size(model))
     drafters = []
-    for _ in range(rows):  # each row its own draft cache and state
-        drafter = config.make_drafter(model, call.assistant_model, logits_processor, verifier.child_selection,
+    for row in range(rows):  # each row its own draft cache and state
+        drafter = config.make_drafter(model, call.assistant_model, processors[row], verifier.child_selection,
                                       call.generator)
         drafters.append(GuardedDrafter(drafter) if config.guard else drafter)
     return RowDrafters(drafters)

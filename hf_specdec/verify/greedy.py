@@ -19,15 +19,30 @@ class GreedyVerifier:
     child_selection: ClassVar[str] = "top_k"
 
     def verify(self, tree: TokenTree, target_scores: torch.Tensor, generator: torch.Generator | None = None) -> Verdict:
-        best, accepted = accepted_nodes(tree, target_scores)
-        host = tree.host()
-        if host.tokens is None:  # one transfer: what is accepted, the argmax, and the tokens the host lacks
-            accepted, best, tokens = torch.stack([accepted.long(), best, tree.tokens.to(best.device)]).tolist()
-            host.tokens = tokens
-        else:
-            accepted, best = torch.stack([accepted.long(), best]).tolist()
-        path = [node for node, ok in enumerate(accepted) if ok]  # a chain from the root: BFS order is root first
-        return Verdict(path=path, bonus_token=best[path[-1]], accepted_ranks=_ranks(host, path))
+        return self.verify_rows([tree], [target_scores])[0]
+
+    def verify_rows(self, trees: list[TokenTree], target_scores: list[torch.Tensor],
+                    generator: torch.Generator | None = None) -> list[Verdict]:
+        """The verdicts of several trees (a batch's rows), decided on the target's device and read in one transfer:
+        per tree what is accepted, the argmax, and the tokens the host lacks (each padded to the largest tree)."""
+        width = max(len(tree) for tree in trees)
+        lacking = [tree.host().tokens is None for tree in trees]
+        decided = []
+        for tree, scores, lacks in zip(trees, target_scores, lacking):
+            best, accepted = accepted_nodes(tree, scores)
+            rows = [accepted.long(), best, *([tree.tokens.to(best.device)] if lacks else [])]
+            decided.append(torch.nn.functional.pad(torch.stack(rows), (0, width - len(tree))).flatten())
+        flat = torch.cat(decided).tolist()  # the one read
+        verdicts, at = [], 0
+        for tree, lacks in zip(trees, lacking):
+            host, n = tree.host(), len(tree)
+            accepted, best = flat[at : at + n], flat[at + width : at + width + n]
+            if lacks:
+                host.tokens = flat[at + 2 * width : at + 2 * width + n]
+            at += (3 if lacks else 2) * width
+            path = [node for node, ok in enumerate(accepted) if ok]  # a chain from the root: BFS order, root first
+            verdicts.append(Verdict(path=path, bonus_token=best[path[-1]], accepted_ranks=_ranks(host, path)))
+        return verdicts
 
 
 def accepted_nodes(tree: TokenTree, target_scores: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
