@@ -35,8 +35,13 @@ def test_greedy_step_reads_at_most_draft_passes_plus_two(tiny_pair, name):
 
 
 @pytest.mark.parametrize("name", sorted(SIZED))
-def test_greedy_step_sized_every_step_reads_at_most_draft_passes_plus_two(tiny_pair, name):
-    """The cost model's numbers stay host floats: sizing a step reads nothing more."""
+def test_greedy_step_sized_every_step_reads_at_most_draft_passes_plus_two(tiny_pair, name, tmp_path, monkeypatch):
+    """The cost model's numbers stay host floats: sizing a step reads nothing more. The plan is calibrated in this
+    test's own folder: plans are keyed by the models' shapes, and one another test stored for a same-shaped tiny
+    model with another draft starts the sizing elsewhere (its first step read once more)."""
+    from hf_specdec.plan import store
+
+    monkeypatch.setattr(store, "user_plan_dir", lambda: tmp_path)
     check_greedy(*tiny_pair, SIZED[name], name)
 
 
