@@ -179,42 +179,40 @@ def _residual_verify(
     return walk_down(tree, choose)
 
 
+class _ResidualVerifier:
+    """Recursive rejection sampling (`_residual_verify`); subclasses say how the drafter drew the children."""
+
+    walks: ClassVar[bool] = True  # reads the target scores of the nodes it visits only (see NodeScores)
+    without_replacement: ClassVar[bool]
+
+    def verify(
+        self,
+        tree: TokenTree,
+        target_scores: torch.Tensor,
+        generator: torch.Generator | None = None,
+        *,
+        source: RandomSource | None = None,
+    ) -> Verdict:
+        return _residual_verify(tree, target_scores, source or TorchRandom(generator),
+                                without_replacement=self.without_replacement)
+
+
 @register_verifier
-class SequoiaVerifier:
+class SequoiaVerifier(_ResidualVerifier):
     """Exact for children drawn without replacement from q (Sequoia / SpecTr-style recursive rejection)."""
 
     name: ClassVar[str] = "sequoia"
-    walks: ClassVar[bool] = True  # reads the target scores of the nodes it visits only (see NodeScores)
     child_selection: ClassVar[str] = "without_replacement"
-
-    def verify(
-        self,
-        tree: TokenTree,
-        target_scores: torch.Tensor,
-        generator: torch.Generator | None = None,
-        *,
-        source: RandomSource | None = None,
-    ) -> Verdict:
-        return _residual_verify(tree, target_scores, source or TorchRandom(generator), without_replacement=True)
+    without_replacement: ClassVar[bool] = True
 
 
 @register_verifier
-class SpecInferVerifier:
+class SpecInferVerifier(_ResidualVerifier):
     """Exact for children drawn i.i.d. from q (SpecInfer's multi-step speculative sampling)."""
 
     name: ClassVar[str] = "specinfer"
-    walks: ClassVar[bool] = True  # reads the target scores of the nodes it visits only (see NodeScores)
     child_selection: ClassVar[str] = "with_replacement"
-
-    def verify(
-        self,
-        tree: TokenTree,
-        target_scores: torch.Tensor,
-        generator: torch.Generator | None = None,
-        *,
-        source: RandomSource | None = None,
-    ) -> Verdict:
-        return _residual_verify(tree, target_scores, source or TorchRandom(generator), without_replacement=False)
+    without_replacement: ClassVar[bool] = False
 
 
 @register_verifier
