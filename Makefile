@@ -24,9 +24,10 @@ demo: models
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=25 tests
 
-# the inner loop: the core's tests without the real models, the benchmark harness and end-to-end CLI runs
+# the inner loop: the core's tests without the real models, the benchmark harness and end-to-end CLI runs, one
+# process per core (pytest-xdist; each tiny-model test runs on one thread)
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=10 -m "not slow and not real" tests
+	$(BIN)/python -m pytest -q -p no:cacheprovider -n auto --durations=10 -m "not slow and not real" tests
 
 # optional: the llama.cpp reference row of `hf-specdec bench` (pip compiles llama.cpp once and caches the wheel)
 llamacpp: $(STAMP)

@@ -74,6 +74,8 @@ CASES = [
     ("custom position ids", dict(speculation="tree", position_ids=torch.arange(1, 6)[None]), "custom `position_ids`"),
     ("synced GPUs", dict(speculation="tree", synced_gpus=True), "synced_gpus"),
     ("a draft for ngram", dict(speculation="ngram"), "would ignore assistant_model"),
+    ("prompt lookup sized as a string", dict(speculation="prompt_lookup", assistant_model=None,
+                                             speculation_config={"sized": "False"}), "sized must be True or False"),
     ("stop strings without a tokenizer", dict(speculation="tree", stop_strings=["w9"]), "pass `tokenizer="),
     ("token healing without a tokenizer", dict(speculation="tree", token_healing=True), "token_healing needs"),
     ("a cache with use_cache off", dict(speculation="tree", use_cache=False, past_key_values=lambda _: DynamicCache()),

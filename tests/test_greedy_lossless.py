@@ -20,6 +20,7 @@ CONFIGS = [
     SpecExecConfig(budget=16, max_depth=4, width=3),
     SpecExecConfig(budget=40, beams=2, width=4),
     NGramConfig(max_ngram=2, depth=3, max_nodes=6),
+    NGramConfig(sized=False),
 ]
 
 

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from ...core.config import SpeculationConfig, register_speculation
 from ...draft.prompt_lookup import PromptLookupDrafter
+from ...plan.lookup_sizing import learned_sizer
 
 
 @register_speculation
@@ -23,6 +24,9 @@ class PromptLookupConfig(SpeculationConfig):
     depth: int = field(default=8, metadata={"help": "Tokens taken after each match (tree depth)."})
     max_nodes: int = field(default=32, metadata={"help": "Tree size including the root."})
     max_matches: int = field(default=32, metadata={"help": "Most recent matches merged into the tree."})
+    sized: bool = field(default=True, metadata={"help": (
+        "Cut each tree to the nodes predicted to pay for the target's longer pass (acceptance learned while "
+        "generating, pass times measured), down to a plain step when none do; False: always the whole tree.")})
 
     def validate(self) -> None:
         if not 1 <= self.min_ngram <= self.max_ngram:
@@ -30,11 +34,16 @@ class PromptLookupConfig(SpeculationConfig):
         for name in ("depth", "max_nodes", "max_matches"):
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)!r}.")
+        if not isinstance(self.sized, bool):
+            raise ValueError(f"sized must be True or False, got {self.sized!r}.")
 
     def make_drafter(
         self, target, assistant_model, logits_processor, child_selection, generator
     ) -> PromptLookupDrafter:
-        return PromptLookupDrafter(self.max_ngram, self.min_ngram, self.depth, self.max_nodes, self.max_matches)
+        return PromptLookupDrafter(
+            self.max_ngram, self.min_ngram, self.depth, self.max_nodes, self.max_matches,
+            sizer=learned_sizer(target) if self.sized else None,
+        )
 
 
 NGramConfig = PromptLookupConfig  # the name before `prompt_lookup`, kept for code that imports it
