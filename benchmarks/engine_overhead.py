@@ -12,7 +12,9 @@ passes are cheap, so what is left is what the engine costs around them: host rou
 on the draft side too, as before `core/narrowed.py`), interleaved prompt by prompt with the default path, so both
 see the same machine load. `--compare-before-21d` does the same with the engine as it was before branch issue21d
 (the target's rows on Transformers' path, `torch.multinomial` draws, target sampling walked node by node on the
-host with every leaf child's row processed and drawn at its parent).
+host with every leaf child's row processed and drawn at its parent). `--compare-before-21e`: the engine before branch
+issue21e (every row vocabulary-wide: no top-k columns on the draft or the target side; the stopping criteria handed
+Transformers' rows of the accepted path). `--top-p 1.0` samples as the real-pair bench does (T=0.7, top-k 50).
 
 Prints a table of medians (over prompts) and writes JSON with the machine (CPU model, flags, torch version).
 """
@@ -107,8 +109,11 @@ def run(target, draft, timer: ForwardTimer, prompt: torch.Tensor, mode: str, kwa
 
 
 def general_path() -> contextlib.AbstractContextManager:
-    """Every processor list on Transformers' own path (no narrowed top-p on the draft side)."""
-    return mock.patch.object(processing, "narrowed_plan", lambda processors: None)
+    """Every processor list on Transformers' own path (no narrowed top-p, no top-k columns on the draft side)."""
+    stack = contextlib.ExitStack()
+    stack.enter_context(mock.patch.object(processing, "narrowed_plan", lambda processors: None))
+    stack.enter_context(mock.patch.object(processing, "topk_split", lambda processors: None))
+    return stack
 
 
 def before_21d() -> contextlib.AbstractContextManager:
@@ -142,6 +147,19 @@ def before_21d() -> contextlib.AbstractContextManager:
     return stack
 
 
+def before_21e() -> contextlib.AbstractContextManager:
+    """The engine before branch issue21e, patched in: every row vocabulary-wide (no top-k columns on the draft or
+    the target side), the stopping criteria handed Transformers' rows of the accepted path."""
+    from hf_specdec.decoding import batch_loop, loop
+
+    stack = contextlib.ExitStack()
+    stack.enter_context(mock.patch.object(processing, "topk_split", lambda processors: None))
+    stack.enter_context(mock.patch.object(processing, "exact_top_split", lambda processors: None))
+    for module in (loop, batch_loop):
+        stack.enter_context(mock.patch.object(module, "block_scores", lambda scores, path, stops: scores[path]))
+    return stack
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--output", type=Path, default=Path("benchmarks/engine-overhead/results.json"))
@@ -153,7 +171,12 @@ def main() -> None:
                         help="Also run each speculative method on the general processor path, interleaved.")
     parser.add_argument("--compare-before-21d", action="store_true",
                         help="Also run each speculative method on the engine before branch issue21d, interleaved.")
+    parser.add_argument("--compare-before-21e", action="store_true",
+                        help="Also run each speculative method on the engine before branch issue21e, interleaved.")
+    parser.add_argument("--top-p", type=float, default=SAMPLING["top_p"],
+                        help="top_p of the sampled runs (1.0: none, as the real-pair bench samples: T=0.7, top-k 50).")
     args = parser.parse_args()
+    SAMPLING["top_p"] = args.top_p
     torch.set_num_threads(args.threads)
     target = peaky_model(0)
     draft = peaky_model(1, noise=0.3, base=target)
@@ -174,6 +197,8 @@ def main() -> None:
                 variants[f"{name} (general path)"] = general_path
             if args.compare_before_21d and "speculation" in kwargs:
                 variants[f"{name} (before 21d)"] = before_21d
+            if args.compare_before_21e and "speculation" in kwargs:
+                variants[f"{name} (before 21e)"] = before_21e
             runs: dict[str, list[dict]] = {variant: [] for variant in variants}
             for prompt in prompts:  # interleaved: every variant sees each prompt back to back
                 for variant, context in variants.items():

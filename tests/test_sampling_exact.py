@@ -150,9 +150,16 @@ class Script:
 
     def draw(self, dist):
         """A token of `dist`, enumerated now: a walk on the device draws level after level before it reads."""
-        probs = dist.tolist()
-        assert abs(sum(probs) - 1) < 1e-9 and all(p >= 0 for p in probs)
-        return torch.tensor([self._choose(list(enumerate(probs)))])
+        return torch.tensor([self._choose(options(dist))])
+
+
+def options(dist) -> list[tuple[int, float]]:
+    """(token, probability) of a distribution: a `(V,)` tensor, or a pair `(probs, columns)` (mass probs[j] on token
+    columns[j]; a repeated column is enumerated once per entry, its branches adding up)."""
+    probs, tokens = (dist.tolist(), range(len(dist))) if isinstance(dist, torch.Tensor) else (
+        dist[0].tolist(), dist[1].tolist())
+    assert abs(sum(probs) - 1) < 1e-9 and all(p >= 0 for p in probs)
+    return list(zip(tokens, probs))
 
 
 class LazyDraws:
@@ -163,9 +170,7 @@ class LazyDraws:
 
     def __getitem__(self, i: int) -> int:
         if i not in self.drawn:
-            probs = self.dists[i]
-            assert abs(float(probs.sum()) - 1) < 1e-9 and bool((probs >= 0).all())
-            self.drawn[i] = self.script._choose(list(enumerate(probs.tolist())))
+            self.drawn[i] = self.script._choose(options(self.dists[i]))
         return self.drawn[i]
 
 
@@ -443,6 +448,20 @@ def test_torch_random_draws_by_mass_and_never_a_column_without_it():
     assert all(int(src.draw(torch.eye(6, dtype=torch.float64)[t])) == t for t in range(6))
     assert src.decide(None, [dist], doubt=torch.tensor(True)) is None
     assert src.decide(None, [torch.eye(6)[5]], doubt=torch.tensor(False)) == (None, [5])
+
+
+def test_torch_random_draws_a_pair_by_mass_on_its_columns():
+    """A distribution given as (probs, columns): each column drawn with its mass (a repeated column's masses add),
+    a column of no mass never; the token comes back as the column, on the device, unread."""
+    src = TorchRandom(torch.Generator().manual_seed(2))
+    probs = torch.tensor([0.5, 0.0, 0.2, 0.3, 0.0], dtype=torch.float64)
+    columns = torch.tensor([90_000, 7, 12, 90_000, 151_935])
+    n, counts = 20000, defaultdict(int)
+    for _ in range(n):
+        counts[int(src.draw((probs, columns)))] += 1
+    assert set(counts) <= {90_000, 12}
+    assert chi_square_pvalue(counts, {90_000: 0.8, 12: 0.2}, n) > 1e-3
+    assert src.decide(None, [(torch.tensor([0.0, 1.0]), torch.tensor([4, 9]))]) == (None, [9])
 
 
 # --------------------------------------------------------------------------- select_children

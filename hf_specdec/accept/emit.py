@@ -37,6 +37,15 @@ class BlockStops:
                 or (self.max_length is not None and start + len(block) >= self.max_length))
 
 
+def block_scores(scores, path: list[int], stops: BlockStops) -> torch.Tensor:
+    """What `emit` hands the stopping criteria as the processed scores of the tokens at `path`'s nodes: `scores[path]`
+    (a `NodeScores` computes Transformers' rows it lacks), or, where every criterion is a length limit, a time limit
+    or end-of-sequence ids (none reads the scores), an empty `(len(path), 0)` stand-in that costs nothing."""
+    if stops.monotone:
+        return torch.empty(len(path), 0, device=scores.device)
+    return scores[path]
+
+
 def emit(
     input_ids: torch.LongTensor,
     block: list[int],

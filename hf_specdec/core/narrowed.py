@@ -15,6 +15,12 @@ differ (a finite tie straddles a top-p cut, or the row holds NaN or +inf). An un
 whatever order its sort gives ties: the cut's value and the number removed are fixed by the sorted values, and with
 no tie across the cut the removed columns are exactly those below the cut. Flagged rows go back to Transformers'
 path (`processing.NodeScores`).
+
+Where nothing but temperature (and, for a draft, top-p) follows the -inf top-k, a row is -inf outside k columns, and
+a sampled step need never touch the rest: `top_columns` (a draft's rows: its children are drawn from these columns,
+and the tree hands the verifier that very distribution) and `exact_top_columns` (the target's: Transformers' kept
+columns and values bit for bit, flagged where a score ties with the k-th, which Transformers keeps too) give the k
+columns after one top-k over the row.
 """
 
 from __future__ import annotations
@@ -26,21 +32,62 @@ from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogit
 _TAIL = (TemperatureLogitsWarper, TopPLogitsWarper)
 
 
+def topk_split(processors: LogitsProcessorList) -> tuple[LogitsProcessorList, int, LogitsProcessorList] | None:
+    """`(head, k, tail)` where the list is head, then a -inf top-k keeping k (not in head), then temperature/top-p only
+    (top-p with a -inf filter value): after it, a row is -inf outside its top-k columns (and the columns tied with
+    the k-th value). None where the list has no such top-k."""
+    last = max((i for i, p in enumerate(processors) if type(p) is TopKLogitsWarper), default=None)
+    if last is None or processors[last].filter_value != -float("inf"):
+        return None
+    tail = LogitsProcessorList(processors[last + 1 :])
+    if not all(type(p) in _TAIL for p in tail):
+        return None
+    if any(type(p) is TopPLogitsWarper and p.filter_value != -float("inf") for p in tail):
+        return None
+    return LogitsProcessorList(processors[:last]), processors[last].top_k, tail
+
+
 def narrowed_plan(processors: LogitsProcessorList) -> tuple[LogitsProcessorList, int, LogitsProcessorList] | None:
     """`(head, k, tail)` where the list is head (ending with a -inf top-k keeping k) then temperature/top-p only.
 
     None where nothing can be narrowed: no such top-k, a top-p or top-k with another filter value, any other
     processor after the top-k (its effect on -inf columns is unknown), or no top-p to gain from.
     """
-    last = max((i for i, p in enumerate(processors) if type(p) is TopKLogitsWarper), default=None)
-    if last is None or processors[last].filter_value != -float("inf"):
+    split = topk_split(processors)
+    if split is None or not any(type(p) is TopPLogitsWarper for p in split[2]):
         return None
-    tail = LogitsProcessorList(processors[last + 1 :])
-    if not all(type(p) in _TAIL for p in tail) or not any(type(p) is TopPLogitsWarper for p in tail):
-        return None
-    if any(type(p) is TopPLogitsWarper and p.filter_value != -float("inf") for p in tail):
-        return None
-    return LogitsProcessorList(processors[: last + 1]), processors[last].top_k, tail
+    head, k, tail = split
+    return LogitsProcessorList([*head, processors[len(head)]]), k, tail
+
+
+def deferred(head: LogitsProcessorList) -> bool:
+    """Whether the processors before a top-k can run after it, on its k columns: temperatures only (elementwise
+    and increasing, so the top-k columns are the same, but for ties a temperature's rounding creates)."""
+    return all(type(p) is TemperatureLogitsWarper for p in head)
+
+
+def top_columns(k: int, late: LogitsProcessorList, ids: torch.Tensor,
+                scores: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A draft's processed rows as their k best columns: `(values, columns)`, each `(n, k)`, values in descending
+    order (-inf where a row has fewer than k finite scores, or top-p removed the column); every other column of the
+    row is -inf. `scores` (any float dtype) have been through the processors before the top-k, but those in `late`:
+    a deferred head's temperatures (`deferred`), then the processors after the top-k, which run on the k columns.
+
+    One linear pass over the vocabulary (the top-k) instead of Transformers' temperature, top-k, top-p sort, softmax
+    and a sampling draw over every column. Not Transformers' rows bit for bit, so for a draft's proposal only (its
+    tokens are drawn from these rows, and the verifier is handed them): where columns tie with the k-th value,
+    Transformers keeps them all and this keeps k; top-p runs on the k columns (the -inf ones add nothing).
+    """
+    values, columns = scores.topk(min(k, scores.shape[-1]), dim=-1)
+    values = values.float()
+    for processor in late:
+        if type(processor) is TopPLogitsWarper:
+            remove = values.flip(-1).softmax(-1).cumsum(-1) <= (1 - processor.top_p)  # ascending, as Transformers
+            remove[..., -processor.min_tokens_to_keep :] = False
+            values = values.masked_fill(remove.flip(-1), -float("inf"))
+        else:
+            values = processor(ids, values)  # temperature: elementwise
+    return values, columns
 
 
 def apply_narrowed(plan: tuple[LogitsProcessorList, int, LogitsProcessorList], ids: torch.Tensor,
@@ -87,3 +134,37 @@ def top_p_after_top_k(scores: torch.Tensor, top_k: int, top_p: float,
     tie_rank = tied.cumsum(-1, dtype=torch.int32)  # 1-based rank among the columns equal to the cut, by column id
     drop = below | (tied & (tie_rank <= removed - below.sum(-1, keepdim=True)))
     return scores.masked_fill(drop, -float("inf")), unsure
+
+
+def exact_top_split(processors: LogitsProcessorList) -> tuple[LogitsProcessorList, int, LogitsProcessorList] | None:
+    """`topk_split` where the tail is temperature only: then `exact_top_columns` gives Transformers' rows."""
+    split = topk_split(processors)
+    return split if split is not None and all(type(p) is TemperatureLogitsWarper for p in split[2]) else None
+
+
+def exact_top_columns(k: int, late_head: LogitsProcessorList, tail: LogitsProcessorList, ids: torch.Tensor,
+                      scores: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Transformers' rows as their top-k columns, bit for bit: `(values, columns, unsure)`, values and columns
+    `(n, k)` (every other column of Transformers' row is -inf; its kept columns carry exactly these values), and
+    `(n,)` flags, true where that may not hold: a finite score ties with the k-th where the top-k compares them
+    (Transformers keeps every column tied with it, a top-k keeps k), or the row holds NaN or +inf.
+
+    `scores` (any float dtype: the float32 conversion is exact and keeps the order) went through `exact_top_split`'s
+    head but `late_head`, its temperatures when `deferred`: each divides and rounds the k columns as it would have
+    the row (same bits), keeps their order and can only create ties, which the flag reads after it. `tail` is
+    temperature only, elementwise after the cut.
+    """
+    width = scores.shape[-1]
+    kept = min(k, width)
+    top = scores.topk(min(kept + 1, width), dim=-1)  # one more: does the next column tie with the k-th?
+    values, columns = top.values.float(), top.indices[:, :kept]
+    for processor in late_head:
+        values = processor(ids, values)
+    unsure = values[:, 0].isnan() | values[:, 0].isposinf()  # topk ranks NaN first
+    if kept < width:
+        kth = values[:, kept - 1]
+        unsure |= (values[:, kept] == kth) & (kth > -float("inf"))  # -inf ties: -inf either way
+    values = values[:, :kept]
+    for processor in tail:
+        values = processor(ids, values)
+    return values, columns, unsure

@@ -5,9 +5,21 @@ from __future__ import annotations
 import copy
 
 import torch
-from transformers import LogitsProcessorList, PrefixConstrainedLogitsProcessor, RepetitionPenaltyLogitsProcessor
+from transformers import (
+    LogitsProcessorList,
+    PrefixConstrainedLogitsProcessor,
+    RepetitionPenaltyLogitsProcessor,
+)
 
-from .narrowed import apply_narrowed, narrowed_plan
+from .narrowed import (
+    apply_narrowed,
+    deferred,
+    exact_top_columns,
+    exact_top_split,
+    narrowed_plan,
+    top_columns,
+    topk_split,
+)
 from .tree import TokenTree
 
 # Processors that read a row's batch index, not only its tokens: `prefix_allowed_tokens_fn(batch_id, sentence)`.
@@ -82,24 +94,80 @@ def _process(
     if not processors:
         return logits.float(), None  # no copy when already float32: nothing below writes into it
     device = logits.device
+    scores = logits.to(dtype=torch.float32, copy=True)
+    unsure = torch.zeros(len(scores), dtype=torch.bool, device=device)
+    narrowed = False
+    for index, ids in _depth_groups(prefix_ids, tree, nodes, device):
+        rows = scores if index is None else scores[index]
+        rows, flags = process_rows(processors, ids, rows, narrow)
+        if index is None:
+            scores = rows
+        else:
+            scores[index] = rows
+        if flags is not None:
+            narrowed = True
+            if index is None:
+                unsure = flags
+            else:
+                unsure[index] = flags
+    return scores, (unsure if narrowed else None)
+
+
+def _depth_groups(prefix_ids: torch.Tensor, tree: TokenTree, nodes: torch.Tensor | list[int] | None,
+                  device: torch.device):
+    """`(index, ids)` per depth among `nodes`: the rows of that depth (a device index; None when one depth holds
+    every row in order: no gather or scatter needed) and their sequences `(rows, L + depth + 1)`."""
     nodes = list(range(len(tree))) if nodes is None else nodes
     nodes = nodes.tolist() if isinstance(nodes, torch.Tensor) else nodes
     depths = tree.host().depths()
     groups: dict[int, list[int]] = {}
     for row, node in enumerate(nodes):
         groups.setdefault(depths[node], []).append(row)
-    scores = logits.to(dtype=torch.float32, copy=True)
     prefix_ids = prefix_ids.to(device)
-    unsure = torch.zeros(len(nodes), dtype=torch.bool, device=device)
-    narrowed = False
     for rows in groups.values():
         seqs = tree.prefix_tokens([nodes[row] for row in rows]).to(device)
         ids = torch.cat([prefix_ids.expand(len(rows), -1), seqs], dim=1)
-        index = torch.tensor(rows).to(device)
-        scores[index], flags = process_rows(processors, ids, scores[index], narrow)
-        if flags is not None:
-            unsure[index], narrowed = flags, True
-    return scores, (unsure if narrowed else None)
+        yield (None if len(groups) == 1 else torch.tensor(rows).to(device)), ids
+
+
+def draft_top_scores(
+    processors: LogitsProcessorList | None,
+    prefix_ids: torch.Tensor,
+    tree: TokenTree,
+    logits: torch.Tensor,
+    nodes: list[int] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """A draft's processed scores at `nodes` as their k best columns, `(values, columns)` each `(len(nodes), k)`
+    (`narrowed.top_columns`: every other column is -inf), where the processors end with a -inf top-k followed by
+    temperature / top-p only; None otherwise (use `process_tree_scores`). For a draft's proposal only: a tie at
+    the k-th value keeps k columns, where Transformers keeps them all."""
+    split = topk_split(processors) if processors else None
+    if split is None:
+        return None
+    early, k, late = _late_head(split)
+    device = logits.device
+    width = min(k, logits.shape[-1])
+    values = torch.empty(len(logits), width, device=device)
+    columns = torch.empty(len(logits), width, dtype=torch.long, device=device)
+    for index, ids in _depth_groups(prefix_ids, tree, nodes, device):
+        rows = logits if index is None else logits[index]
+        if len(early):  # on a copy: a processor may write into its input
+            rows = _apply(early, ids, rows.to(dtype=torch.float32, copy=index is None))
+        top = top_columns(k, late, ids, rows)
+        if index is None:
+            return top
+        values[index], columns[index] = top
+    return values, columns
+
+
+def _late_head(split: tuple[LogitsProcessorList, int, LogitsProcessorList]
+               ) -> tuple[LogitsProcessorList, int, LogitsProcessorList]:
+    """`(early, k, late)`: the processors to run on whole rows before the top-k, and those that can run after it
+    on its k columns (a head of temperatures only, `narrowed.deferred`, then the tail)."""
+    head, k, tail = split
+    if deferred(head):
+        return LogitsProcessorList(), k, LogitsProcessorList([*head, *tail])
+    return head, k, tail
 
 
 def process_rows(processors: LogitsProcessorList, ids: torch.Tensor, scores: torch.Tensor,
@@ -144,6 +212,7 @@ class NodeScores:
         self.processors, self.prefix_ids, self.tree, self.logits = processors, prefix_ids, tree, logits
         self.rows: dict[int, torch.Tensor] = {}
         self.unsure: dict[int, torch.Tensor] = {}  # tentative rows not settled yet: node -> 0-d flag on the device
+        self.split = exact_top_split(processors) if processors else None  # see top_rows
 
     @property
     def device(self) -> torch.device:
@@ -185,6 +254,45 @@ class NodeScores:
         ids = torch.cat([self.prefix_ids.to(row.device), walked[None]], dim=1)
         row, flag = process_rows(self.processors, ids, row, narrow)
         return row[0], flag
+
+    def top_rows(self, nodes: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        """The rows of `nodes` as their top-k columns (`narrowed.exact_top_columns`: `(values, columns)` each
+        `(len(nodes), k)`, every other column -inf) and a 0-d device flag, true when one of them may not be
+        Transformers' row (read it with the outcome that used them; if true, use `self[nodes]`). None where the
+        processors do not end with a -inf top-k and a temperature at most."""
+        if self.split is None:
+            return None
+        head, k, tail = self.split
+        early, late = (LogitsProcessorList(), head) if deferred(head) else (head, LogitsProcessorList())
+        rows = self.logits.index_select(0, torch.tensor(nodes).to(self.device))  # a copy, in the logits' dtype
+        values = columns = unsure = None
+        for index, ids in _depth_groups(self.prefix_ids, self.tree, nodes, self.device):
+            part = rows if index is None else rows[index]
+            part = _apply(early, ids, part.float()) if len(early) else part
+            top = exact_top_columns(k, late, tail, ids, part)
+            if index is None:
+                values, columns, unsure = top
+            else:
+                if values is None:
+                    values = torch.empty(len(nodes), top[0].shape[1], device=self.device)
+                    columns = torch.empty(len(nodes), top[0].shape[1], dtype=torch.long, device=self.device)
+                    unsure = torch.empty(len(nodes), dtype=torch.bool, device=self.device)
+                values[index], columns[index], unsure[index] = top
+        return values, columns, unsure.any()
+
+    def top_at(self, node: torch.Tensor,
+               walked: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        """`row_at` as top-k columns (see `top_rows`): `(values, columns)` each `(k,)` and a `(1,)` flag; None
+        where the processors do not allow it."""
+        if self.split is None:
+            return None
+        head, k, tail = self.split
+        early, late = (LogitsProcessorList(), head) if deferred(head) else (head, LogitsProcessorList())
+        row = self.logits.index_select(0, node)  # a copy, in the logits' dtype
+        ids = torch.cat([self.prefix_ids.to(row.device), walked[None]], dim=1)
+        row = _apply(early, ids, row.float()) if len(early) else row
+        values, columns, unsure = exact_top_columns(k, late, tail, ids, row)
+        return values[0], columns[0], unsure
 
     def keep(self, node: int, row: torch.Tensor) -> None:
         """Keep a row of `row_at` known to be Transformers' (its flag read false, or None)."""

@@ -46,11 +46,14 @@ class TokenTree:
         draft_probs: optional `(n, vocab)` tensor: row i is the (processed) draft distribution the children
             of node i were drawn from (zero for childless nodes). Sampling verifiers need it; greedy and
             target-matching do not. A drafter may hand out a buffer it reuses: valid until its next proposal.
+        draft_columns: optional `(n, w)` long tensor: row i holds columns outside of which `draft_probs[i]` is zero
+            (a draft sampling after a top-k), so a verifier can work on those columns (and the target's) alone.
     """
 
     tokens: torch.Tensor
     parents: torch.Tensor
     draft_probs: torch.Tensor | None = None
+    draft_columns: torch.Tensor | None = None
     _depths: torch.Tensor | None = field(default=None, repr=False)
     _ancestors: torch.Tensor | None = field(default=None, repr=False)
     _host: HostTree | None = field(default=None, repr=False)
@@ -73,6 +76,7 @@ class TokenTree:
             return None if tensor is None else tensor.to(device)
 
         return TokenTree(tokens=move(self.tokens), parents=move(self.parents), draft_probs=self.draft_probs,
+                         draft_columns=self.draft_columns,
                          _depths=move(self._depths), _ancestors=move(self._ancestors), _host=self._host)
 
     def host(self, tokens: bool = False) -> HostTree:
@@ -186,8 +190,9 @@ class TokenTree:
                             tokens=[tokens[old] for old in keep] if tokens is not None else None)
         keep = torch.as_tensor(keep, dtype=torch.long).to(self.device)
         probs = self.draft_probs[keep] if self.draft_probs is not None else None
+        columns = self.draft_columns[keep] if self.draft_columns is not None else None
         return TokenTree(tokens=self.tokens[keep], parents=renumber_parents(self.parents, keep), draft_probs=probs,
-                         _host=host)
+                         draft_columns=columns, _host=host)
 
     @classmethod
     def from_parents(cls, tokens: list[int] | torch.Tensor, parents: list[int] | torch.Tensor, **kwargs) -> TokenTree:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache, LogitsProcessorList, PreTrainedModel, StoppingCriteriaList
 
-from ..accept.emit import BlockStops, emit_rows
+from ..accept.emit import BlockStops, block_scores, emit_rows
 from ..accept.ragged import RaggedRows
 from ..core.attention import AttentionLayout
 from ..core.devices import PassClock, compute_devices, execution_device
@@ -135,8 +135,9 @@ def batch_speculative_loop(
         verdicts = verify_rows(verifier, trees, scores, generator)
         blocks = [[tree.host(tokens=True).tokens[node] for node in verdict.path[1:]] + [verdict.bonus_token]
                   for tree, verdict in zip(trees, verdicts)]
-        emitted_rows = emit_rows([(sequences[row], block, row_scores[verdict.path]) for row, block, row_scores, verdict
-                                  in zip(active, blocks, scores, verdicts)], stopping_criteria, stops)
+        emitted_rows = emit_rows([(sequences[row], block, block_scores(row_scores, verdict.path, stops))
+                                  for row, block, row_scores, verdict in zip(active, blocks, scores, verdicts)],
+                                 stopping_criteria, stops)
         kept, still = [], []
         for index, (row, tree, (_, cut)) in enumerate(zip(active, trees, fitted)):
             verdict, (grown, emitted, finished) = verdicts[index], emitted_rows[index]

@@ -14,7 +14,7 @@ from transformers import Cache, LogitsProcessorList, PreTrainedModel, StoppingCr
 from transformers.generation.streamers import BaseStreamer
 from transformers.modeling_outputs import ModelOutput
 
-from ..accept.emit import BlockStops, emit
+from ..accept.emit import BlockStops, block_scores, emit
 from ..accept.kv_cache import cache_length, crop, is_static, keep_positions, layer_rows
 from ..core.attention import AttentionLayout
 from ..core.device_copies import DeviceCopies, one_pass
@@ -138,7 +138,8 @@ def speculative_loop(
 
         path = verdict.path
         block = [tree.host(tokens=True).tokens[node] for node in path[1:]] + [verdict.bonus_token]
-        input_ids, emitted, finished = emit(input_ids, block, scores[path], stopping_criteria, stops)
+        input_ids, emitted, finished = emit(input_ids, block, block_scores(scores, path, stops), stopping_criteria,
+                                            stops)
         for j, node in enumerate(path[:emitted] if records.wants_any else ()):
             if first_step and j == 0:  # the root's position was computed by the prompt's pass
                 records.add(scores[node], logits[node], prefill)

@@ -32,7 +32,7 @@ import torch
 from transformers import LogitsProcessorList, PreTrainedModel
 
 from ..core.drafter import Drafter
-from ..core.processing import process_tree_scores
+from ..core.processing import draft_top_scores, process_tree_scores
 from ..core.tree import HostTree, TokenTree
 from ..core.verdict import Verdict
 from ..plan.sizing import default_beams
@@ -336,11 +336,16 @@ class BestFirstDrafter(DraftModelCounts, Drafter):
         if self.logits_processor:
             tree = TokenTree(tokens=torch.tensor(tokens).to(logits.device), parents=torch.tensor(parents).to(
                 logits.device), _host=HostTree(parents=parents, tokens=tokens))
-        scores = process_tree_scores(self.logits_processor, growth.prefix, tree, logits, at, any_tie_order=True)
-        top = scores.log_softmax(-1).topk(self.width, dim=-1)
+        sparse = draft_top_scores(self.logits_processor, growth.prefix, tree, logits, at) if tree is not None else None
+        if sparse is not None and sparse[0].shape[1] >= self.width:  # after a top-k: its k columns are the row
+            values, columns = sparse
+            logq, tokens_at = values.log_softmax(-1)[:, : self.width], columns[:, : self.width]
+        else:
+            scores = process_tree_scores(self.logits_processor, growth.prefix, tree, logits, at, any_tie_order=True)
+            logq, tokens_at = scores.log_softmax(-1).topk(self.width, dim=-1)
         # rank by the draft's own probability, or by the calibrated chance the target keeps the node
-        rank = top.values if self.sizer is None else self.sizer.acceptance(top.values)
-        picked = torch.cat([top.values.double(), rank.double(), top.indices.double()], dim=1).tolist()  # the read
+        rank = logq if self.sizer is None else self.sizer.acceptance(logq)
+        picked = torch.cat([logq.double(), rank.double(), tokens_at.double()], dim=1).tolist()  # the read
         return rows, dict(zip(rows, picked)), dict(zip(keys, picked[len(rows) :]))
 
     def _add_children(

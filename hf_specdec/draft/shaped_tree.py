@@ -6,6 +6,8 @@ The shared drafter of `chain`, `tree` and `sequoia` (whose configs derive from `
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -13,7 +15,7 @@ from transformers import LogitsProcessorList, PreTrainedModel
 
 from ..core.child_selection import select_children
 from ..core.drafter import Drafter
-from ..core.processing import process_tree_scores
+from ..core.processing import draft_top_scores, process_tree_scores
 from ..core.tree import HostTree, TokenTree
 from ..core.verdict import Verdict
 from .draft_model import DraftModelCounts, DraftModelRunner, HostSequence, emitted_tokens, forwarded_prefix
@@ -59,10 +61,12 @@ class ModelTreeDrafter(DraftModelCounts, Drafter):
         self.sequence = HostSequence()
         self._shapes: dict[tuple[int, ...], tuple] = {}  # shape -> its device tensors and levels, built once
         self.use_shape(shape)
-        self._score_rows: dict[int, torch.Tensor] = {}  # shape node -> processed draft scores (nodes with children)
+        self._score_rows: dict[int, torch.Tensor | tuple] = {}  # shape node -> draft scores, or (values, columns)
         self._kept = list(range(len(shape)))  # shape node of each node of the last proposed tree
         self._levels_run = 0
         self._probs: torch.Tensor | None = None  # see _draft_probs
+        self._support: torch.Tensor | None = None  # the columns last written into each row of _probs (sparse rows)
+        self._width = 0  # the vocabulary-wide width of the rows kept as top-k columns in _score_rows
 
     def use_shape(self, shape: list[int]) -> None:
         """Draft `shape` from the next step on (what a drafter sized every step switches between)."""
@@ -129,17 +133,29 @@ class ModelTreeDrafter(DraftModelCounts, Drafter):
                 logits = root_logits[None]
             so_far = TokenTree(tokens=tokens.clamp(min=0), parents=shape.parents, _depths=shape.depths,
                                _ancestors=shape.ancestors, _host=self.host_shape)
-            scores = process_tree_scores(self.logits_processor, prefix, so_far, logits, level.parent_list,
-                                         any_tie_order=True)
-            probs = scores.softmax(-1) if sampling else scores
-            if sampling:
-                draft_probs = self._draft_probs(scores.shape[-1])
-                draft_probs[level.parents] = probs
-            self._score_rows.update(zip(level.parent_list, scores))
-            kids = select_children(probs, level.widths, self.child_selection, self.generator)
+            top = draft_top_scores(self.logits_processor, prefix, so_far, logits, level.parent_list)
+            if top is not None:  # after a -inf top-k: the rows' k columns only, never a vocabulary-wide row again
+                scores, columns = top
+                self._width = logits.shape[-1]  # the rows' width, for node_scores
+                probs = scores.softmax(-1) if sampling else scores
+                if sampling:
+                    draft_probs = self._draft_probs(logits.shape[-1])
+                    self._write_sparse(level.parents, probs, columns)
+                self._score_rows.update(zip(level.parent_list, zip(scores, columns)))
+                picked = select_children(probs, level.widths, self.child_selection, self.generator)
+                kids = torch.where(picked >= 0, columns.gather(1, picked.clamp(min=0)), -1)
+            else:
+                scores = process_tree_scores(self.logits_processor, prefix, so_far, logits, level.parent_list,
+                                             any_tie_order=True)
+                probs = scores.softmax(-1) if sampling else scores
+                if sampling:
+                    draft_probs = self._draft_probs(scores.shape[-1])
+                    draft_probs[level.parents] = probs
+                self._score_rows.update(zip(level.parent_list, scores))
+                kids = picked = select_children(probs, level.widths, self.child_selection, self.generator)
             kids = torch.where(tokens[level.parents, None] >= 0, kids, -1)  # an undrafted node has no children
             tokens[level.children] = kids[level.rows, level.cols]
-            self._level_drafted(level, scores, kids)
+            self._level_drafted(level, kids, _log_probs(scores, picked, kids))
         return self._prune(tokens, draft_probs)
 
     # --- hooks for a drafter sized every step (`SizedShapeDrafter`); no host reads here ----------------------
@@ -150,15 +166,30 @@ class ModelTreeDrafter(DraftModelCounts, Drafter):
         """Whether to run the pass of level `index` (> 0); a static shape always drafts every level."""
         return True
 
-    def _level_drafted(self, level: ShapeLevel, scores: torch.Tensor, kids: torch.Tensor) -> None:
-        """Level `level`'s children were chosen: `kids` `(parents, max width)` from `scores` (-1: none)."""
+    def _level_drafted(self, level: ShapeLevel, kids: torch.Tensor, logq: Callable[[], torch.Tensor]) -> None:
+        """Level `level`'s children were chosen: `kids` `(parents, max width)` (-1: none); `logq()` gives their
+        log-probabilities under the draft's processed scores `(parents, max width)` (-inf where -1)."""
 
     def _draft_probs(self, vocab: int) -> torch.Tensor:
         """The `(n, vocab)` draft distributions of the proposed tree: one buffer, zeroed once, whose rows of nodes
         with children are overwritten every step (the rest stay zero); valid until the next `propose`."""
         if self._probs is None or self._probs.shape[1] != vocab or len(self._probs) < len(self.shape):
             self._probs = torch.zeros(len(self.shape), vocab, device=self.runner.device)
+            self._support = None
         return self._probs[: len(self.shape)]  # rows of another shape's parents are stale, but only leaves here
+
+    def _write_sparse(self, rows: torch.Tensor, probs: torch.Tensor, columns: torch.Tensor) -> None:
+        """Rows `rows` of the buffer become `probs` at `columns` `(len(rows), k)` and zero elsewhere: the columns a
+        row was last given are zeroed, the new ones written (no vocabulary-wide pass)."""
+        vocab, width = self._probs.shape[1], columns.shape[1]
+        if self._support is None or self._support.shape[1] != width:
+            if self._support is not None:
+                self._probs.zero_()
+            self._support = torch.zeros(len(self._probs), width, dtype=torch.long, device=self._probs.device)
+        flat, base = self._probs.view(-1), rows[:, None] * vocab
+        flat.index_fill_(0, (base + self._support[rows]).flatten(), 0.0)
+        flat.index_copy_(0, (base + columns).flatten(), probs.flatten())
+        self._support[rows] = columns
 
     def _read_tokens(self, tokens: torch.Tensor) -> list[int]:
         """The drafted tokens on the host: the step's one read."""
@@ -168,8 +199,9 @@ class ModelTreeDrafter(DraftModelCounts, Drafter):
         """Drop nodes that could not be drafted (fewer candidates than the shape wanted, or levels not run)."""
         token_list = self._read_tokens(tokens)
         host = HostTree(parents=self.host_shape.parents, tokens=token_list)
-        tree = TokenTree(tokens=tokens, parents=self.shape.parents, draft_probs=draft_probs, _depths=self.shape.depths,
-                         _ancestors=self.shape.ancestors, _host=host)
+        columns = self._support[: len(self.shape)] if draft_probs is not None and self._support is not None else None
+        tree = TokenTree(tokens=tokens, parents=self.shape.parents, draft_probs=draft_probs, draft_columns=columns,
+                         _depths=self.shape.depths, _ancestors=self.shape.ancestors, _host=host)
         keep = [node for node, token in enumerate(token_list) if token >= 0]
         if len(keep) == len(token_list):
             return tree
@@ -178,7 +210,9 @@ class ModelTreeDrafter(DraftModelCounts, Drafter):
 
     def node_scores(self, nodes: list[int]) -> torch.Tensor | None:
         rows = [self._score_rows.get(self._kept[i]) for i in nodes]
-        return None if any(row is None for row in rows) else torch.stack(rows)
+        if any(row is None for row in rows):
+            return None
+        return torch.stack([row if isinstance(row, torch.Tensor) else _dense(*row, self._width) for row in rows])
 
     def accept(self, input_ids: torch.LongTensor, tree: TokenTree, verdict: Verdict) -> None:
         """Keep the committed prefix plus the accepted nodes the draft already forwarded."""
@@ -188,3 +222,16 @@ class ModelTreeDrafter(DraftModelCounts, Drafter):
                  for k in (self._kept[node] for node in verdict.path[1:])]
         self.runner.commit(self.sequence.read(input_ids), forwarded_prefix(slots))
 
+
+def _log_probs(scores: torch.Tensor, picked: torch.Tensor, kids: torch.Tensor) -> Callable[[], torch.Tensor]:
+    """The log-probabilities of the children `kids` (-1: none), the `picked` columns of `scores`, under the softmax
+    of `scores` (-inf where there is no child), computed when asked."""
+    def logq() -> torch.Tensor:
+        values = scores.float().log_softmax(-1).gather(1, picked.clamp(min=0))
+        return torch.where(kids >= 0, values, -math.inf)
+    return logq
+
+
+def _dense(values: torch.Tensor, columns: torch.Tensor, vocab: int) -> torch.Tensor:
+    """A row of processed scores from its k columns (-inf elsewhere)."""
+    return torch.full((vocab,), -math.inf, device=values.device).scatter(0, columns, values)

@@ -14,6 +14,7 @@ decides whether nodes already drafted get children, never whether a drafted sibl
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 from transformers import LogitsProcessorList, PreTrainedModel
@@ -78,13 +79,11 @@ class SizedShapeDrafter(ModelTreeDrafter):
         self._logq = torch.full((len(tokens),), -math.inf, device=tokens.device)
         self._logq[0] = 0.0
 
-    def _level_drafted(self, level: ShapeLevel, scores: torch.Tensor, kids: torch.Tensor) -> None:
+    def _level_drafted(self, level: ShapeLevel, kids: torch.Tensor, logq: Callable[[], torch.Tensor]) -> None:
         if level.parent_list[0] != 0:  # the root's pass also fed the accepted tokens: not a comparable timing
             self.sizer.observe_draft(len(level.parent_list), self.runner.forward_time - self._draft_before)
         self._draft_before = self.runner.forward_time
-        logq = scores.float().log_softmax(-1).gather(1, kids.clamp(min=0))
-        logq = torch.where(kids >= 0, logq, -math.inf)
-        self._logq[level.children] = logq[level.rows, level.cols]
+        self._logq[level.children] = logq()[level.rows, level.cols]
 
     def _level_pays(self, index: int) -> bool:
         """The pass of level `index` runs if some deeper stop is predicted to lower the time per token (one read: the

@@ -20,11 +20,17 @@ from ..core.tree import TokenTree
 from .registry import register_verifier
 from .tree_walk import Verdict, walk_down
 
+Dist = torch.Tensor | tuple[torch.Tensor, torch.Tensor]  # a distribution: see RandomSource
+
 
 class RandomSource(Protocol):
-    """The random decisions a verifier makes, one call per visited node."""
+    """The random decisions a verifier makes, one call per visited node.
 
-    def decide(self, accept: torch.Tensor | None, dists: list[torch.Tensor]) -> tuple[int | None, Sequence[int]]:
+    A distribution is a `(V,)` tensor of probabilities by token, or a pair `(probs, columns)`, both `(k,)`: mass
+    `probs[j]` on token `columns[j]` (a repeated column's masses add), for rows that have mass on a few columns only
+    (after a top-k: `NodeScores.top_rows`)."""
+
+    def decide(self, accept: torch.Tensor | None, dists: list[Dist]) -> tuple[int | None, Sequence[int]]:
         """Trials `i = 0..k-1`, each succeeding with probability `accept[i]` `(k,)`: the first that succeeds (None:
         none does, or no trials); and a token drawn from each normalized distribution in `dists` `(V,)`, of which
         the verifier uses at most one. Everything is drawn independently, so the unused draws change nothing.
@@ -33,8 +39,8 @@ class RandomSource(Protocol):
         rows the distributions came from were not the target's; the verifier corrects them and asks again)."""
         ...
 
-    def draw(self, dist: torch.Tensor) -> torch.Tensor:
-        """A token drawn from the normalized distribution `dist` `(V,)`, as a `(1,)` long tensor on its device that
+    def draw(self, dist: Dist) -> torch.Tensor:
+        """A token drawn from the normalized distribution `dist`, as a `(1,)` long tensor on its device that
         nothing has read: a walk on the device draws level after level and reads once at the end."""
         ...
 
@@ -46,9 +52,9 @@ class TorchRandom:
     def __init__(self, generator: torch.Generator | None = None) -> None:
         self.generator = generator
 
-    def decide(self, accept: torch.Tensor | None, dists: list[torch.Tensor],
+    def decide(self, accept: torch.Tensor | None, dists: list[Dist],
                doubt: torch.Tensor | None = None) -> tuple[int | None, list[int]] | None:
-        device = accept.device if accept is not None else dists[0].device
+        device = accept.device if accept is not None else _probs(dists[0]).device
         where = self.generator.device if self.generator is not None else device  # no generator: that device's RNG
         drawn = [self.draw(d) for d in dists]
         flag = torch.zeros(1, dtype=torch.long, device=device) if doubt is None else doubt.reshape(1).to(device).long()
@@ -61,16 +67,23 @@ class TorchRandom:
         rank, *tokens, doubted = torch.cat([first, *drawn, flag]).tolist()
         return None if doubted else ((rank if rank < k else None), tokens)
 
-    def draw(self, dist: torch.Tensor) -> torch.Tensor:
+    def draw(self, dist: Dist) -> torch.Tensor:
         """Inverse transform sampling, as `torch.multinomial` does it (the first column whose cumulative mass passes a
-        uniform draw), without its 3-4 ms per 150k-wide row on a CPU; columns of no mass are never drawn."""
-        where = self.generator.device if self.generator is not None else dist.device
-        cdf = dist.to(where).cumsum(0)
+        uniform draw), without its 3-4 ms per 150k-wide row on a CPU; columns of no mass are never drawn. A pair
+        `(probs, columns)` is drawn over its k entries, then mapped to its column."""
+        probs = _probs(dist)
+        where = self.generator.device if self.generator is not None else probs.device
+        cdf = probs.to(where).cumsum(0)
         total = cdf[-1:]
         uniform = torch.rand(1, dtype=cdf.dtype, generator=self.generator, device=where)
-        token = torch.searchsorted(cdf, uniform * total, right=True)
+        index = torch.searchsorted(cdf, uniform * total, right=True)
         last = (cdf < total).sum(0, keepdim=True)  # the last column with mass, should `uniform * total` round up
-        return torch.minimum(token, last).to(dist.device)
+        index = torch.minimum(index, last).to(probs.device)
+        return index if isinstance(dist, torch.Tensor) else dist[1].index_select(0, index.to(dist[1].device))
+
+
+def _probs(dist: Dist) -> torch.Tensor:
+    return dist if isinstance(dist, torch.Tensor) else dist[0]
 
 
 def _work_dtype(device: torch.device) -> torch.dtype:
@@ -88,7 +101,9 @@ def _without(t: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
 
 
 def _decide(source: RandomSource, target_scores: torch.Tensor | NodeScores, nodes: list[int],
-            trials: Callable[[torch.Tensor], tuple[torch.Tensor | None, list[torch.Tensor]]]):
+            trials: Callable[[torch.Tensor], tuple[torch.Tensor | None, list[torch.Tensor]]],
+            top_trials: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor | None, list[torch.Tensor]]]
+            | None = None):
     """`source.decide(*trials(rows))`, `rows` the target's processed scores at `nodes` `(len(nodes), V)`: a visited
     node and its children that are leaves, whose bonus tokens are drawn with the node's own decision (one read per
     visited node with children, none for the leaf the walk ends on).
@@ -97,7 +112,18 @@ def _decide(source: RandomSource, target_scores: torch.Tensor | NodeScores, node
     row is read with the outcome: then the outcome is dropped, the rows recomputed on Transformers' path and the node
     decided afresh. The flag depends on the rows only, never on the draws, so the outcome kept is distributed as a
     decision on Transformers' rows.
+
+    `top_trials(values, columns)`: the same decision on the rows' top-k columns (`NodeScores.top_rows`, where the
+    processors end with a top-k), tried first; its flag (a tie at the top-k cut) is read with the outcome in the same
+    way, and a flagged outcome is dropped for a decision on Transformers' rows.
     """
+    if top_trials is not None and isinstance(target_scores, NodeScores):
+        top = target_scores.top_rows(nodes)
+        if top is not None:
+            values, columns, doubt = top
+            outcome = source.decide(*top_trials(values, columns), doubt=doubt)
+            if outcome is not None:
+                return outcome
     while True:
         if isinstance(target_scores, NodeScores):
             rows, doubt = target_scores.tentative(nodes)
@@ -170,7 +196,29 @@ def _residual_verify(
             accept, residual = _trials(p, q, xs, without_replacement)
             return accept, [residual, *_target_dists(rows[1:], dtype)]
 
-        rank, drawn = _decide(source, target_scores, [node, *leaves], trials)
+        def top_trials(values: torch.Tensor, columns: torch.Tensor):
+            """`trials` on the columns the target's top-k rows and the draft's row can have mass on: the target's
+            k, the draft's (`tree.draft_columns`), and one slot for a child in neither (p = q = 0 there)."""
+            p_top, p_cols = values[0].to(dtype).softmax(-1), columns[0]
+            leaf_dists = [(values[i].to(dtype).softmax(-1), columns[i]) for i in range(1, len(values))]
+            if not children:
+                return None, [(p_top, p_cols)]
+            q_row, q_cols = tree.draft_probs[node], tree.draft_columns[node].to(p_cols.device)
+            cols = torch.cat([p_cols, q_cols, p_cols[:1]])
+            twice = (q_cols[:, None] == p_cols[None, :]).any(1)  # counted once, in the target's part
+            valid = torch.cat([torch.ones_like(p_cols, dtype=torch.bool), ~twice, twice[:0].new_zeros(1)])
+            inside = valid & (cols < len(q_row))  # draft and target vocabularies may be padded differently
+            q = q_row.gather(0, cols.clamp(max=len(q_row) - 1).to(q_row.device)).to(p_cols.device, dtype)
+            q = torch.where(inside, q, 0.0)
+            q = _normalized(q, fallback=q)
+            p = torch.cat([p_top, p_top.new_zeros(len(q_cols) + 1)])
+            match = (cols[None, :] == xs[:, None]) & valid[None, :]
+            at = torch.where(match.any(1), match.long().argmax(1), len(cols) - 1)
+            accept, residual = _trials(p, q, at, without_replacement)
+            return accept, [(residual, cols), *leaf_dists]
+
+        compact = not children or tree.draft_columns is not None
+        rank, drawn = _decide(source, target_scores, [node, *leaves], trials, top_trials if compact else None)
         if rank is None:
             return None, drawn[0]
         child = children[rank]
@@ -308,11 +356,17 @@ class TargetWalk:
 
     def _level(self, scores: torch.Tensor | NodeScores, source: RandomSource, at: _At,
                narrow: bool) -> tuple[_At, torch.Tensor | None]:
-        if isinstance(scores, NodeScores):
-            row, flag = scores.row_at(at.node, at.walked, narrow)
+        top = scores.top_at(at.node, at.walked) if narrow and isinstance(scores, NodeScores) else None
+        if top is not None:  # the row's top-k columns (flagged where a tie at the cut may make them not the row)
+            values, columns, flag = top
+            row = None
+            token = source.draw((values.to(self.dtype).softmax(-1), columns))
         else:
-            row, flag = scores.index_select(0, at.node)[0], None
-        token = source.draw(row.to(self.dtype).softmax(-1))
+            if isinstance(scores, NodeScores):
+                row, flag = scores.row_at(at.node, at.walked, narrow)
+            else:
+                row, flag = scores.index_select(0, at.node)[0], None
+            token = source.draw(row.to(self.dtype).softmax(-1))
         hits = self.child_tokens.index_select(0, at.node)[0] == token
         rank = torch.where(hits, self.ranks, self.width).amin(0, keepdim=True)
         found = rank < self.width
@@ -329,6 +383,7 @@ class TargetWalk:
         path.reverse()
         if isinstance(scores, NodeScores):  # the rows the walk used are Transformers' (none flagged): keep them
             for depth, node in enumerate(path):
-                scores.keep(node, states[depth + 1].row)
+                if states[depth + 1].row is not None:  # None: the level drew from top-k columns, kept no row
+                    scores.keep(node, states[depth + 1].row)
         ranks = [self.children[parent].index(child) for parent, child in zip(path, path[1:])]
         return Verdict(path=path, bonus_token=bonus, accepted_ranks=ranks)
