@@ -60,7 +60,16 @@ def run_once(target, draft, batch, args, speculate: bool) -> dict:
             row.new_tokens / max(row.target_forwards, 1) for row in stats)
         result["target_forwards"] = [row.target_forwards for row in stats]
         result["draft_forwards"] = [row.draft_forwards for row in stats]
+        result["plain_steps"] = [row.plain_steps for row in stats]  # the sizing or the guard ran them plain
+        result["shrunk_steps"] = [row.shrunk_steps for row in stats]  # the sizing cut the shape for the batch
+        result["plan_source"] = stats[0].plan_source
     return result
+
+
+def steps_cell(run: dict) -> str:
+    """Each row's plain / shrunk / all target steps, e.g. `0/5/12, 1/5/13`."""
+    return ", ".join(f"{plain}/{shrunk}/{steps}" for plain, shrunk, steps in
+                     zip(run.get("plain_steps", []), run.get("shrunk_steps", []), run["target_forwards"]))
 
 
 def main() -> None:
@@ -100,11 +109,14 @@ def main() -> None:
                "ratio": spec_tps / plain_tps,
                "tokens_per_target_step_per_row": statistics.median(
                    run["tokens_per_target_step_per_row"] for run in runs["speculative"]),
-               "rows_identical": sum(identical), "runs": runs}
+               "rows_identical": sum(identical), "load_average": os.getloadavg()[0], "runs": runs}
         rows.append(row)
+        last = runs["speculative"][-1]
         print(f"B={size}: plain {plain_tps:.2f} tok/s, {args.method} {spec_tps:.2f} tok/s, "
               f"ratio {row['ratio']:.2f}, tokens/target step/row {row['tokens_per_target_step_per_row']:.2f}, "
-              f"identical rows {sum(identical)}/{size}", flush=True)
+              f"identical rows {sum(identical)}/{size}, load {row['load_average']:.2f}; last run: target steps "
+              f"{last['target_forwards']}, plain {last.get('plain_steps')}, shrunk {last.get('shrunk_steps')}",
+              flush=True)
 
     machine = {"cpu": cpu_model(), "flags": [flag for flag in FLAGS if flag in cpu_flags()],
                "threads": torch.get_num_threads(), "torch": torch.__version__, "load_average": os.getloadavg()}
@@ -120,11 +132,12 @@ def main() -> None:
              f"tokens per row, HumanEval prompts 0..B-1; medians of {args.repeats} interleaved runs.",
              f"Machine: {machine['cpu']} ({', '.join(machine['flags'])}), {machine['threads']} threads, load "
              f"{machine['load_average'][0]:.2f}.", "",
-             "| batch | plain tok/s | speculative tok/s | ratio | tokens / target step / row | identical rows |",
-             "|---|---|---|---|---|---|"]
+             "| batch | plain tok/s | speculative tok/s | ratio | tokens / target step / row | identical rows | "
+             "plain / shrunk / all target steps per row (last run) | load average |",
+             "|---|---|---|---|---|---|---|---|"]
     lines += [f"| {r['batch']} | {r['plain_tokens_per_s']:.2f} | {r['speculative_tokens_per_s']:.2f} | "
-              f"{r['ratio']:.2f} | {r['tokens_per_target_step_per_row']:.2f} | {r['rows_identical']}/{r['batch']} |"
-              for r in rows]
+              f"{r['ratio']:.2f} | {r['tokens_per_target_step_per_row']:.2f} | {r['rows_identical']}/{r['batch']} | "
+              f"{steps_cell(r['runs']['speculative'][-1])} | {r['load_average']:.2f} |" for r in rows]
     (args.output / "results.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

@@ -78,14 +78,17 @@ def guard_never_fires(monkeypatch):
     import math
 
     from hf_specdec.draft import guarded
+    from hf_specdec.integration import batch
     from hf_specdec.plan.guard import PlainGuard
 
     monkeypatch.setattr(guarded, "PlainGuard", functools.partial(PlainGuard, margin=math.inf))
+    monkeypatch.setattr(batch, "PlainGuard", functools.partial(PlainGuard, margin=math.inf))
 
 
 @pytest.fixture(autouse=True)
 def tree_sizing_sees_a_cheap_draft(monkeypatch):
-    """`tree` at its default shape is sized every step with the pair's latency curves. The suite's tiny drafts cost
+    """`tree` at its default shape, and a batch's fixed shapes (chain, tree, sequoia: `draft.batch_sized`), are sized
+    every step with the pair's latency curves. The suite's tiny drafts cost
     what their targets do, and curves measured on a busy machine are noise, so there the sizing would (rightly, or
     by chance) run plain steps. Tests that check `tree` really speculates assume hardware where speculation pays;
     this states it: the cost model sees a target pass of 10 ms whatever its size and a draft pass of 1 ms, no
@@ -95,6 +98,7 @@ def tree_sizing_sees_a_cheap_draft(monkeypatch):
     drafts is tested in test_sized_trees.py with its own curves."""
     import dataclasses
 
+    from hf_specdec.integration import batch
     from hf_specdec.methods.tree import config as tree_config
     from hf_specdec.plan.latency import LatencyCurve
     from hf_specdec.plan.shape_sizing import RankAcceptance
@@ -108,8 +112,9 @@ def tree_sizing_sees_a_cheap_draft(monkeypatch):
         sizer.timing_memory = 1.0
         return sizer
 
-    monkeypatch.setattr(tree_config, "online_sizer", cheap_draft)
-    monkeypatch.setattr(tree_config, "RankAcceptance", lambda prior, ranks: RankAcceptance([0.8, 0.1, 0.05], ranks))
+    for module in (tree_config, batch):  # a batch's fixed shapes are sized every step with the same model
+        monkeypatch.setattr(module, "online_sizer", cheap_draft)
+        monkeypatch.setattr(module, "RankAcceptance", lambda prior, ranks: RankAcceptance([0.8, 0.1, 0.05], ranks))
 
 
 

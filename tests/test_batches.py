@@ -5,6 +5,7 @@ sampled rows scored on their own sequences, finished rows leaving the batch, ref
 from __future__ import annotations
 
 import copy
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -12,7 +13,9 @@ from transformers import DynamicCache, pipeline
 
 from hf_specdec.core import processing
 from hf_specdec.decoding import batch_loop
+from hf_specdec.plan.latency import LatencyCurve
 from hf_specdec.plan.sequoia import plan_tree
+from hf_specdec.plan.sizing import HardwareProfile, for_batch
 from tests.conftest import TINY_CONFIGS, VOCAB, tiny_model
 from tests.test_entry_points import tiny_tokenizer
 from tests.test_generate_options import stop_tokenizer  # noqa: F401  (a fixture)
@@ -228,7 +231,8 @@ def test_batch_refusals_name_the_problem_and_leave_no_state(call, message, stop_
 
 def test_fixed_shapes_draft_all_rows_in_lockstep():
     """chain/tree/sequoia draft every row in the same passes: per step, one pass that feeds each row what it emitted
-    (and gives its root's logits) plus one per deeper level, whatever the batch size."""
+    (and gives its root's logits) plus one per deeper level, whatever the batch size (`guard=False`: the shape
+    whole every step, never sized for the batch)."""
     target = tiny_model("qwen2", 0)
     draft = near_draft(target)
     ids, mask = padded_batch(4, [0, 2, 4, 6])
@@ -237,7 +241,7 @@ def test_fixed_shapes_draft_all_rows_in_lockstep():
         lambda module, args, kwargs: rows_per_pass.append(kwargs["input_ids"].shape[0]), with_kwargs=True)
     try:
         out = target.generate(ids, attention_mask=mask, max_new_tokens=NEW, do_sample=False, assistant_model=draft,
-                              speculation="chain", speculation_config={"num_draft_tokens": 3},
+                              speculation="chain", speculation_config={"num_draft_tokens": 3, "guard": False},
                               return_dict_in_generate=True)
     finally:
         hook.remove()
@@ -249,8 +253,7 @@ def test_fixed_shapes_draft_all_rows_in_lockstep():
 def test_sequoia_trees_shrink_as_the_batch_grows():
     """Sized for a batch, a pass over B trees of n nodes costs what B * n tokens cost: bigger batches, smaller trees
     (curves measured on an unloaded Zen 4 CPU, where 8 tokens cost about what 1 does)."""
-    from hf_specdec.plan.latency import LatencyCurve
-    from hf_specdec.plan.sizing import HardwareProfile, choose_plan, for_batch
+    from hf_specdec.plan.sizing import choose_plan
 
     sizes = (1, 8, 16, 32, 64, 128, 256)
     profile = HardwareProfile(LatencyCurve(sizes, (0.174, 0.152, 0.221, 0.271, 0.379, 0.661, 1.257)),
@@ -261,18 +264,177 @@ def test_sequoia_trees_shrink_as_the_batch_grows():
     assert for_batch(profile, 4).target(8) == pytest.approx(profile.target(32))
 
 
-def test_a_batch_no_tree_pays_for_decodes_plainly(monkeypatch):
-    """When the tree sized for the batch is the root alone, Transformers' own loop decodes the batch."""
-    from hf_specdec.integration import batch as batch_module
+def test_the_lockstep_draft_keeps_the_accepted_nodes_it_forwarded():
+    """A draft that always agrees: every row accepts the whole 3-token chain, whose first two tokens the draft
+    forwarded while drafting; it keeps them, so each later step's first pass feeds each row two tokens (the chain's
+    last token and the bonus), not the whole block again."""
+    target = tiny_model("llama", 0)
+    draft = copy.deepcopy(target)
+    ids, mask = padded_batch(7, [0, 2, 4])
+    widths = []
+    hook = draft.register_forward_pre_hook(
+        lambda module, args, kwargs: widths.append(kwargs["input_ids"].shape[1]), with_kwargs=True)
+    call = dict(attention_mask=mask, max_new_tokens=NEW, do_sample=False)
+    try:
+        out = target.generate(ids, **call, assistant_model=draft, speculation="chain",
+                              speculation_config={"num_draft_tokens": 3, "guard": False}, return_dict_in_generate=True)
+    finally:
+        hook.remove()
+    assert torch.equal(out.sequences, target.generate(ids, **call))
+    assert all(row.tokens_per_step[:-1] == [4] * (len(row.tokens_per_step) - 1) for row in out.speculation_stats)
+    assert widths[0] == ids.shape[1] and len(widths) > 6 and set(widths[3::3]) == {2} and set(widths[1::3]) == {1}
 
+
+# --- a batch sized every step (draft/batch_sized.py) ---------------------------------------------------------
+def flat_until(knee: int, seconds: float, sizes=(1, 2, 4, 8, 16, 32, 64, 128)) -> LatencyCurve:
+    """A pass costs `seconds` up to `knee` tokens, then grows with the tokens (bound by arithmetic, not weights)."""
+    return LatencyCurve(sizes, tuple(seconds * max(1.0, size / knee) for size in sizes))
+
+
+def sized_batch(monkeypatch, profile: HardwareProfile, prior: list[float]) -> list:
+    """Batches of this test size their steps with `profile` and `prior`, no timing corrections and no guard (what
+    they choose depends on acceptance only), the plan lent to a chain being these; returns the list every sized
+    drafter of the test is appended to."""
+    from hf_specdec.draft import batch_sized
+    from hf_specdec.integration import batch as batch_module
+    from hf_specdec.integration import generate as integration
+    from hf_specdec.plan.shape_sizing import RankAcceptance
+    from hf_specdec.plan.step_sizing import StepSizer
+
+    plan = SimpleNamespace(profile=profile, acceptance=prior)
+    monkeypatch.setattr(integration, "plan_for_call", lambda *args, **kwargs: (plan, "curves given here"))
+    monkeypatch.setattr(batch_module, "PlainGuard", lambda **kwargs: None)  # the sizing alone: no measured step
+    monkeypatch.setattr(batch_module, "online_sizer", lambda profile, *args: StepSizer(profile, timing_memory=1.0))
+    monkeypatch.setattr(batch_module, "RankAcceptance", RankAcceptance)
+    drafters = []
+    made = batch_sized.SizedLockstepDrafter.__init__
+
+    def kept(self, *args, **kwargs):
+        made(self, *args, **kwargs)
+        drafters.append(self)
+
+    monkeypatch.setattr(batch_sized.SizedLockstepDrafter, "__init__", kept)
+    return drafters
+
+
+def test_the_batch_cost_model_shrinks_shapes_as_the_batch_grows():
+    """A pass over n nodes for each of B rows costs what B * n tokens cost on the curve (the real pair's on the Zen
+    4 CPU: bfloat16 prepacked target, int8 draft, where 4 tokens cost what 1 does and 16 cost 1.6 times as much):
+    the chain and the tree chosen for the batch shrink as it grows, down to plain batched steps."""
+    from hf_specdec.plan.shape_sizing import RankAcceptance, level_cuts_menu, sub_shapes_menu
+    from hf_specdec.plan.shapes import chain_parents
+    from hf_specdec.plan.step_sizing import StepSizer
+
+    sizes = (1, 4, 8, 16, 32, 64, 128)
+    profile = HardwareProfile(LatencyCurve(sizes, (0.119, 0.106, 0.1425, 0.1889, 0.3254, 0.5818, 1.0937)),
+                              LatencyCurve(sizes, (0.0284, 0.0337, 0.0424, 0.0629, 0.1029, 0.1932, 0.3755)))
+    for menu in (level_cuts_menu(chain_parents(8)), sub_shapes_menu([4, 2, 1, 1])):
+        nodes = []
+        for rows in (1, 2, 4, 8, 16, 32):
+            ranks = [RankAcceptance([0.8, 0.1, 0.05], menu.width)] * rows
+            nodes.append(len(menu.shapes[menu.best(StepSizer(for_batch(profile, rows)), ranks)[0]]))
+        assert nodes == sorted(nodes, reverse=True) and nodes[0] > 2 and nodes[-1] == 1, nodes
+
+
+def test_a_bigger_batch_drafts_shorter_chains_and_each_row_counts_them(monkeypatch):
+    """The same chain and curves (a target pass flat up to 8 tokens, then growing; a cheap draft): two rows draft
+    the whole 4-node chain (an 8-token pass), four rows one token each (a 4-node chain each would be a 16-token pass,
+    twice the time, for fewer than twice the tokens); every row's stats count its shrunk steps, and the output is
+    plain batched generate's."""
+    target = tiny_model("qwen2", 0)
+    draft = near_draft(target, noise=0.05)
+    drafters = sized_batch(monkeypatch, HardwareProfile(flat_until(8, 0.010), flat_until(8, 0.001)), [0.9])
+    nodes = {}  # per batch size: the shapes of the steps all its rows took
+    for rows in (2, 4):
+        ids, mask = padded_batch(rows, [0, 2, 4, 1][:rows])
+        call = dict(attention_mask=mask, max_new_tokens=NEW, do_sample=False)
+        out = target.generate(ids, **call, assistant_model=draft, speculation="chain",
+                              speculation_config={"num_draft_tokens": 3}, return_dict_in_generate=True)
+        assert torch.equal(out.sequences, target.generate(ids, **call))
+        nodes[rows] = {size for active, size in drafters[-1].choices if active == rows}
+        shrunk = [row.shrunk_steps for row in out.speculation_stats]
+        assert all(count > 0 for count in shrunk) if rows == 4 else shrunk == [0] * rows
+        assert "sized for the batch" in out.speculation_stats[0].plan_source
+    assert nodes == {2: {4}, 4: {2}}
+
+
+def test_a_batch_whose_draft_is_useless_falls_to_plain_batched_steps(monkeypatch):
+    """A draft that proposes what the target never keeps: the rows' learned acceptance falls and the sizing runs
+    plain batched steps (every row's root alone, no draft pass), probing now and then; each row's stats count its
+    plain steps, and the output is plain batched generate's."""
+    target = tiny_model("llama", 0)
+    draft = copy.deepcopy(target)
+    with torch.no_grad():  # the target's least likely token, where it keeps its most likely one
+        draft.lm_head.weight.neg_()
+    sized_batch(monkeypatch, HardwareProfile(flat_until(128, 0.010), flat_until(128, 0.005)), [0.8])
+    ids, mask = padded_batch(5, [0, 3, 1])
+    call = dict(attention_mask=mask, max_new_tokens=40, do_sample=False)
+    out = target.generate(ids, **call, assistant_model=draft, speculation="chain", return_dict_in_generate=True)
+    assert torch.equal(out.sequences, target.generate(ids, **call))
+    for row in out.speculation_stats:
+        assert row.target_forwards // 2 < row.plain_steps < row.target_forwards  # speculated first, and probes
+
+
+def test_a_batch_no_tree_pays_for_decodes_plainly(monkeypatch):
+    """A draft pass as costly as the target's: no chain is predicted to beat plain batched steps for the batch, so
+    Transformers' own loop decodes it."""
     target = tiny_model("llama", 0)
     draft = near_draft(target)
     ids, mask = padded_batch(9, [0, 3])
-    monkeypatch.setattr(batch_module, "batch_shape", lambda config, rows: [-1])
+    sized_batch(monkeypatch, HardwareProfile(flat_until(128, 0.010), flat_until(128, 0.010)), [0.8])
     out = target.generate(ids, attention_mask=mask, max_new_tokens=NEW, do_sample=False, assistant_model=draft,
                           speculation="chain", return_dict_in_generate=True)
     assert torch.equal(out.sequences, target.generate(ids, attention_mask=mask, max_new_tokens=NEW, do_sample=False))
     assert "decoded plainly" in out.speculation_stats.plan_source
+
+
+def test_the_batch_guard_turns_whole_steps_plain(monkeypatch):
+    """The measured guard watches the batch's steps as a whole: while it says plain, every row verifies its root
+    alone (no draft pass); then the rows speculate again, the output plain batched generate's throughout."""
+    import math
+
+    from hf_specdec.integration import batch as batch_module
+    from hf_specdec.plan.guard import PlainGuard
+
+    monkeypatch.setattr(batch_module, "PlainGuard", lambda **kwargs: PlainGuard(margin=math.inf, waiting=5, **kwargs))
+    target = tiny_model("qwen2", 0)
+    draft = near_draft(target)
+    ids, mask = padded_batch(6, [0, 2, 5])
+    call = dict(attention_mask=mask, max_new_tokens=NEW, do_sample=False)
+    out = target.generate(ids, **call, assistant_model=draft, speculation="chain", return_dict_in_generate=True)
+    assert torch.equal(out.sequences, target.generate(ids, **call))
+    for row in out.speculation_stats:
+        assert row.tokens_per_step[:5] == [1] * 5 and row.plain_steps >= 5 and max(row.tokens_per_step) > 1
+    assert out.speculation_stats[0].draft_forwards > 0
+
+
+def test_a_batch_plain_step_is_one_token_per_row_for_the_guard():
+    """Until a plain step is measured, the guard estimates plain decoding from a speculative step without its draft
+    passes; in a batch that step is a plain batched step, one token per row."""
+    from hf_specdec.plan.guard import PlainGuard
+
+    for rows, loses in ((4, True), (1, False)):
+        guard = PlainGuard(patience=2)
+        for _ in range(2):  # 4 s for 4 tokens, 2 s of them drafting: plain would take 2 s for `rows` tokens
+            guard.observe(4.0, 4, plain=False, draft_seconds=2.0, rows=rows)
+        assert guard.plain_next() == loses
+
+
+def test_a_batch_guard_measures_a_plain_step_before_it_judges_by_one():
+    """`measure_plain`: after `patience` speculative steps with no plain one, one plain step is measured; from then
+    on speculation is judged against it."""
+    from hf_specdec.plan.guard import PlainGuard
+
+    guard = PlainGuard(patience=2, measure_plain=True)
+    for _ in range(2):  # 2 s for 4 tokens; without draft passes 2 s for 4 rows: 0.5 s a token, a win on paper
+        assert not guard.plain_next()
+        guard.observe(2.0, 4, plain=False, rows=4)
+    assert guard.plain_next()  # measure it
+    guard.observe(1.0, 4, plain=True)  # plain batched steps: 0.25 s a token
+    assert not guard.plain_next()
+    for _ in range(2):
+        guard.observe(2.0, 4, plain=False, rows=4)
+    assert guard.plain_next() and guard.waiting > 0  # speculation loses to what was measured
 
 
 def test_host_reads_per_step_stay_bounded(monkeypatch):

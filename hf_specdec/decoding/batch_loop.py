@@ -50,14 +50,19 @@ class RowDrafters:
     def accept(self, index: int, input_ids: torch.LongTensor, tree: TokenTree, verdict: Verdict) -> None:
         self.drafters[self.active[index]].accept(input_ids, tree, verdict)
 
-    def observe(self, index: int, tree_size: int, seconds: float) -> None:
-        self.drafters[self.active[index]].observe_target_pass(tree_size, seconds)
+    def observe_step(self, sizes: list[int], seconds: float, emitted: list[int]) -> None:
+        """The step's target pass took `seconds`: each row's drafter sees its tree's size and its share."""
+        for row, size in zip(self.active, sizes):
+            self.drafters[row].observe_target_pass(size, seconds / len(sizes))
 
     def drop(self, keep: list[int]) -> None:
         self.active = [self.active[index] for index in keep]
 
     def counts(self, row: int) -> tuple[int, float]:
         return self.drafters[row].forward_count, self.drafters[row].forward_time
+
+    def shrunk_steps(self, row: int) -> int:
+        return getattr(self.drafters[row], "shrunk_steps", 0)
 
 
 @dataclass
@@ -144,7 +149,6 @@ def batch_speculative_loop(
             sequences[row], unpadded[row] = grown, grown[:, pads[row] :]
             host[row] += blocks[index][:emitted]
             kept.append(verdict.path[:emitted])
-            drafter.observe(index, len(tree), seconds / len(active))  # the row's share of the pass
             if not finished:
                 still.append(index)
                 drafter.accept(index, unpadded[row], drafted[index], verdict if cut is None else _renumbered(verdict,
@@ -152,6 +156,7 @@ def batch_speculative_loop(
             _record(stats[row], tree, verdict, emitted)
             stats[row].time_target_forward += seconds / len(active)
             stats[row].time_drafting += (t1 - t0) / len(active)
+        drafter.observe_step([len(tree) for tree in trees], seconds, [len(path) for path in kept])
         rows.keep(cache, kept)
         if len(still) < len(active):
             if finished_rows is not None:  # their columns, before they leave the cache
@@ -168,6 +173,7 @@ def batch_speculative_loop(
     for row, row_stats in enumerate(stats):
         row_stats.time_prefill, row_stats.time_total = prefill_seconds, total
         row_stats.draft_forwards, row_stats.time_draft_forward = drafter.counts(row)
+        row_stats.shrunk_steps = drafter.shrunk_steps(row)
     return BatchResult(sequences=padded(sequences, pad_token_id), stats=stats, cache=returned)
 
 

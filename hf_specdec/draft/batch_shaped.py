@@ -4,8 +4,10 @@ The batch form of `ModelTreeDrafter` (whose shape levels it reuses): the draft's
 (`accept.ragged.RaggedRows`). Each step first feeds every row the tokens its draft cache lacks (the last step's
 emitted tokens, the root last) as one pass of per-row chains, which commits them and gives each root's logits; then
 each level's nodes of every row go through one pass, seeing the row's committed columns and the level's forwarded
-ancestors (the same slots in every row: the shape is shared, the tokens are each row's). The node slots are
-dropped once the trees are drafted, so the cache only ever holds committed tokens.
+ancestors (the same slots in every row: the shape is shared, the tokens are each row's). After the verdicts each
+row keeps the slots of the accepted nodes the draft forwarded (ragged, as the target keeps its accepted nodes), so
+the next step's first pass feeds a row only what the draft has not seen: the bonus token and the accepted leaf,
+not the whole accepted block again.
 """
 
 from __future__ import annotations
@@ -13,7 +15,6 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache, LogitsProcessorList, PreTrainedModel
 
-from ..accept.kv_cache import crop
 from ..accept.ragged import RaggedRows
 from ..core.attention import AttentionLayout
 from ..core.child_selection import select_children
@@ -21,6 +22,7 @@ from ..core.devices import PassClock, execution_device
 from ..core.model_info import embeddable, fit_vocabulary
 from ..core.processing import process_tree_scores
 from ..core.tree import HostTree, TokenTree, additive_mask
+from .draft_model import forwarded_prefix
 from .shaped_tree import ModelTreeDrafter
 
 
@@ -49,8 +51,16 @@ class LockstepShapeDrafter:
         self.cache = DynamicCache()
         self.rows = RaggedRows(torch.zeros(rows, 0, dtype=torch.bool, device=self.device))
         self.committed = [0] * rows  # per batch row: how many of its tokens the draft cache holds
+        self.origin = list(range(rows))  # per batch row: its row in the call's batch (rows that finish leave)
+        self.node_slots = 0  # cache columns the last step's level passes appended after the committed ones
+        self.kept_slots: list[list[int]] = [[] for _ in range(rows)]  # per batch row: of those, its accepted ones
+        self._nodes: list[list[int] | None] = [None] * rows  # per batch row: the shape node of each tree node
         self.clock = PassClock(self.device)
         self.forward_count = 0
+
+    def use_shape(self, shape: list[int]) -> None:
+        """Draft `shape` for every row from the next step on (a batch sized every step switches between shapes)."""
+        self.plan.use_shape(shape)
 
     @property
     def forward_time(self) -> float:
@@ -72,7 +82,12 @@ class LockstepShapeDrafter:
         """The trees of every row: `ids[r]` the row's tokens (its root last), `prefixes[r]` `(1, L)` what the call's
         processors see before row r's root."""
         plan, batch, device = self.plan, len(ids), self.device
+        if self.node_slots:  # each row keeps the accepted nodes the last step forwarded; the other slots go
+            self.rows.keep(self.cache, self.kept_slots)
+            self.committed = [done + len(slots) for done, slots in zip(self.committed, self.kept_slots)]
+        self.node_slots, self.kept_slots = 0, [[] for _ in range(batch)]
         shape, n = plan.shape, len(plan.shape)
+        self._nodes = [None] * batch
         if n == 1:  # a root-only plan: no draft pass at all (the target decodes plainly)
             return [TokenTree.from_parents([row[-1]], [-1]) for row in ids]
         fresh = [row[done:] for row, done in zip(ids, self.committed)]
@@ -100,8 +115,10 @@ class LockstepShapeDrafter:
                 sees[:, forwarded:] |= torch.eye(p, dtype=torch.bool, device=device)
                 allowed = torch.cat([self.rows.valid[:, None, :].expand(batch, p, committed),
                                      sees[None].expand(batch, -1, -1)], dim=2)
+                before = self.clock.total
                 level_logits = self._forward(tokens[:, level.parents].clamp(min=0), root_positions + level.depths,
                                              additive_mask(allowed, self.model.dtype)[0, 0][:, None])
+                self._level_timed(p, self.clock.total - before)
                 forwarded += p
             scores = self._scores(tokens, level.parent_list, level_logits, prefixes)
             probs = scores.softmax(-1) if sampling else scores
@@ -112,7 +129,7 @@ class LockstepShapeDrafter:
                                    self.generator).view(batch, len(level.parent_list), -1)
             kids = torch.where(tokens[:, level.parents, None] >= 0, kids, -1)
             tokens[:, level.children] = kids[:, level.rows, level.cols]
-        crop(self.cache, committed)  # drop the node slots: only committed tokens stay
+        self.node_slots = forwarded  # kept past the verdicts: `accept` says which each row keeps
         token_lists = tokens.tolist()  # the step's one read of the drafted tokens
         trees = []
         for row, token_list in enumerate(token_lists):
@@ -121,6 +138,7 @@ class LockstepShapeDrafter:
                              draft_probs=draft_probs[row] if sampling else None)
             keep = [node for node, token in enumerate(token_list) if token >= 0]
             trees.append(tree if len(keep) == n else tree.select(keep))
+            self._nodes[row] = None if len(keep) == n else keep
         return trees
 
     def _scores(self, tokens: torch.Tensor, parents: list[int], logits: torch.Tensor,
@@ -137,18 +155,34 @@ class LockstepShapeDrafter:
                                             any_tie_order=True))
         return torch.stack(rows)
 
-    def accept(self, index: int, input_ids: torch.Tensor, tree: TokenTree, verdict) -> None:
-        """Nothing to keep: the next step feeds each row what it emitted (its node slots are gone already)."""
+    def _level_timed(self, nodes: int, seconds: float) -> None:
+        """A level's pass over `nodes` nodes per row (not the root's, which also feeds the emitted tokens) took
+        `seconds`: what a batch sized every step corrects its draft curve with."""
 
-    def observe(self, index: int, tree_size: int, seconds: float) -> None:
-        """A fixed shape is not sized by the pass times."""
+    def accept(self, index: int, input_ids: torch.Tensor, tree: TokenTree, verdict) -> None:
+        """Batch row `index` keeps the slots of the accepted nodes the draft forwarded (a prefix of the accepted
+        path); the next step feeds it the rest of what it emitted."""
+        nodes = self._nodes[index]
+        path = [node if nodes is None else nodes[node] for node in verdict.path[1:]]
+        self.kept_slots[index] = forwarded_prefix([self.plan.slot_of[node] for node in path])
+
+    def observe_step(self, sizes: list[int], seconds: float, emitted: list[int]) -> None:
+        """The step's target pass over trees of `sizes` nodes took `seconds`; the rows emitted `emitted` tokens. A
+        fixed shape is not sized by them."""
 
     def drop(self, keep: list[int]) -> None:
         """Keep only batch rows `keep` (rows that finished leave)."""
         self.rows.select(self.cache, keep)
         self.committed = [self.committed[index] for index in keep]
         self.processors = [self.processors[index] for index in keep]
+        self.origin = [self.origin[index] for index in keep]
+        self.kept_slots = [self.kept_slots[index] for index in keep]
+        self._nodes = [self._nodes[index] for index in keep]
 
     def counts(self, row: int) -> tuple[int, float]:
         """Draft passes and their seconds, shared by every row."""
         return self.forward_count, self.forward_time
+
+    def shrunk_steps(self, row: int) -> int:
+        """Steps whose tree for the call's row `row` was cut below the full shape (a fixed shape: none)."""
+        return 0

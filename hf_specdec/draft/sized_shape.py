@@ -21,13 +21,9 @@ from transformers import LogitsProcessorList, PreTrainedModel
 
 from ..core.tree import TokenTree
 from ..core.verdict import Verdict
-from ..plan.shape_sizing import RankAcceptance, ShapeDepths, ShapeMenu
+from ..plan.shape_sizing import RankAcceptance, ShapeChooser, ShapeDepths, ShapeMenu
 from ..plan.step_sizing import StepSizer
 from .shaped_tree import ModelTreeDrafter, ShapeLevel
-
-#: plain steps the prediction chose before one tree is drafted anyway (doubling while it keeps losing), so that
-#: acceptance that returns is seen
-PROBE_AFTER, MAX_PROBE_AFTER = 8, 64
 
 
 class SizedShapeDrafter(ModelTreeDrafter):
@@ -47,32 +43,21 @@ class SizedShapeDrafter(ModelTreeDrafter):
     ) -> None:
         super().__init__(draft_model, [-1], logits_processor, child_selection, generator, vocab)
         self.menu, self.sizer, self.ranks = menu, sizer, ranks
-        self.full_size = full_size  # nodes of the method's full tree: a smaller tree is a shrunk step
-        self.shrunk_steps = 0
-        self.plain_choices = 0  # consecutive steps the prediction chose plain
-        self.probe_after = PROBE_AFTER
+        self.chooser = ShapeChooser(menu, full_size)  # full_size: the method's full tree (a smaller one is shrunk)
         self._logq: torch.Tensor | None = None  # the draft's log-probability of each shape node (device)
         self._host_logq: list[float] = []
         self._draft_before = 0.0
         self._depths: dict[tuple[int, ...], ShapeDepths] = {}  # per shape drafted: its nodes by depth and rank
 
-    def propose(self, input_ids: torch.LongTensor) -> TokenTree:
-        choice, _ = self.menu.best(self.sizer, self.ranks)
-        if choice == 0:
-            self.plain_choices += 1
-            if self.plain_choices > self.probe_after and len(self.menu.shapes) > 1:  # probe: the best tree, anyway
-                self.plain_choices, self.probe_after = 0, min(2 * self.probe_after, MAX_PROBE_AFTER)
-                choice = self._best_tree()
-        else:
-            self.plain_choices, self.probe_after = 0, PROBE_AFTER
-        self.use_shape(self.menu.shapes[choice])
-        tree = super().propose(input_ids)
-        if 1 < len(tree) < self.full_size:
-            self.shrunk_steps += 1
-        return tree
+    @property
+    def shrunk_steps(self) -> int:
+        return self.chooser.shrunk_steps
 
-    def _best_tree(self) -> int:
-        return 1 + int(self.menu.seconds_per_token(self.sizer, self.ranks)[1:].argmin())
+    def propose(self, input_ids: torch.LongTensor) -> TokenTree:
+        self.use_shape(self.menu.shapes[self.chooser.choose(self.sizer, self.ranks)])
+        tree = super().propose(input_ids)
+        self.chooser.shrunk(len(tree))
+        return tree
 
     # --- the hooks of ModelTreeDrafter.propose ---------------------------------------------------------
     def _step_started(self, tokens: torch.Tensor) -> None:
@@ -117,10 +102,7 @@ class SizedShapeDrafter(ModelTreeDrafter):
             return  # a plain step (or a tree this drafter did not propose): nothing drafted to learn from
         children = tree.host().children()
         path = verdict.path
-        counts = [len(children[node]) for node in path if children[node]]
-        ranks = [verdict.accepted_ranks[j] if j + 1 < len(path) else None
-                 for j, node in enumerate(path) if children[node]]
-        self.ranks.update(counts, ranks)
+        self.ranks.learn(children, path, verdict.accepted_ranks)
         reached = set(path)
         kids = [c for node in path for c in children[node]]
         self.sizer.acceptance.update([self._host_logq[self._kept[c]] for c in kids], [c in reached for c in kids])

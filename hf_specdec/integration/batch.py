@@ -1,6 +1,12 @@
 """A batch of prompts (several rows, left-padded by the tokenizer, or `num_return_sequences` copies): one drafter
 per row, one target pass per step over every row still decoding (`decoding.batch_loop`).
 
+A method drafting one shape (chain, tree, sequoia) drafts it for every row in lockstep, sized every step for the
+batch where the call has latency curves and the guard is on (`draft.batch_sized`): the method's shape is the
+largest a step drafts, smaller versions of it are chosen as the batch grows or acceptance falls, down to plain
+batched steps, and a call whose first step no tree is predicted to pay for decodes with Transformers' own loop.
+Curves come with the method's plan (tree, sequoia), or are looked up for the batch (chain, a shape given).
+
 What a batch refuses (a user cache, static caches, per-token output records, streamers, ...) is checked up front
 in `validation.check_batch`.
 """
@@ -14,16 +20,20 @@ from transformers import GenerationConfig, LogitsProcessorList, PreTrainedModel,
 from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria, MaxTimeCriteria
 
 from ..accept.kv_cache import full_length_cache
-from ..core.config import SpeculationConfig
+from ..core.config import PlanRequest, SpeculationConfig
 from ..core.model_info import vocab_size
 from ..core.processing import row_processors
 from ..decoding.batch_loop import RowDrafters, batch_speculative_loop
 from ..decoding.outputs import SpeculativeDecoderOnlyOutput
 from ..decoding.stats import SpeculationStats
 from ..draft.batch_shaped import LockstepShapeDrafter
+from ..draft.batch_sized import SizedLockstepDrafter
 from ..draft.guarded import GuardedDrafter
 from ..methods.static_shape import StaticShapeConfig
-from ..plan.sizing import choose_plan, for_batch
+from ..methods.step_sized import PLAN_BUDGET, online_sizer
+from ..plan.guard import PlainGuard
+from ..plan.shape_sizing import RankAcceptance, ShapeMenu
+from ..plan.sizing import for_batch
 from .call import SpeculationCall
 
 
@@ -38,13 +48,15 @@ def decode_batch(
     verifier,
     model_kwargs: dict[str, Any],
     plan_seconds: float = 0.0,
+    plan: Any = None,
 ) -> torch.LongTensor | SpeculativeDecoderOnlyOutput:
     """Run the batch loop; with return_dict_in_generate, `speculation_stats` is a list (one entry per row) and
-    `past_key_values` the cache laid out as plain batched generate's (see `decoding.batch_cache`)."""
+    `past_key_values` the cache laid out as plain batched generate's (see `decoding.batch_cache`). `plan`: the one
+    looked up for the batch (`batch_plan_request`), if any."""
     check_stops(stopping_criteria)
     mask = model_kwargs.get("attention_mask")
     mask = torch.ones_like(input_ids) if mask is None else mask
-    drafter = batch_drafter(model, input_ids.shape[0], logits_processor, call, config, verifier)
+    drafter = batch_drafter(model, input_ids.shape[0], logits_processor, call, config, verifier, plan)
     stats = [SpeculationStats(method=config.method, verifier=verifier.name, plan_source=config.plan_source,
                               time_plan=plan_seconds) for _ in range(input_ids.shape[0])]
     cache = full_length_cache(model_kwargs.get("past_key_values"))  # generate's empty cache, every row kept
@@ -63,13 +75,26 @@ def decode_batch(
 
 
 def batch_drafter(model: PreTrainedModel, rows: int, logits_processor: LogitsProcessorList, call: SpeculationCall,
-                  config: SpeculationConfig, verifier) -> RowDrafters | LockstepShapeDrafter:
-    """A fixed shape (chain, tree, sequoia: its plan's tree, not sized per step in a batch) is drafted for all rows
-    in lockstep, one draft pass per level; any other method drafts row by row with a drafter per row."""
+                  config: SpeculationConfig, verifier, plan: Any = None
+                  ) -> RowDrafters | LockstepShapeDrafter:
+    """A fixed shape (chain, tree, sequoia) is drafted for all rows in lockstep, one draft pass per level: sized every
+    step for the batch where it has curves (`batch_sizing`), else the shape whole every step; any other method
+    drafts row by row with a drafter per row."""
     processors = [row_processors(logits_processor, row, rows) for row in range(rows)]
     if isinstance(config, StaticShapeConfig):
-        return LockstepShapeDrafter(call.assistant_model, batch_shape(config, rows), rows, processors,
-                                    verifier.child_selection, call.generator, vocab_size(model))
+        if not config.guard:  # the shape whole, every step
+            return LockstepShapeDrafter(call.assistant_model, config.shape(), rows, processors,
+                                        verifier.child_selection, call.generator, vocab_size(model))
+        sizing = batch_sizing(config, plan)
+        if sizing is None:  # no curves: the shape whole, behind the guard
+            menu, sizer, ranks = ShapeMenu.of([config.shape()]), None, []
+        else:
+            menu = config.shape_menu()
+            sizer = online_sizer(sizing.profile, model, call.assistant_model, logits_processor)
+            ranks = [RankAcceptance(sizing.acceptance, menu.width) for _ in range(rows)]
+        return SizedLockstepDrafter(call.assistant_model, menu, sizer, ranks, len(config.shape()), rows, processors,
+                                    verifier.child_selection, call.generator, vocab_size(model),
+                                    PlainGuard(measure_plain=True))
     drafters = []
     for row in range(rows):  # each row its own draft cache and state
         drafter = config.make_drafter(model, call.assistant_model, processors[row], verifier.child_selection,
@@ -78,21 +103,44 @@ def batch_drafter(model: PreTrainedModel, rows: int, logits_processor: LogitsPro
     return RowDrafters(drafters)
 
 
-def batch_drafts(config: SpeculationConfig, rows: int) -> bool:
-    """Whether any tree pays for this batch: a fixed shape sized for it may be the root alone (then the batch
-    decodes with Transformers' own loop, as a root-only plan does for one sequence)."""
-    return not isinstance(config, StaticShapeConfig) or len(batch_shape(config, rows)) > 1
+def batch_plan_request(config: SpeculationConfig) -> PlanRequest | None:
+    """What a batch looks up for a fixed shape whose config asks for nothing (chain, a tree given by its shape): the
+    pair's plan, for its latency curves and acceptance (stored, or a stored one re-sized here; never calibrated
+    for the batch: without one the shape is drafted whole, behind the guard). None where the config looks its own
+    plan up, or drafts its shape whole (`guard=False`, `per_step=False`)."""
+    if not isinstance(config, StaticShapeConfig) or not _sized_in_a_batch(config) or config.plan_request():
+        return None
+    return PlanRequest(max_budget=PLAN_BUDGET, calibrate_online=False)
 
 
-def batch_shape(config: StaticShapeConfig, rows: int) -> list[int]:
-    """The shape every row drafts. A sequoia plan looked up with its latency profile is sized again for the batch
-    (a pass over `rows` trees of n nodes costs what rows * n tokens cost, so trees shrink as the batch grows); a
-    fixed shape or a given plan is kept."""
-    plan = getattr(config, "plan", None)
-    if not getattr(config, "sized", False) or getattr(plan, "profile", None) is None:
-        return config.shape()
-    return choose_plan(plan.acceptance, for_batch(plan.profile, rows), config.max_budget,
-                       config.max_depth).plan.parents
+def batch_sizing(config: SpeculationConfig, plan: Any = None) -> Any:
+    """The plan (its `profile`: latency curves; its `acceptance`: the prior) a batch drafting `config`'s shape is
+    sized with every step: the one looked up for the batch, else the config's own; None where there are no curves
+    (a plan given without them) or the shape is drafted whole."""
+    if not isinstance(config, StaticShapeConfig) or not _sized_in_a_batch(config):
+        return None
+    plan = plan if plan is not None else getattr(config, "plan", None)
+    return plan if getattr(plan, "profile", None) is not None else None
+
+
+def _sized_in_a_batch(config: StaticShapeConfig) -> bool:
+    return config.guard and getattr(config, "per_step", True)
+
+
+def batch_drafts(model: PreTrainedModel, rows: int, logits_processor: LogitsProcessorList, call: SpeculationCall,
+                 config: SpeculationConfig, plan: Any = None) -> bool:
+    """Whether any tree pays for this batch: a fixed shape sized for it may be predicted to lose to plain batched
+    steps from the first step (then the batch decodes with Transformers' own loop, as a root-only plan does for one
+    sequence), with the curves as `rows` rows see them and the plan's acceptance for every row."""
+    if not isinstance(config, StaticShapeConfig):
+        return True
+    sizing = batch_sizing(config, plan)
+    if sizing is None:
+        return len(config.shape()) > 1
+    menu = config.shape_menu()
+    sizer = online_sizer(sizing.profile, model, call.assistant_model, logits_processor)
+    sizer.profile = for_batch(sizer.profile, rows)
+    return menu.best(sizer, [RankAcceptance(sizing.acceptance, menu.width)] * rows)[0] != 0
 
 
 def check_stops(criteria: StoppingCriteriaList) -> None:

@@ -27,7 +27,7 @@ from transformers.generation.utils import GenerationMixin
 from transformers.utils import logging
 
 from ..accept.kv_cache import full_length_cache, is_static, make_room, static_capacity
-from ..core.config import SpeculationConfig, make_config
+from ..core.config import PlanRequest, SpeculationConfig, make_config
 from ..core.model_inputs import TokenInputs
 from ..core.ranks import Ranks
 from ..decoding.loop import speculative_loop
@@ -36,7 +36,7 @@ from ..decoding.stats import SpeculationStats
 from ..draft.guarded import GuardedDrafter
 from ..plan.plan_lookup import call_temperature, plan_for_call
 from ..verify import verifier_for
-from .batch import batch_drafts, decode_batch
+from .batch import batch_drafts, batch_plan_request, decode_batch
 from .call import SpeculationCall
 from .generation_config import FIELD, get_speculation, keep_field_on_load
 from .validation import check_generation_config, check_processors, check_speculation
@@ -164,8 +164,10 @@ def speculative_generate(
     verifier = verifier_for(call.config, do_sample)
     config = call.config
     ranks = Ranks.of(model)  # a sharded target's ranks: the lowest decides what depends on clocks, files, draws
+    batch = input_ids.shape[0]
     request = config.plan_request()
-    plan_seconds = 0.0
+    batch_request = batch_plan_request(config) if batch > 1 and request is None else None
+    plan_seconds, batch_plan = 0.0, None
     if request is not None:  # look the plan up (given, stored, re-sized or calibrated now) before drafting
         start = time.perf_counter()
         plan, source = plan_for_call(request, model, call.assistant_model, call_temperature(generation_config),
@@ -175,10 +177,14 @@ def speculative_generate(
         if plan_seconds >= FIRST_CALL_NOTICE_SECONDS:  # re-sized or calibrated here: once per pair and hardware
             logger.warning(f"hf_specdec: speculation={config.method!r} spent {plan_seconds:.1f} s before decoding on "
                            f"its plan ({config.plan_source}); later calls reuse it.")
-    batch = input_ids.shape[0]
-    if batch > 1 and config.drafts() and batch_drafts(config, batch):  # one target pass per step for every row
+    elif batch_request is not None:  # a fixed shape sized for the batch: a stored plan lends curves and acceptance
+        start = time.perf_counter()
+        batch_plan, config = batch_curves(batch_request, model, call, generation_config, input_ids, model_kwargs,
+                                          ranks, config)
+        plan_seconds = time.perf_counter() - start
+    if batch > 1 and config.drafts() and batch_drafts(model, batch, logits_processor, call, config, batch_plan):
         return decode_batch(model, input_ids, logits_processor, stopping_criteria, generation_config, call, config,
-                            verifier, model_kwargs, plan_seconds)
+                            verifier, model_kwargs, plan_seconds, batch_plan)  # one target pass per step, every row
     if call.streamer is not None:
         call.streamer.put(input_ids.cpu())
     if not config.drafts() or batch > 1:  # no tree pays (for this batch): Transformers' own loop
@@ -224,6 +230,22 @@ def speculative_generate(
         past_key_values=cache if generation_config.use_cache else None,
         speculation_stats=result.stats,
     )
+
+
+def batch_curves(request: PlanRequest, model: PreTrainedModel, call: SpeculationCall,
+                 generation_config: GenerationConfig, input_ids: torch.LongTensor, model_kwargs: dict[str, Any],
+                 ranks: Ranks, config: SpeculationConfig) -> tuple[Any, SpeculationConfig]:
+    """(the stored plan a batch sizes a fixed shape with, or None where the pair has none; the config, its
+    `plan_source` saying which)."""
+    config = dataclasses.replace(config)
+    try:
+        plan, source = plan_for_call(request, model, call.assistant_model, call_temperature(generation_config),
+                                     first_prompt(input_ids, model_kwargs.get("attention_mask")), ranks)
+    except ValueError:  # no plan stored for this pair: none is calibrated for a batch
+        config.plan_source = "no plan stored for this pair: its shape drafted whole for the batch, behind the guard"
+        return None, config
+    config.plan_source = f"steps sized for the batch with the latency curves and acceptance of {source}"
+    return plan, config
 
 
 def first_prompt(input_ids: torch.LongTensor, attention_mask: torch.Tensor | None) -> torch.LongTensor:

@@ -10,6 +10,7 @@ from ..core.child_selection import CHILD_SELECTIONS
 from ..core.config import SpeculationConfig
 from ..core.model_info import vocab_size
 from ..draft.shaped_tree import ModelTreeDrafter
+from ..plan.shape_sizing import ShapeMenu, level_cuts_menu
 
 
 class StaticShapeConfig(SpeculationConfig):
@@ -24,6 +25,11 @@ class StaticShapeConfig(SpeculationConfig):
 
     def drafts(self) -> bool:
         return len(self.shape()) > 1
+
+    def shape_menu(self) -> ShapeMenu:
+        """The shapes a batch sized every step chooses from (the root alone always among them): the shape cut after
+        each of its levels (a chain's shorter chains)."""
+        return level_cuts_menu(self.shape())
 
     def make_drafter(
         self,

@@ -7,6 +7,11 @@ over one token costs no more on the hardware that speculation suits). When the r
 speculative steps exceed the plain rate by more than timing noise, the next `backoff` steps run plain; then
 speculation resumes as a probe (its rate measured afresh), and `backoff` doubles each time the probe loses again and
 resets once it wins: acceptance that returns is found within a bounded number of steps.
+
+A batch drafting for all its rows at once is guarded as a whole: a step's tokens are every row's, and a plain step
+(every row's root alone) is plain batched decoding's step, which emits one token per row. There a target pass over
+every row's tree costs far more than one over every row's root, so the estimate flatters plain decoding's rival:
+`measure_plain` runs one plain step once `patience` speculative steps have run without one, to judge them by.
 """
 
 from __future__ import annotations
@@ -26,21 +31,23 @@ class PlainGuard:
     spec_tokens: float = 0.0
     spec_steps: int = 0
     undrafted: float | None = None  # seconds of speculative steps outside draft passes (running mean)
+    measure_plain: bool = False  # run one plain step to measure plain decoding, rather than estimate it
     waiting: int = 0  # plain steps left before the next probe
     plain_steps: int = 0  # steps this guard turned plain (stats)
     _base_backoff: int = 0
 
     def plain_next(self) -> bool:
         """Whether the next step should be a plain one."""
-        return self.waiting > 0
+        measuring = self.measure_plain and self.plain_rate is None and self.spec_steps >= self.patience
+        return self.waiting > 0 or measuring
 
     def reference(self) -> float | None:
         """Seconds per token of plain decoding: measured, else estimated from the target's passes."""
         return self.plain_rate if self.plain_rate is not None else self.undrafted
 
-    def observe(self, seconds: float, tokens: int, plain: bool, draft_seconds: float = 0.0) -> None:
+    def observe(self, seconds: float, tokens: int, plain: bool, draft_seconds: float = 0.0, rows: int = 1) -> None:
         """A step took `seconds` (`draft_seconds` of them in draft passes) and emitted `tokens`; `plain`: it verified
-        the root alone."""
+        the root alone (every row's, for a batch of `rows` rows)."""
         if plain:
             rate = seconds / max(tokens, 1)
             self.plain_rate = rate if self.plain_rate is None else self._mean(self.plain_rate, rate)
@@ -55,7 +62,7 @@ class PlainGuard:
         self.spec_seconds = seconds if first else self._mean(self.spec_seconds, seconds)
         self.spec_tokens = tokens if first else self._mean(self.spec_tokens, tokens)
         self.spec_steps += 1
-        undrafted = max(seconds - draft_seconds, 0.0)
+        undrafted = max(seconds - draft_seconds, 0.0) / rows  # per token of a plain step: one per row
         self.undrafted = undrafted if self.undrafted is None else self._mean(self.undrafted, undrafted)
         reference = self.reference()
         if reference is None or self.spec_steps < self.patience:

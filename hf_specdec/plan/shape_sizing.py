@@ -9,6 +9,10 @@ tokens per step of the shape under the positional acceptance vector p (the child
 kept with probability p_r) learned while generating (`RankAcceptance`). The root alone, a plain target step with no
 draft pass, is always on the menu: a step is never predicted slower than plain, and when nothing beats it the
 drafter runs plain steps until the learned acceptance or the corrected curves say a tree pays again.
+
+A batch drafting one shape for every row in lockstep sizes it the same way: the curves as the batch sees them
+(`sizing.for_batch`: a pass over n nodes per row costs what rows * n tokens cost) and the tokens every row is
+expected to add, each row with its own learned acceptance (`ShapeMenu.best` given one `RankAcceptance` per row).
 """
 
 from __future__ import annotations
@@ -47,6 +51,17 @@ class RankAcceptance:
             self.trials[:count] += 1
             if rank is not None and rank < len(self.hits):
                 self.hits[rank] += 1
+
+    def learn(self, children: list[list[int]], path: list[int], accepted_ranks: list[int]) -> None:
+        """Learn from one verdict on a drafted tree: `children` per node (the tree's host copy), the accepted `path`
+        (root first) and the rank of each accepted child among its siblings."""
+        counts = [len(children[node]) for node in path if children[node]]
+        ranks = [accepted_ranks[j] if j + 1 < len(path) else None for j, node in enumerate(path) if children[node]]
+        self.update(counts, ranks)
+
+
+#: one sequence's learned acceptance, or one per row of a batch
+Acceptances = RankAcceptance | Sequence[RankAcceptance]
 
 
 @dataclass(frozen=True)
@@ -102,17 +117,22 @@ class ShapeMenu:
         read once per profile; the sizer's corrections scale them)."""
         profile = sizer.profile
         if id(profile) not in self._curves:
+            if len(self._curves) >= 64:  # a cached menu meets new curves every call (a batch's, per batch size)
+                self._curves.clear()
             sizes = np.array([len(s) for s in self.shapes])
             drafting = np.array([sum(float(profile.draft(w)) for w in ws) for ws in self.passes])
             self._curves[id(profile)] = (profile, drafting, np.asarray(profile.target(sizes), dtype=float))
         _, drafting, target = self._curves[id(profile)]
         return sizer.draft_scale * drafting + sizer.target_scale * target + profile.step_overhead
 
-    def seconds_per_token(self, sizer: StepSizer, acceptance: RankAcceptance) -> np.ndarray:
-        """Predicted seconds per token of every shape (index 0: plain)."""
-        return self.seconds_per_step(sizer) / self.expected_tokens(acceptance.vector())
+    def seconds_per_token(self, sizer: StepSizer, acceptance: Acceptances) -> np.ndarray:
+        """Predicted seconds per token of every shape (index 0: plain). `acceptance`: one sequence's, or one per row
+        of a batch drafting the shape for every row (the step's tokens are the rows' expected tokens summed; the
+        sizer's curves are then the batch's, `sizing.for_batch`)."""
+        rows = [acceptance] if isinstance(acceptance, RankAcceptance) else list(acceptance)
+        return self.seconds_per_step(sizer) / sum(self.expected_tokens(row.vector()) for row in rows)
 
-    def best(self, sizer: StepSizer, acceptance: RankAcceptance) -> tuple[int, float]:
+    def best(self, sizer: StepSizer, acceptance: Acceptances) -> tuple[int, float]:
         """(index of the shape with the least predicted seconds per token, that prediction); index 0 is plain."""
         per_token = self.seconds_per_token(sizer, acceptance)
         best = int(per_token.argmin())
@@ -158,6 +178,40 @@ class ShapeDepths:
         return int(stops[np.argmin(seconds / expected)])
 
 
+#: plain steps the prediction chose before one tree is drafted anyway (doubling while it keeps losing), so that
+#: acceptance that returns is seen
+PROBE_AFTER, MAX_PROBE_AFTER = 8, 64
+
+
+class ShapeChooser:
+    """Each step's shape index in `menu` (0: plain): the best predicted one, and after `PROBE_AFTER` plain choices in a
+    row the best tree anyway (a probe, the wait doubling while probes keep losing), so that acceptance that returns
+    is seen. Counts the steps it shrank below `full_size` nodes (plain steps not counted)."""
+
+    def __init__(self, menu: ShapeMenu, full_size: int) -> None:
+        self.menu, self.full_size = menu, full_size
+        self.plain_choices = 0  # consecutive steps the prediction chose plain
+        self.probe_after = PROBE_AFTER
+        self.shrunk_steps = 0
+
+    def choose(self, sizer: StepSizer, acceptance: Acceptances) -> int:
+        choice, _ = self.menu.best(sizer, acceptance)
+        if choice == 0:
+            self.plain_choices += 1
+            if self.plain_choices > self.probe_after and len(self.menu.shapes) > 1:  # probe: the best tree, anyway
+                self.plain_choices, self.probe_after = 0, min(2 * self.probe_after, MAX_PROBE_AFTER)
+                choice = 1 + int(self.menu.seconds_per_token(sizer, acceptance)[1:].argmin())
+        else:
+            self.plain_choices, self.probe_after = 0, PROBE_AFTER
+        return choice
+
+    def shrunk(self, nodes: int) -> bool:
+        """Whether a step drafting `nodes` nodes is a shrunk one (counted)."""
+        shrunk = 1 < nodes < self.full_size
+        self.shrunk_steps += shrunk
+        return shrunk
+
+
 @functools.lru_cache(maxsize=8)
 def _dp_shapes(acceptance: tuple[float, ...], max_budget: int, max_depth: int) -> tuple[tuple[int, ...], ...]:
     planner = TreePlanner(acceptance, max_budget, max_depth)
@@ -177,3 +231,13 @@ def sub_shapes_menu(widths: Sequence[int]) -> ShapeMenu:
     for width in widths:
         options += [option + [w] for option in options if len(option) == len(options[-1]) for w in range(1, width + 1)]
     return ShapeMenu.of([widths_parents(option) for option in options[1:]])
+
+
+def level_cuts_menu(parents: Sequence[int]) -> ShapeMenu:
+    """`parents` cut after each of its levels: a fixed shape's shallower versions (a chain's shorter chains), down to
+    one level of drafted children."""
+    validate_parents(list(parents))
+    depths = [0] * len(parents)
+    for node in range(1, len(parents)):
+        depths[node] = depths[parents[node]] + 1
+    return ShapeMenu.of([list(parents[: sum(d <= depth for d in depths)]) for depth in range(1, max(depths) + 1)])

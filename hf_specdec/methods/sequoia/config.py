@@ -16,7 +16,7 @@ from ...draft.shaped_tree import ModelTreeDrafter
 from ...draft.sized_shape import SizedShapeDrafter
 from ...plan.plan_file import SequoiaPlan
 from ...plan.sequoia import TreePlan
-from ...plan.shape_sizing import RankAcceptance, sequoia_menu
+from ...plan.shape_sizing import RankAcceptance, ShapeMenu, sequoia_menu
 from ..static_shape import StaticShapeConfig
 from ..step_sized import online_sizer
 
@@ -98,6 +98,13 @@ class SequoiaConfig(StaticShapeConfig):
                                                                      logits_processor),
                                  RankAcceptance(self.plan.acceptance, menu.width), len(self.plan.parents),
                                  logits_processor, child_selection, generator, vocab_size(target))
+
+    def shape_menu(self) -> ShapeMenu:
+        """A plan looked up and sized every step: the DP's best tree for every size and depth, as one sequence sizes
+        it; a plan drafted as it is: its level cuts."""
+        if not self.sized:
+            return super().shape_menu()
+        return sequoia_menu(self.plan.acceptance, self.max_budget, self.max_depth)
 
     def shape(self) -> list[int]:
         if not isinstance(self.plan, (TreePlan, SequoiaPlan)):

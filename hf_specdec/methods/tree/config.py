@@ -10,7 +10,7 @@ from ...core.config import PlanRequest, register_speculation, set_by_with_plan
 from ...core.model_info import vocab_size
 from ...draft.shaped_tree import ModelTreeDrafter
 from ...draft.sized_shape import SizedShapeDrafter
-from ...plan.shape_sizing import RankAcceptance, sub_shapes_menu
+from ...plan.shape_sizing import RankAcceptance, ShapeMenu, sub_shapes_menu
 from ...plan.shapes import validate_parents, widths_parents
 from ..static_shape import StaticShapeConfig
 from ..step_sized import PLAN_BUDGET, online_sizer
@@ -73,6 +73,13 @@ class TreeConfig(StaticShapeConfig):
                                                                      logits_processor),
                                  RankAcceptance(plan.acceptance, menu.width), len(self.shape()),
                                  logits_processor, child_selection, generator, vocab_size(target))
+
+    def shape_menu(self) -> ShapeMenu:
+        """A shape given by its widths (or the default one): its smaller versions, fewer levels and fewer children,
+        as a single sequence sizes the default shape; an explicit `parents` list: its level cuts."""
+        if self.parents is not None:
+            return super().shape_menu()
+        return sub_shapes_menu(list(self.widths or DEFAULT_TREE_WIDTHS))
 
     def validate(self) -> None:
         if self.widths is not None and self.parents is not None:
