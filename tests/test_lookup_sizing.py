@@ -7,8 +7,8 @@ import torch
 
 from hf_specdec.core.verdict import Verdict
 from hf_specdec.draft.prompt_lookup import PromptLookupDrafter
-from hf_specdec.draft.sized_shape import PROBE_AFTER
 from hf_specdec.plan.lookup_sizing import LookupSizer, PassSlope, learned_sizer
+from hf_specdec.plan.shape_sizing import PROBE_AFTER
 from tests.conftest import random_prompt
 
 

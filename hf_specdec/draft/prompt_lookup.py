@@ -12,8 +12,8 @@ from ..core.drafter import Drafter
 from ..core.tree import TokenTree
 from ..core.verdict import Verdict
 from ..plan.lookup_sizing import LookupSizer
+from ..plan.shape_sizing import PlainProbes
 from .draft_model import HostSequence, emitted_tokens
-from .sized_shape import MAX_PROBE_AFTER, PROBE_AFTER
 
 
 class PromptLookupDrafter(Drafter):
@@ -22,8 +22,8 @@ class PromptLookupDrafter(Drafter):
     Every match contributes its next `depth` tokens; they are merged into a trie whose nodes are ranked by how
     many matches pass through them, and the `max_nodes` most supported nodes form the tree (always connected,
     since a child never has more support than its parent). With a `sizer`, each proposed tree is cut to the nodes
-    that pay for the target's longer pass (plan/lookup_sizing.py), possibly to the root alone (a plain step);
-    after `PROBE_AFTER` plain choices in a row the best tree is proposed anyway, so acceptance that returns is seen.
+    that pay for the target's longer pass (plan/lookup_sizing.py), possibly to the root alone (a plain step), and
+    `PlainProbes` proposes the whole tree now and then after plain choices, so acceptance that returns is seen.
     A staged stack's lower stage (`propose_ids`) is never cut: its trees only guide the stage above.
     """
 
@@ -37,7 +37,7 @@ class PromptLookupDrafter(Drafter):
         self.sequence = HostSequence()
         self.sizer = sizer
         self.shrunk_steps = 0  # proposals the sizing cut below the full tree (to the root alone not counted)
-        self.plain_choices, self.probe_after = 0, PROBE_AFTER
+        self.probes = PlainProbes()
         self._proposed: tuple[list[int], list[float]] = ([-1], [1.0])  # parents and match shares of the last tree
 
     def continuations(self, ids: list[int]) -> list[list[int]]:
@@ -106,14 +106,10 @@ class PromptLookupDrafter(Drafter):
         values = self.sizer.values(parents, shares)
         ranked = sorted(range(1, len(tokens)), key=lambda node: -values[node])
         size = self.sizer.best_size([values[node] for node in ranked])
-        if size == 1:
-            self.plain_choices += 1
-            if self.plain_choices <= self.probe_after:
-                return tokens[:1], parents[:1], shares[:1]
-            self.plain_choices, self.probe_after = 0, min(2 * self.probe_after, MAX_PROBE_AFTER)
+        if self.probes.probe(size == 1):
             size = len(tokens)  # the probe: the whole tree, so every node's acceptance is seen
-        else:
-            self.plain_choices, self.probe_after = 0, PROBE_AFTER
+        elif size == 1:
+            return tokens[:1], parents[:1], shares[:1]
         if size < len(tokens):
             self.shrunk_steps += 1
         kept = sorted([0, *ranked[: size - 1]])

@@ -183,26 +183,40 @@ class ShapeDepths:
 PROBE_AFTER, MAX_PROBE_AFTER = 8, 64
 
 
+class PlainProbes:
+    """When a cost model keeps choosing plain steps: after `PROBE_AFTER` plain choices in a row, a tree anyway (a
+    probe; the wait doubles while probes keep losing, and resets once a tree is chosen on its own merits). Without
+    probes a model that learns only from drafted trees would never see acceptance return."""
+
+    def __init__(self) -> None:
+        self.plain_choices = 0  # consecutive steps the prediction chose plain
+        self.probe_after = PROBE_AFTER
+
+    def probe(self, plain: bool) -> bool:
+        """The prediction chose a plain step (`plain`) or a tree: whether to draft a tree anyway."""
+        if not plain:
+            self.plain_choices, self.probe_after = 0, PROBE_AFTER
+            return False
+        self.plain_choices += 1
+        if self.plain_choices <= self.probe_after:
+            return False
+        self.plain_choices, self.probe_after = 0, min(2 * self.probe_after, MAX_PROBE_AFTER)
+        return True
+
+
 class ShapeChooser:
-    """Each step's shape index in `menu` (0: plain): the best predicted one, and after `PROBE_AFTER` plain choices in a
-    row the best tree anyway (a probe, the wait doubling while probes keep losing), so that acceptance that returns
-    is seen. Counts the steps it shrank below `full_size` nodes (plain steps not counted)."""
+    """Each step's shape index in `menu` (0: plain): the best predicted one, or the best tree when `PlainProbes` asks
+    for a probe. Counts the steps it shrank below `full_size` nodes (plain steps not counted)."""
 
     def __init__(self, menu: ShapeMenu, full_size: int) -> None:
         self.menu, self.full_size = menu, full_size
-        self.plain_choices = 0  # consecutive steps the prediction chose plain
-        self.probe_after = PROBE_AFTER
+        self.probes = PlainProbes()
         self.shrunk_steps = 0
 
     def choose(self, sizer: StepSizer, acceptance: Acceptances) -> int:
         choice, _ = self.menu.best(sizer, acceptance)
-        if choice == 0:
-            self.plain_choices += 1
-            if self.plain_choices > self.probe_after and len(self.menu.shapes) > 1:  # probe: the best tree, anyway
-                self.plain_choices, self.probe_after = 0, min(2 * self.probe_after, MAX_PROBE_AFTER)
-                choice = 1 + int(self.menu.seconds_per_token(sizer, acceptance)[1:].argmin())
-        else:
-            self.plain_choices, self.probe_after = 0, PROBE_AFTER
+        if self.probes.probe(choice == 0) and len(self.menu.shapes) > 1:  # probe: the best tree, anyway
+            choice = 1 + int(self.menu.seconds_per_token(sizer, acceptance)[1:].argmin())
         return choice
 
     def shrunk(self, nodes: int) -> bool:
