@@ -59,6 +59,17 @@ def isolated_machine_choices(tmp_path, monkeypatch):
 
 
 @pytest.fixture(autouse=True)
+def fresh_lookup_learning(monkeypatch):
+    """What prompt lookup's sizing learns is kept per target across calls (plan/lookup_sizing.py); across tests it
+    would make a test's trees depend on which tests ran before it on the same shared tiny model."""
+    import weakref
+
+    from hf_specdec.plan import lookup_sizing
+
+    monkeypatch.setattr(lookup_sizing, "_LEARNED", weakref.WeakKeyDictionary())
+
+
+@pytest.fixture(autouse=True)
 def isolated_plan_store(tmp_path_factory, monkeypatch):
     """Plans that tests make (online calibration, re-sizing) go to a temporary folder, never the user's cache."""
     from hf_specdec.plan import store
