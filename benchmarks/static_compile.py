@@ -5,8 +5,10 @@ tokens/s against plain static-cache `generate` compiled the same way (the embedd
 
 Part 1 times one target pass over a padded tree of each size on a StaticCache after a HumanEval prompt (median of
 `--repeats`), eagerly and through `target.get_compiled_call(config)`; the first compiled call's time is the compile.
-Part 2 runs whole calls (greedy, `--new-tokens` tokens) eager and compiled, plain first, in one process, and reports
-tokens/s and the graphs dynamo compiled during each call. torch.compile on 2 shared cores is slow: each part is
+Part 2 runs whole calls (greedy, `--new-tokens` tokens) eager and compiled, plain first, in one process: each prompt
+eager then compiled back to back, `--call-repeats` rounds, after one compiling call per method (timed apart); it
+reports tokens/s, the median compiled/eager ratio of the pairs, whether their outputs are identical, and the graphs
+dynamo compiled during each call. torch.compile on 2 shared cores is slow: each part is
 time-boxed by `--sizes` / `--methods`. Every figure is from this process; the machine is written next to them.
 """
 
@@ -79,34 +81,49 @@ def pass_times(target, ids: torch.Tensor, sizes: list[int], repeats: int, config
     return out
 
 
+def _call(target, ids: torch.Tensor, new_tokens: int, spec: dict, extra: dict) -> dict:
+    graphs = counters["stats"]["unique_graphs"]
+    start = time.perf_counter()
+    out = target.generate(ids, max_new_tokens=new_tokens, do_sample=False, cache_implementation="static",
+                          return_dict_in_generate=True, **spec, **extra)
+    seconds = time.perf_counter() - start
+    stats = getattr(out, "speculation_stats", None)
+    return {"seconds": seconds, "tokens_per_s": (out.sequences.shape[1] - ids.shape[1]) / seconds,
+            "graphs": counters["stats"]["unique_graphs"] - graphs, "sequence": out.sequences[0].tolist(),
+            "tree_pass_sizes": sorted(stats.tree_pass_sizes) if stats else None,
+            "target_forwards": stats.target_forwards if stats else None,
+            "target_forward_s": stats.time_target_forward if stats else None}
+
+
 def whole_calls(target, draft, prompts: list[torch.Tensor], new_tokens: int, methods: list[str],
-                config: CompileConfig) -> dict:
+                config: CompileConfig, repeats: int) -> dict:
+    """Per method: one compiled call that compiles (counted apart) and one eager warm-up call, then `repeats`
+    rounds over the prompts, each prompt decoded eager then compiled back to back, so that both see the same
+    machine; the ratio is the median of the per-pair ratios."""
     results = {}
-    for compiled in (False, True):
-        extra = {"compile_config": config} if compiled else {"disable_compile": True}
-        for name in ["plain", *methods]:
-            spec = {} if name == "plain" else {"assistant_model": draft, "speculation": name,
-                                               "speculation_config": METHODS[name]}
-            runs = []
-            warm_up = [prompts[0]] if compiled else []  # a compiled call's first run compiles: not counted
-            for i, ids in enumerate([*warm_up, *prompts]):
-                graphs = counters["stats"]["unique_graphs"]
-                start = time.perf_counter()
-                out = target.generate(ids, max_new_tokens=new_tokens, do_sample=False, cache_implementation="static",
-                                      return_dict_in_generate=True, **spec, **extra)
-                seconds = time.perf_counter() - start
-                stats = getattr(out, "speculation_stats", None)
-                runs.append({"seconds": seconds, "tokens_per_s": (out.sequences.shape[1] - ids.shape[1]) / seconds,
-                             "graphs": counters["stats"]["unique_graphs"] - graphs, "warm_up": i < len(warm_up),
-                             "tree_pass_sizes": sorted(stats.tree_pass_sizes) if stats else None,
-                             "target_forwards": stats.target_forwards if stats else None})
-            measured = [r for r in runs if not r["warm_up"]]
-            key = f"{'compiled' if compiled else 'eager'}/{name}"
-            results[key] = {"tokens_per_s": statistics.median(r["tokens_per_s"] for r in measured),
-                            "first_call_s": runs[0]["seconds"], "graphs_first_call": runs[0]["graphs"],
-                            "graphs_later_calls": sum(r["graphs"] for r in measured), "runs": runs}
-            print(f"{key:20s} {results[key]['tokens_per_s']:6.2f} tokens/s  first call {runs[0]['seconds']:6.1f} s "
-                  f"graphs {runs[0]['graphs']} then {results[key]['graphs_later_calls']}", flush=True)
+    for name in ["plain", *methods]:
+        spec = {} if name == "plain" else {"assistant_model": draft, "speculation": name,
+                                           "speculation_config": METHODS[name]}
+        modes = {"eager": {"disable_compile": True}, "compiled": {"compile_config": config}}
+        first = {mode: _call(target, prompts[0], new_tokens, spec, extra) for mode, extra in modes.items()}
+        runs: dict[str, list[dict]] = {"eager": [], "compiled": []}
+        for _ in range(repeats):
+            for ids in prompts:
+                for mode, extra in modes.items():
+                    runs[mode].append(_call(target, ids, new_tokens, spec, extra))
+        pairs = [c["tokens_per_s"] / e["tokens_per_s"] for e, c in zip(runs["eager"], runs["compiled"])]
+        same = all(e["sequence"] == c["sequence"] for e, c in zip(runs["eager"], runs["compiled"]))
+        results[name] = {
+            "eager_tokens_per_s": statistics.median(r["tokens_per_s"] for r in runs["eager"]),
+            "compiled_tokens_per_s": statistics.median(r["tokens_per_s"] for r in runs["compiled"]),
+            "compiled_over_eager": statistics.median(pairs), "pair_ratios": pairs, "outputs_identical": same,
+            "first_compiled_call_s": first["compiled"]["seconds"], "graphs_first_call": first["compiled"]["graphs"],
+            "graphs_later_calls": sum(r["graphs"] for r in runs["compiled"]), "first_calls": first, "runs": runs}
+        row = results[name]
+        print(f"{name:10s} eager {row['eager_tokens_per_s']:5.2f} compiled {row['compiled_tokens_per_s']:5.2f} "
+              f"tokens/s, compiled/eager {row['compiled_over_eager']:.3f} (pairs {[round(x, 2) for x in pairs]}), "
+              f"first compiled call {row['first_compiled_call_s']:.1f} s, graphs {row['graphs_first_call']} then "
+              f"{row['graphs_later_calls']}, identical {same}", flush=True)
     return results
 
 
@@ -119,6 +136,7 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=2)
     parser.add_argument("--new-tokens", type=int, default=48)
     parser.add_argument("--skip-passes", action="store_true")
+    parser.add_argument("--call-repeats", type=int, default=2, help="rounds of eager/compiled call pairs per prompt")
     args = parser.parse_args()
     target, draft, tokenizer = load_default_pair(torch.bfloat16)
     prompts = [tokenizer(p, return_tensors="pt").input_ids for p in humaneval_prompts(args.prompts)]
@@ -134,7 +152,8 @@ def main() -> None:
         report["pass_times_seconds"] = time.perf_counter() - start
         args.output.write_text(json.dumps(report, indent=1, default=str))
     torch._dynamo.reset()
-    report["whole_calls"] = whole_calls(target, draft, prompts, args.new_tokens, args.methods, config)
+    report["whole_calls"] = whole_calls(target, draft, prompts, args.new_tokens, args.methods, config,
+                                        args.call_repeats)
     args.output.write_text(json.dumps(report, indent=1, default=str))
     print(f"machine: {report['machine']['cpu']}")
 
