@@ -62,13 +62,13 @@ def exact_columns(processors: LogitsProcessorList, ids: torch.Tensor, rows: torc
 @pytest.mark.parametrize("width", [7, 50, 3_000])
 @pytest.mark.parametrize("top_k", [1, 5, 40])
 @pytest.mark.parametrize("head", ["temperature", "penalty", "none"])
-@pytest.mark.parametrize("kind", ["random", "tie_at_kth", "integers", "banned", "bfloat16"])
+@pytest.mark.parametrize("kind", ["random", "tie_at_kth", "ties_past_the_room", "integers", "banned", "bfloat16"])
 @pytest.mark.parametrize("top_p", [None, 0.9, 0.5])
 def test_target_top_columns_are_transformers_rows_bit_for_bit(width, top_k, head, kind, top_p):
-    """Every row not flagged is Transformers' processed row bit for bit (as columns); every row where Transformers
-    keeps more than k columns is flagged. bfloat16 rows (a half-precision target's logits) are compared with
-    Transformers' processors on their float32 conversion, as the loop hands them. A top-p after the top-k (with
-    the temperature on either side of it) cuts where Transformers' does."""
+    """Every row not flagged is Transformers' processed row bit for bit (as columns), the columns tied with the k-th
+    included; a row whose ties with the k-th go past `TIE_ROOM` is flagged. bfloat16 rows (a half-precision target's
+    logits) are compared with Transformers' processors on their float32 conversion, as the loop hands them. A top-p
+    after the top-k (with the temperature on either side of it) cuts where Transformers' does."""
     generator = torch.Generator().manual_seed(width * 1000 + top_k)
     rows = torch.randn(6, width, generator=generator) * 3
     if kind == "integers":
@@ -77,6 +77,10 @@ def test_target_top_columns_are_transformers_rows_bit_for_bit(width, top_k, head
         order = rows.argsort(-1, descending=True)
         for r in range(len(rows)):
             rows[r, order[r, top_k]] = rows[r, order[r, top_k - 1]]  # the (k+1)-th ties with the k-th
+    elif kind == "ties_past_the_room" and width > top_k + narrowed.TIE_ROOM:
+        order = rows.argsort(-1, descending=True)
+        for r in range(len(rows)):  # every column read past the k-th ties with it, and one more
+            rows[r, order[r, top_k : top_k + narrowed.TIE_ROOM + 1]] = float(rows[r, order[r, top_k - 1]])
     elif kind == "banned":
         rows[:, : width - max(1, top_k // 2)] = -float("inf")  # fewer finite scores than k
     elif kind == "bfloat16":
@@ -91,29 +95,32 @@ def test_target_top_columns_are_transformers_rows_bit_for_bit(width, top_k, head
     expected = processors(ids, rows.float())
     values, columns, unsure = exact_columns(processors, ids, rows.clone())
     got = _dense(values, columns, width)
-    kept_more = (expected > -float("inf")).sum(-1) > min(top_k, width)
-    assert bool((unsure >= kept_more).all())  # every row Transformers keeps more of is flagged
     for r in range(len(rows)):
         if not unsure[r]:
             assert torch.equal(got[r], expected[r])
-    if kind == "tie_at_kth" and width > top_k and head != "penalty":  # a penalty may part the tied columns
+    tied = head != "penalty"  # a penalty may part the tied columns
+    if kind == "tie_at_kth" and width > top_k and tied and top_p is None:
+        assert (expected > -float("inf")).sum(-1).gt(top_k).all()  # Transformers keeps the tie: so do the columns
+        assert not bool(unsure.any())
+    if kind == "ties_past_the_room" and width > top_k + narrowed.TIE_ROOM and tied:
         assert bool(unsure.all())
     if kind == "random":
         assert not bool(unsure.any())
 
 
-def test_a_temperature_creating_a_tie_at_the_cut_is_flagged():
+def test_a_temperature_creating_a_tie_at_the_cut_is_kept():
     """Two scores one float32 step apart, equal once divided by the temperature: Transformers' top-k (after the
-    temperature) keeps both; the top-k over the raw row, with the temperature deferred, must flag the row."""
+    temperature) keeps both; the top-k over the raw row, with the temperature deferred, keeps both too."""
     temperature = 1.5  # scores in [1.5, 2) land in [1, 1.33), where float32 steps are 1.5 times coarser
     lows = 1.5 + 0.0003 * torch.arange(1000, dtype=torch.float32)
     highs = torch.nextafter(lows, torch.tensor(2.0))
     low, high = next((lo, hi) for lo, hi in zip(lows, highs) if bool(hi / temperature == lo / temperature))
     rows = torch.stack([torch.tensor(5.0), high, low, torch.tensor(-3.0)])[None]
     processors = LogitsProcessorList([TemperatureLogitsWarper(temperature), TopKLogitsWarper(2)])
-    assert int((processors(None, rows.clone()) > -float("inf")).sum()) == 3
-    _, _, unsure = exact_columns(processors, None, rows)
-    assert bool(unsure[0])
+    expected = processors(None, rows.clone())
+    assert int((expected > -float("inf")).sum()) == 3
+    values, columns, unsure = exact_columns(processors, None, rows)
+    assert not bool(unsure[0]) and torch.equal(_dense(values, columns, 4), expected)
 
 
 def test_target_rows_with_nan_or_inf_are_flagged():
@@ -273,8 +280,10 @@ def test_exact_on_top_columns(verifier_cls, shape, seed, same, tied):
 
 @pytest.mark.parametrize("verifier_cls", VERIFIERS)
 def test_the_flags_fire_and_ignoring_them_is_caught(monkeypatch, verifier_cls):
-    """Ties at the k-th value: flagged rows decided on Transformers' rows. A mutant that never flags keeps k of the
-    tied columns where Transformers keeps all: caught."""
+    """Ties at the k-th value past the room read (one column here, so that the integer rows' ties overflow it):
+    flagged rows decided on Transformers' rows. A mutant that never flags keeps the tied columns read where
+    Transformers keeps all: caught."""
+    monkeypatch.setattr(narrowed, "TIE_ROOM", 1)
     _, flagged, _ = top_k_error(verifier_cls, "chain2", 23, False)
     assert flagged > 0
     exact = narrowed.exact_top_columns
