@@ -14,7 +14,9 @@ see the same machine load. `--compare-before-21d` does the same with the engine 
 (the target's rows on Transformers' path, `torch.multinomial` draws, target sampling walked node by node on the
 host with every leaf child's row processed and drawn at its parent). `--compare-before-21e`: the engine before branch
 issue21e (every row vocabulary-wide: no top-k columns on the draft or the target side; the stopping criteria handed
-Transformers' rows of the accepted path). `--top-p 1.0` samples as the real-pair bench does (T=0.7, top-k 50).
+Transformers' rows of the accepted path). `--compare-before-21f`: the engine before branch issue21f (with a top-p
+after the top-k, the target's rows cut vocabulary-wide, not on their top-k columns). `--top-p 1.0` samples as the
+real-pair bench does by default (T=0.7, top-k 50).
 
 Prints a table of medians (over prompts) and writes JSON with the machine (CPU model, flags, torch version).
 """
@@ -160,6 +162,18 @@ def before_21e() -> contextlib.AbstractContextManager:
     return stack
 
 
+def before_21f() -> contextlib.AbstractContextManager:
+    """The engine before branch issue21f, patched in: the target's rows take the top-k columns path only when
+    temperature alone follows the top-k; with a top-p they are cut vocabulary-wide (`narrowed.apply_narrowed`)."""
+    from transformers import TemperatureLogitsWarper
+
+    def temperature_only(processors):
+        split = processing.topk_split(processors)
+        return split if split is not None and all(type(p) is TemperatureLogitsWarper for p in split[2]) else None
+
+    return mock.patch.object(processing, "exact_top_split", temperature_only)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--output", type=Path, default=Path("benchmarks/engine-overhead/results.json"))
@@ -173,6 +187,8 @@ def main() -> None:
                         help="Also run each speculative method on the engine before branch issue21d, interleaved.")
     parser.add_argument("--compare-before-21e", action="store_true",
                         help="Also run each speculative method on the engine before branch issue21e, interleaved.")
+    parser.add_argument("--compare-before-21f", action="store_true",
+                        help="Also run each speculative method on the engine before branch issue21f, interleaved.")
     parser.add_argument("--top-p", type=float, default=SAMPLING["top_p"],
                         help="top_p of the sampled runs (1.0: none, as the real-pair bench samples: T=0.7, top-k 50).")
     args = parser.parse_args()
@@ -199,6 +215,8 @@ def main() -> None:
                 variants[f"{name} (before 21d)"] = before_21d
             if args.compare_before_21e and "speculation" in kwargs:
                 variants[f"{name} (before 21e)"] = before_21e
+            if args.compare_before_21f and "speculation" in kwargs and mode == "sampled":
+                variants[f"{name} (before 21f)"] = before_21f
             runs: dict[str, list[dict]] = {variant: [] for variant in variants}
             for prompt in prompts:  # interleaved: every variant sees each prompt back to back
                 for variant, context in variants.items():

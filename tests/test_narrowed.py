@@ -230,11 +230,14 @@ def test_target_side_settles_on_transformers_own_rows():
 
 @pytest.mark.parametrize("config", [TreeConfig(widths=[2, 2]), SpecExecConfig(budget=8)],
                          ids=["tree", "specexec"])
-def test_drafters_take_the_narrowed_path(config):
+def test_sampled_steps_cut_top_p_on_top_k_columns(config):
+    """With top-k then top-p, neither side runs a top-p over vocabulary-wide rows: the drafters cut on their rows'
+    k columns (`top_columns`), the target's rows are cut there too (`exact_top_p`; a flagged row would fall back)."""
     target, draft = tiny_model("qwen2", 0), tiny_model("qwen2", 1)
-    calls = []
-    original = narrowed.top_p_after_top_k
-    with mock.patch.object(narrowed, "top_p_after_top_k", lambda *a: calls.append(1) or original(*a)):
+    wide, columns = [], []
+    original_wide, original_columns = narrowed.top_p_after_top_k, narrowed.exact_top_p
+    with mock.patch.object(narrowed, "top_p_after_top_k", lambda *a: wide.append(1) or original_wide(*a)), \
+            mock.patch.object(narrowed, "exact_top_p", lambda *a: columns.append(1) or original_columns(*a)):
         target.generate(torch.tensor([[5, 6, 7, 8]]), assistant_model=draft, speculation=config, max_new_tokens=6,
                         do_sample=True, temperature=0.7, top_k=20, top_p=0.9)
-    assert calls
+    assert columns and not wide

@@ -204,30 +204,39 @@ class Doubting:
 
 
 class OnNodeScores:
-    """The verifier as the loop runs it: a fresh NodeScores over the raw logits per run (narrowed rows, flagged)."""
+    """The verifier as the loop runs it: a fresh NodeScores over the raw logits per run (narrowed rows, flagged).
+    `columns=False` turns off the top-k columns path (`NodeScores.top_rows` / `top_at`), so that every decision
+    reads vocabulary-wide rows narrowed by `narrowed.apply_narrowed` first."""
 
-    def __init__(self, inner, case: ProcessedCase) -> None:
-        self.inner, self.case, self.voided, self.flagged = inner, case, [], []
+    def __init__(self, inner, case: ProcessedCase, columns: bool = True) -> None:
+        self.inner, self.case, self.voided, self.flagged, self.columns = inner, case, [], [], columns
         self.name, self.child_selection = inner.name, inner.child_selection
 
     def verify(self, tree, raw, generator=None, *, source):
         scores = processing.NodeScores(self.case.processors, torch.tensor([self.case.prompt[:-1]]), tree, raw)
-        row_at = scores.row_at
+        if not self.columns:
+            scores.split = None
+        row_at, top_at = scores.row_at, scores.top_at
 
         def counted(node, walked, narrow):  # the device walk reads its flags itself: count the raised ones
             row, flag = row_at(node, walked, narrow)
             self.flagged.append(flag is not None and bool(flag))
             return row, flag
 
-        scores.row_at = counted
+        def counted_top(node, walked):
+            top = top_at(node, walked)
+            self.flagged.append(top is not None and bool(top[2]))
+            return top
+
+        scores.row_at, scores.top_at = counted, counted_top
         return self.inner.verify(tree, scores, source=Doubting(source, self.voided))
 
 
-def tied_error(verifier_cls, shape: str, seed: int = 23) -> tuple[float, int]:
+def tied_error(verifier_cls, shape: str, seed: int = 23, columns: bool = False) -> tuple[float, int]:
     """Seed 23: every row flagged, the root's included; 36: the root's row not, its children's all, and the draft
-    is the target (its children are the target's likeliest tokens)."""
+    is the target (its children are the target's likeliest tokens). `columns`: see `OnNodeScores`."""
     case = TiedCutCase(seed, 32, tied_processors(), prompt=(1, 2, 1), same=seed == 36)
-    verifier = OnNodeScores(verifier_cls(), case)
+    verifier = OnNodeScores(verifier_cls(), case, columns)
     length = depth(SHAPES[shape]) + 1
     got, _ = speculative_joint(case, SHAPES[shape], verifier, length, build=raw_tree)
     assert abs(sum(got.values()) - 1) < 1e-9
@@ -239,10 +248,11 @@ TIED_VERIFIERS = [SequoiaVerifier, SpecInferVerifier, *TARGET_SAMPLING]
 
 @pytest.mark.parametrize("verifier_cls", TIED_VERIFIERS)
 @pytest.mark.parametrize("shape", ["chain2", "star3"])
-def test_exact_when_ties_straddle_the_top_p_cut(verifier_cls, shape):
-    """The target's rows are narrowed, flagged rows decided again on Transformers' rows: exact, and the flags did
-    fire."""
-    error, flagged = tied_error(verifier_cls, shape)
+@pytest.mark.parametrize("columns", [False, True])
+def test_exact_when_ties_straddle_the_top_p_cut(verifier_cls, shape, columns):
+    """The target's rows are narrowed (vocabulary-wide, or as top-k columns), flagged rows decided again on
+    Transformers' rows: exact, and the flags did fire."""
+    error, flagged = tied_error(verifier_cls, shape, columns=columns)
     assert error < TOLERANCE and flagged > 0
 
 

@@ -62,11 +62,13 @@ def exact_columns(processors: LogitsProcessorList, ids: torch.Tensor, rows: torc
 @pytest.mark.parametrize("width", [7, 50, 3_000])
 @pytest.mark.parametrize("top_k", [1, 5, 40])
 @pytest.mark.parametrize("head", ["temperature", "penalty", "none"])
-@pytest.mark.parametrize("kind", ["random", "tie_at_kth", "integers", "banned", "bfloat16"])
-def test_target_top_columns_are_transformers_rows_bit_for_bit(width, top_k, head, kind):
-    """Every row not flagged is Transformers' processed row bit for bit (as columns); every row where Transformers
-    keeps more than k columns is flagged. bfloat16 rows (a half-precision target's logits) are compared with
-    Transformers' processors on their float32 conversion, as the loop hands them."""
+@pytest.mark.parametrize("kind", ["random", "tie_at_kth", "ties_past_the_room", "integers", "banned", "bfloat16"])
+@pytest.mark.parametrize("top_p", [None, 0.9, 0.5])
+def test_target_top_columns_are_transformers_rows_bit_for_bit(width, top_k, head, kind, top_p):
+    """Every row not flagged is Transformers' processed row bit for bit (as columns), the columns tied with the k-th
+    included; a row whose ties with the k-th go past `TIE_ROOM` is flagged. bfloat16 rows (a half-precision target's
+    logits) are compared with Transformers' processors on their float32 conversion, as the loop hands them. A top-p
+    after the top-k (with the temperature on either side of it) cuts where Transformers' does."""
     generator = torch.Generator().manual_seed(width * 1000 + top_k)
     rows = torch.randn(6, width, generator=generator) * 3
     if kind == "integers":
@@ -75,40 +77,50 @@ def test_target_top_columns_are_transformers_rows_bit_for_bit(width, top_k, head
         order = rows.argsort(-1, descending=True)
         for r in range(len(rows)):
             rows[r, order[r, top_k]] = rows[r, order[r, top_k - 1]]  # the (k+1)-th ties with the k-th
+    elif kind == "ties_past_the_room" and width > top_k + narrowed.TIE_ROOM:
+        order = rows.argsort(-1, descending=True)
+        for r in range(len(rows)):  # every column read past the k-th ties with it, and one more
+            rows[r, order[r, top_k : top_k + narrowed.TIE_ROOM + 1]] = float(rows[r, order[r, top_k - 1]])
     elif kind == "banned":
         rows[:, : width - max(1, top_k // 2)] = -float("inf")  # fewer finite scores than k
     elif kind == "bfloat16":
         rows = rows.bfloat16()  # many ties among 3,000 columns: some at the k-th
     heads = {"temperature": [TemperatureLogitsWarper(0.7)], "penalty": [RepetitionPenaltyLogitsProcessor(1.3)],
              "none": []}
-    processors = LogitsProcessorList([*heads[head], TopKLogitsWarper(top_k), TemperatureLogitsWarper(0.9)])
+    tail = [TemperatureLogitsWarper(0.9)]
+    if top_p is not None:
+        tail = [TopPLogitsWarper(top_p), *tail] if top_p < 0.7 else [*tail, TopPLogitsWarper(top_p)]
+    processors = LogitsProcessorList([*heads[head], TopKLogitsWarper(top_k), *tail])
     ids = torch.randint(0, width, (len(rows), 5), generator=generator)
     expected = processors(ids, rows.float())
     values, columns, unsure = exact_columns(processors, ids, rows.clone())
     got = _dense(values, columns, width)
-    kept_more = (expected > -float("inf")).sum(-1) > min(top_k, width)
-    assert bool((unsure >= kept_more).all())  # every row Transformers keeps more of is flagged
     for r in range(len(rows)):
         if not unsure[r]:
             assert torch.equal(got[r], expected[r])
-    if kind == "tie_at_kth" and width > top_k and head != "penalty":  # a penalty may part the tied columns
+    tied = head != "penalty"  # a penalty may part the tied columns
+    if kind == "tie_at_kth" and width > top_k and tied and top_p is None:
+        assert (expected > -float("inf")).sum(-1).gt(top_k).all()  # Transformers keeps the tie: so do the columns
+        assert not bool(unsure.any())
+    if kind == "ties_past_the_room" and width > top_k + narrowed.TIE_ROOM and tied:
         assert bool(unsure.all())
     if kind == "random":
         assert not bool(unsure.any())
 
 
-def test_a_temperature_creating_a_tie_at_the_cut_is_flagged():
+def test_a_temperature_creating_a_tie_at_the_cut_is_kept():
     """Two scores one float32 step apart, equal once divided by the temperature: Transformers' top-k (after the
-    temperature) keeps both; the top-k over the raw row, with the temperature deferred, must flag the row."""
+    temperature) keeps both; the top-k over the raw row, with the temperature deferred, keeps both too."""
     temperature = 1.5  # scores in [1.5, 2) land in [1, 1.33), where float32 steps are 1.5 times coarser
     lows = 1.5 + 0.0003 * torch.arange(1000, dtype=torch.float32)
     highs = torch.nextafter(lows, torch.tensor(2.0))
     low, high = next((lo, hi) for lo, hi in zip(lows, highs) if bool(hi / temperature == lo / temperature))
     rows = torch.stack([torch.tensor(5.0), high, low, torch.tensor(-3.0)])[None]
     processors = LogitsProcessorList([TemperatureLogitsWarper(temperature), TopKLogitsWarper(2)])
-    assert int((processors(None, rows.clone()) > -float("inf")).sum()) == 3
-    _, _, unsure = exact_columns(processors, None, rows)
-    assert bool(unsure[0])
+    expected = processors(None, rows.clone())
+    assert int((expected > -float("inf")).sum()) == 3
+    values, columns, unsure = exact_columns(processors, None, rows)
+    assert not bool(unsure[0]) and torch.equal(_dense(values, columns, 4), expected)
 
 
 def test_target_rows_with_nan_or_inf_are_flagged():
@@ -118,14 +130,45 @@ def test_target_rows_with_nan_or_inf_are_flagged():
     assert unsure.tolist() == [True, True, False]
 
 
-def test_only_a_top_k_then_temperature_takes_the_exact_path():
-    """A top-p after the top-k cuts by cumulative sums whose bits depend on the row's width: not on this path (the
-    target keeps `narrowed.apply_narrowed` there); the draft side takes top-p too."""
+def test_only_a_top_k_then_temperature_or_top_p_takes_the_exact_path():
     with_p = LogitsProcessorList([TopKLogitsWarper(5), TopPLogitsWarper(0.9)])
-    assert narrowed.exact_top_split(with_p) is None and narrowed.topk_split(with_p) is not None
+    assert narrowed.exact_top_split(with_p) is not None
     assert narrowed.exact_top_split(LogitsProcessorList([TemperatureLogitsWarper(0.5)])) is None
+    assert narrowed.exact_top_split(LogitsProcessorList([TopKLogitsWarper(5), TopPLogitsWarper(0.9, -1e4)])) is None
     after = LogitsProcessorList([TopKLogitsWarper(5), RepetitionPenaltyLogitsProcessor(1.2)])
     assert narrowed.topk_split(after) is None
+
+
+def _near_cut_row(top_p: float) -> torch.Tensor:
+    """Three scores whose two smallest probabilities sum to 1 - top_p within a float32 step."""
+    threshold = 1 - top_p
+    probs = torch.tensor([1 - threshold, threshold / 2, threshold / 2], dtype=torch.float64)
+    return torch.cat([probs.log().float(), torch.full((7,), -30.0)])[None]
+
+
+def test_a_top_p_cumulative_sum_at_its_cut_is_flagged():
+    """Where a cumulative sum lies within rounding of 1 - top_p, summing the k terms in the row's order instead of
+    Transformers' could move the cut by one column: the row is flagged. Moved slightly away, it is not."""
+    processors = LogitsProcessorList([TopKLogitsWarper(3), TopPLogitsWarper(0.8)])
+    rows = _near_cut_row(0.8)
+    _, _, unsure = exact_columns(processors, None, rows.clone())
+    assert bool(unsure[0])
+    rows[0, 1] -= 0.01  # the two smallest now sum to a little under 0.2: removed, clearly
+    values, columns, unsure = exact_columns(processors, None, rows.clone())
+    assert not bool(unsure[0])
+    assert torch.equal(_dense(values, columns, 10), processors(None, rows.clone()))
+
+
+@pytest.mark.parametrize("width", [4, 32, 3_000])
+def test_a_tie_straddling_a_top_p_cut_is_flagged(width):
+    """Two equal scores, one removed by top-p and one kept: which goes is the sort's order of ties, which on this
+    CPU changes with the row's width (at width 4 Transformers keeps the later column, the top-k the earlier)."""
+    rows = torch.full((1, width), -9.0)
+    rows[0, :3] = torch.tensor([2.0, 0.0, 0.0])  # top-3 probabilities, ascending: 0.107, 0.107, 0.787
+    processors = LogitsProcessorList([TopKLogitsWarper(3), TopPLogitsWarper(0.85)])
+    assert int((processors(None, rows.clone()) > -float("inf")).sum()) == 2  # Transformers removes one of the two
+    _, _, unsure = exact_columns(processors, None, rows.clone())
+    assert bool(unsure[0])
 
 
 def test_node_scores_top_rows_match_its_rows():
@@ -206,8 +249,10 @@ class OnTopColumns:
         return self.inner.verify(tree, scores, source=Doubting(source, self.voided))
 
 
-def top_k_error(verifier_cls, shape: str, seed: int, same: bool, tied: bool = True) -> tuple[float, int, int]:
-    processors = LogitsProcessorList([TemperatureLogitsWarper(0.7), TopKLogitsWarper(4)])
+def top_k_error(verifier_cls, shape: str, seed: int, same: bool, tied: bool = True,
+                top_p: float | None = None) -> tuple[float, int, int]:
+    top_p_warper = [] if top_p is None else [TopPLogitsWarper(top_p)]
+    processors = LogitsProcessorList([TemperatureLogitsWarper(0.7), TopKLogitsWarper(4), *top_p_warper])
     case = TiedTopKCase(seed, 32, processors, prompt=(1, 2, 1), same=same)
     case.tied = tied
     verifier = OnTopColumns(verifier_cls(), case)
@@ -235,8 +280,10 @@ def test_exact_on_top_columns(verifier_cls, shape, seed, same, tied):
 
 @pytest.mark.parametrize("verifier_cls", VERIFIERS)
 def test_the_flags_fire_and_ignoring_them_is_caught(monkeypatch, verifier_cls):
-    """Ties at the k-th value: flagged rows decided on Transformers' rows. A mutant that never flags keeps k of the
-    tied columns where Transformers keeps all: caught."""
+    """Ties at the k-th value past the room read (one column here, so that the integer rows' ties overflow it):
+    flagged rows decided on Transformers' rows. A mutant that never flags keeps the tied columns read where
+    Transformers keeps all: caught."""
+    monkeypatch.setattr(narrowed, "TIE_ROOM", 1)
     _, flagged, _ = top_k_error(verifier_cls, "chain2", 23, False)
     assert flagged > 0
     exact = narrowed.exact_top_columns
@@ -248,6 +295,15 @@ def test_the_flags_fire_and_ignoring_them_is_caught(monkeypatch, verifier_cls):
     monkeypatch.setattr(processing, "exact_top_columns", unflagged)
     error, _, _ = top_k_error(verifier_cls, "chain2", 23, False)
     assert error > 1e-3
+
+
+@pytest.mark.parametrize("verifier_cls", VERIFIERS)
+@pytest.mark.parametrize("tied", [True, False])
+def test_exact_on_top_columns_after_top_p(verifier_cls, tied):
+    """Temperature, top-k 4, top-p 0.8: the target's rows cut by top-p on their k columns; integer logits make
+    ties straddling the cut frequent (flagged, decided on Transformers' rows)."""
+    error, _, calls = top_k_error(verifier_cls, "star3", 23, False, tied, top_p=0.8)
+    assert error < TOLERANCE and calls > 0
 
 
 @pytest.mark.parametrize("verifier_cls", [SequoiaVerifier, SpecInferVerifier])

@@ -19,8 +19,9 @@ path (`processing.NodeScores`).
 Where nothing but temperature (and, for a draft, top-p) follows the -inf top-k, a row is -inf outside k columns, and
 a sampled step need never touch the rest: `top_columns` (a draft's rows: its children are drawn from these columns,
 and the tree hands the verifier that very distribution) and `exact_top_columns` (the target's: Transformers' kept
-columns and values bit for bit, flagged where a score ties with the k-th, which Transformers keeps too) give the k
-columns after one top-k over the row.
+columns and values bit for bit, the columns tied with the k-th included up to `TIE_ROOM` of them; flagged where
+the ties may go on, or where a top-p's cumulative sum comes within rounding of its cut) give the columns after one
+top-k over the row.
 """
 
 from __future__ import annotations
@@ -136,35 +137,79 @@ def top_p_after_top_k(scores: torch.Tensor, top_k: int, top_p: float,
     return scores.masked_fill(drop, -float("inf")), unsure
 
 
+
+
 def exact_top_split(processors: LogitsProcessorList) -> tuple[LogitsProcessorList, int, LogitsProcessorList] | None:
-    """`topk_split` where the tail is temperature only: then `exact_top_columns` gives Transformers' rows."""
-    split = topk_split(processors)
-    return split if split is not None and all(type(p) is TemperatureLogitsWarper for p in split[2]) else None
+    """`topk_split`: after its -inf top-k only temperature and top-p, which `exact_top_columns` runs on k columns."""
+    return topk_split(processors)
+
+
+TIE_ROOM = 8  # columns past the k-th read for ties with it (a bfloat16 target's rows: 0-4 such ties seen, 40% of rows)
 
 
 def exact_top_columns(k: int, late_head: LogitsProcessorList, tail: LogitsProcessorList, ids: torch.Tensor,
                       scores: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Transformers' rows as their top-k columns, bit for bit: `(values, columns, unsure)`, values and columns
-    `(n, k)` (every other column of Transformers' row is -inf; its kept columns carry exactly these values), and
-    `(n,)` flags, true where that may not hold: a finite score ties with the k-th where the top-k compares them
-    (Transformers keeps every column tied with it, a top-k keeps k), or the row holds NaN or +inf.
+    `(n, k + TIE_ROOM)` in descending order (every other column of Transformers' row is -inf; its kept columns carry
+    exactly these values; the columns past the k-th are kept where they tie with it, as Transformers' top-k keeps
+    them, and -inf otherwise), and `(n,)` flags, true where that may not hold: the ties with the k-th may go on past
+    the room read, the row holds NaN or +inf, or a top-p cut may fall elsewhere on the row (`exact_top_p`).
 
     `scores` (any float dtype: the float32 conversion is exact and keeps the order) went through `exact_top_split`'s
-    head but `late_head`, its temperatures when `deferred`: each divides and rounds the k columns as it would have
-    the row (same bits), keeps their order and can only create ties, which the flag reads after it. `tail` is
-    temperature only, elementwise after the cut.
+    head but `late_head`, its temperatures when `deferred`: each divides and rounds the columns as it would have
+    the row (same bits), keeps their order and can only create ties, which are read after it. `tail` holds
+    temperatures (elementwise after the cut) and top-p (`exact_top_p`).
     """
     width = scores.shape[-1]
     kept = min(k, width)
-    top = scores.topk(min(kept + 1, width), dim=-1)  # one more: does the next column tie with the k-th?
-    values, columns = top.values.float(), top.indices[:, :kept]
+    read = min(kept + TIE_ROOM, width)
+    top = scores.topk(read, dim=-1)
+    values, columns = top.values.float(), top.indices
     for processor in late_head:
         values = processor(ids, values)
     unsure = values[:, 0].isnan() | values[:, 0].isposinf()  # topk ranks NaN first
-    if kept < width:
-        kth = values[:, kept - 1]
-        unsure |= (values[:, kept] == kth) & (kth > -float("inf"))  # -inf ties: -inf either way
-    values = values[:, :kept]
+    kth = values[:, kept - 1 : kept]
+    tied = values[:, kept:] == kth
+    if read < width:  # the last column read ties with the k-th: more may follow it (-inf ties: -inf either way)
+        unsure |= tied[:, -1] & (kth[:, 0] > -float("inf"))
+    values = torch.cat([values[:, :kept], values[:, kept:].masked_fill(~tied, -float("inf"))], dim=1)
     for processor in tail:
-        values = processor(ids, values)
+        if type(processor) is TopPLogitsWarper:
+            values, flags = exact_top_p(values, processor.top_p, processor.min_tokens_to_keep)
+            unsure |= flags
+        else:
+            values = processor(ids, values)  # temperature: elementwise, the same bits as on the row
     return values, columns, unsure
+
+
+def exact_top_p(values: torch.Tensor, top_p: float, min_tokens_to_keep: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """`TopPLogitsWarper` on a row's columns `(n, k)` with mass (descending, -inf allowed; the row is -inf
+    elsewhere): the values with the columns Transformers' top-p removes set to -inf, and `(n,)` flags, true where
+    that may not hold.
+
+    Transformers sorts the whole row ascending: -inf, then these values reversed. Its softmax sums the same k
+    terms in another order, so the probabilities and their cumulative sums may differ from the ones
+    computed here in the last bits, by less than `_cumsum_slack(k)`; the cut (cumulative sum `<= 1 - top_p`) is
+    the same unless a cumulative sum lies that close to it: flagged. So is a finite tie straddling the cut (which
+    of the tied columns goes depends on the sort's order of ties).
+    """
+    k = values.shape[-1]
+    ascending = values.flip(-1)
+    cumulative = ascending.softmax(-1).cumsum(-1)
+    threshold = 1 - top_p
+    remove = cumulative <= threshold  # Transformers' expression
+    keep_last = min(min_tokens_to_keep, k)
+    remove[..., k - keep_last :] = False
+    near = (cumulative - threshold).abs() <= _cumsum_slack(k)
+    near[..., k - keep_last :] = False
+    removed = remove.sum(-1, keepdim=True)  # a prefix: the cumulative sum only grows
+    last_removed = ascending.gather(-1, (removed - 1).clamp(min=0))
+    first_kept = ascending.gather(-1, removed.clamp(max=k - 1))
+    straddles = (removed > 0) & (removed < k) & (last_removed == first_kept) & (first_kept > -float("inf"))
+    return values.masked_fill(remove.flip(-1), -float("inf")), near.any(-1) | straddles[:, 0]
+
+
+def _cumsum_slack(k: int) -> float:
+    """A bound on how far a float32 cumulative sum of k softmax terms can move when the same terms are summed in
+    another order (the normaliser) and exponentiated by another kernel: a few units in the last place per term."""
+    return (4 * k + 16) * torch.finfo(torch.float32).eps

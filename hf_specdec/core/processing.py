@@ -259,7 +259,7 @@ class NodeScores:
         """The rows of `nodes` as their top-k columns (`narrowed.exact_top_columns`: `(values, columns)` each
         `(len(nodes), k)`, every other column -inf) and a 0-d device flag, true when one of them may not be
         Transformers' row (read it with the outcome that used them; if true, use `self[nodes]`). None where the
-        processors do not end with a -inf top-k and a temperature at most."""
+        processors do not end with a -inf top-k followed by temperature and top-p only."""
         if self.split is None:
             return None
         head, k, tail = self.split

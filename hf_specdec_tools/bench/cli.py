@@ -57,6 +57,12 @@ def register_cli(subparsers: argparse._SubParsersAction) -> argparse.ArgumentPar
     parser.add_argument("--temperature", type=float, default=0.0,
                         help="0 (default): greedy, outputs checked token-identical to plain; > 0: sample, "
                         "seeded per prompt.")
+    parser.add_argument("--top-k", type=int, default=None,
+                        help="With --temperature: generate's top_k for every strategy (default: the generation "
+                        "config's, 50; 0 turns it off).")
+    parser.add_argument("--top-p", type=float, default=None,
+                        help="With --temperature: generate's top_p for every strategy (default: the generation "
+                        "config's, 1.0).")
     parser.add_argument("--seed", type=int, default=0,
                         help="torch.manual_seed(SEED + prompt index) before each call (default 0).")
     parser.add_argument("--offload", action="store_true",
@@ -162,6 +168,8 @@ def run(args: argparse.Namespace) -> int:
     settings = BenchSettings(
         max_new_tokens=args.max_new_tokens or (QUICK_NEW_TOKENS if args.quick else DEFAULT_NEW_TOKENS),
         temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
         repeats=args.repeats,
         warmup=args.warmup,
         seed=args.seed,

@@ -79,8 +79,7 @@ def machine_line(results: dict[str, Any]) -> str:
 def settings_line(results: dict[str, Any]) -> str:
     models = results.get("models", {})
     settings = results.get("settings", {})
-    temperature = settings.get("temperature", 0)
-    decoding = "greedy" if not temperature else f"sampling at temperature {temperature}"
+    decoding = _decoding(settings, "sampling at temperature ")
     offload = models.get("offload")
     offload_text = (
         f", target offloaded to disk with {offload['max_memory_bytes'] / GIB:.2f} GiB kept in RAM" if offload else ""
@@ -161,8 +160,17 @@ def caption(results: dict[str, Any]) -> str:
         f"target {(models.get('target') or {}).get('name', '?')}, draft {draft.get('name', 'none')}"
         f"{' (' + models['draft_quantization'] + ')' if models.get('draft_quantization') else ''}\n"
         f"{len({c['prompt'] for c in results.get('calls', [])})} prompts × {settings.get('max_new_tokens')} tokens, "
-        f"{'greedy' if not settings.get('temperature') else 'T=' + str(settings.get('temperature'))}"
+        f"{_decoding(settings, 'T=')}"
     )
+
+
+def _decoding(settings: dict[str, Any], temperature_prefix: str) -> str:
+    """greedy, or the temperature with the top-k / top-p the run set."""
+    if not settings.get("temperature"):
+        return "greedy"
+    extra = [f"{name.replace('_', '-')} {settings[name]}" for name in ("top_k", "top_p")
+             if settings.get(name) is not None]
+    return f"{temperature_prefix}{settings['temperature']}" + (f" ({', '.join(extra)})" if extra else "")
 
 
 def markdown_table(summary: list[dict[str, Any]]) -> str:

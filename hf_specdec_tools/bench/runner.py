@@ -43,6 +43,8 @@ run_clock = time.perf_counter
 class BenchSettings:
     max_new_tokens: int = 128
     temperature: float = 0.0  # 0: greedy; > 0: do_sample=True at this temperature
+    top_k: int | None = None  # with sampling: generate's top_k (None: the generation config's, 50 by default)
+    top_p: float | None = None  # with sampling: generate's top_p (None: the generation config's, 1.0 by default)
     repeats: int = 1  # measured calls per (prompt, strategy); the per-prompt figure is their median
     warmup: int = 1  # unmeasured calls per strategy before measuring
     warmup_tokens: int = 8  # new tokens of each warm-up call
@@ -61,6 +63,12 @@ class BenchSettings:
             raise ValueError(f"--warmup must be 0 or more, got {self.warmup}.")
         if self.temperature < 0:
             raise ValueError(f"--temperature must be 0 (greedy) or positive, got {self.temperature}.")
+        if (self.top_k is not None or self.top_p is not None) and not self.sampling:
+            raise ValueError("--top-k and --top-p shape sampling: give --temperature > 0 with them.")
+        if self.top_k is not None and self.top_k < 0:
+            raise ValueError(f"--top-k must be 0 (off) or more, got {self.top_k}.")
+        if self.top_p is not None and not 0 < self.top_p <= 1:
+            raise ValueError(f"--top-p must be in (0, 1], got {self.top_p}.")
         if self.max_seconds is not None and self.max_seconds <= 0:
             raise ValueError(f"--max-minutes must be positive, got {self.max_seconds / 60:g}.")
 
@@ -74,6 +82,9 @@ def generate_kwargs(settings: BenchSettings, max_new_tokens: int) -> dict[str, A
     }
     if settings.sampling:
         kwargs["temperature"] = settings.temperature
+        for name in ("top_k", "top_p"):
+            if getattr(settings, name) is not None:
+                kwargs[name] = getattr(settings, name)
     return kwargs
 
 
