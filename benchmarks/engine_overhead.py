@@ -15,7 +15,8 @@ see the same machine load. `--compare-before-21d` does the same with the engine 
 host with every leaf child's row processed and drawn at its parent). `--compare-before-21e`: the engine before branch
 issue21e (every row vocabulary-wide: no top-k columns on the draft or the target side; the stopping criteria handed
 Transformers' rows of the accepted path). `--compare-before-21f`: the engine before branch issue21f (with a top-p
-after the top-k, the target's rows cut vocabulary-wide, not on their top-k columns). `--top-p 1.0` samples as the
+after the top-k, the target's rows cut vocabulary-wide, not on their top-k columns). `--compare-before-21g`: torch's
+own argmax and top-k over whole rows (before `core/wide_rows.py`). `--top-p 1.0` samples as the
 real-pair bench does by default (T=0.7, top-k 50).
 
 Prints a table of medians (over prompts) and writes JSON with the machine (CPU model, flags, torch version).
@@ -174,6 +175,14 @@ def before_21f() -> contextlib.AbstractContextManager:
     return mock.patch.object(processing, "exact_top_split", temperature_only)
 
 
+def before_21g() -> contextlib.AbstractContextManager:
+    """The engine before branch issue21g: torch's own argmax and top-k over every vocabulary-wide row (no block
+    maxima, `core/wide_rows.py`)."""
+    from hf_specdec.core import wide_rows
+
+    return mock.patch.object(wide_rows, "_blocks", lambda rows: None)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--output", type=Path, default=Path("benchmarks/engine-overhead/results.json"))
@@ -189,6 +198,8 @@ def main() -> None:
                         help="Also run each speculative method on the engine before branch issue21e, interleaved.")
     parser.add_argument("--compare-before-21f", action="store_true",
                         help="Also run each speculative method on the engine before branch issue21f, interleaved.")
+    parser.add_argument("--compare-before-21g", action="store_true",
+                        help="Also run each speculative method with torch's argmax/top-k over whole rows, interleaved.")
     parser.add_argument("--top-p", type=float, default=SAMPLING["top_p"],
                         help="top_p of the sampled runs (1.0: none, as the real-pair bench samples: T=0.7, top-k 50).")
     args = parser.parse_args()
@@ -217,6 +228,8 @@ def main() -> None:
                 variants[f"{name} (before 21e)"] = before_21e
             if args.compare_before_21f and "speculation" in kwargs and mode == "sampled":
                 variants[f"{name} (before 21f)"] = before_21f
+            if args.compare_before_21g and "speculation" in kwargs:
+                variants[f"{name} (before 21g)"] = before_21g
             runs: dict[str, list[dict]] = {variant: [] for variant in variants}
             for prompt in prompts:  # interleaved: every variant sees each prompt back to back
                 for variant, context in variants.items():

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import torch
 
+from .wide_rows import row_topk
+
 CHILD_SELECTIONS = ("top_k", "without_replacement", "with_replacement")
 
 
@@ -56,8 +58,8 @@ def select_children(
             # exponential_ on CPU, and zero-probability tokens get -inf, so rows with few candidates still work.
             uniform = torch.rand(probs.shape, generator=generator, device=_random_device(generator, device))
             keys = uniform.to(device).log_().div_(keys)
-        top = torch.topk(keys, min(width, vocab), dim=-1)
-        picked, valid = top.indices, top.values > float("-inf")
+        values, picked = row_topk(keys, min(width, vocab))
+        valid = values > float("-inf")
         if picked.shape[1] < width:
             pad = width - picked.shape[1]
             picked = torch.cat([picked, picked.new_full((m, pad), -1)], dim=1)

@@ -29,6 +29,8 @@ from __future__ import annotations
 import torch
 from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
+from .wide_rows import row_topk
+
 # After a top-k, these may follow: temperature keeps -inf at -inf and is elementwise; top-p is replaced below.
 _TAIL = (TemperatureLogitsWarper, TopPLogitsWarper)
 
@@ -79,7 +81,7 @@ def top_columns(k: int, late: LogitsProcessorList, ids: torch.Tensor,
     tokens are drawn from these rows, and the verifier is handed them): where columns tie with the k-th value,
     Transformers keeps them all and this keeps k; top-p runs on the k columns (the -inf ones add nothing).
     """
-    values, columns = scores.topk(min(k, scores.shape[-1]), dim=-1)
+    values, columns = row_topk(scores, min(k, scores.shape[-1]))
     values = values.float()
     for processor in late:
         if type(processor) is TopPLogitsWarper:
@@ -117,7 +119,7 @@ def top_p_after_top_k(scores: torch.Tensor, top_k: int, top_p: float,
     """
     width = scores.shape[-1]
     k = min(top_k, width)
-    top = torch.topk(scores, k).values  # descending; the k-th is the smallest finite score (or -inf)
+    top = row_topk(scores, k)[0]  # descending; the k-th is the smallest finite score (or -inf)
     kth = top[:, -1:]
     kept = (scores >= kth).sum(-1, keepdim=True)  # columns top-k left (ties at the k-th value included)
     position = torch.arange(width, device=scores.device)
@@ -163,8 +165,8 @@ def exact_top_columns(k: int, late_head: LogitsProcessorList, tail: LogitsProces
     width = scores.shape[-1]
     kept = min(k, width)
     read = min(kept + TIE_ROOM, width)
-    top = scores.topk(read, dim=-1)
-    values, columns = top.values.float(), top.indices
+    values, columns = row_topk(scores, read)
+    values = values.float()
     for processor in late_head:
         values = processor(ids, values)
     unsure = values[:, 0].isnan() | values[:, 0].isposinf()  # topk ranks NaN first

@@ -35,6 +35,7 @@ from ..core.drafter import Drafter
 from ..core.processing import draft_top_scores, process_tree_scores
 from ..core.tree import HostTree, TokenTree
 from ..core.verdict import Verdict
+from ..core.wide_rows import row_topk
 from ..plan.sizing import default_beams
 from ..plan.step_sizing import OnlineAcceptance, StepSizer
 from .draft_model import DraftModelCounts, DraftModelRunner, HostSequence, emitted_tokens, forwarded_prefix
@@ -342,7 +343,8 @@ class BestFirstDrafter(DraftModelCounts, Drafter):
             logq, tokens_at = values.log_softmax(-1)[:, : self.width], columns[:, : self.width]
         else:
             scores = process_tree_scores(self.logits_processor, growth.prefix, tree, logits, at, any_tie_order=True)
-            logq, tokens_at = scores.log_softmax(-1).topk(self.width, dim=-1)
+            tokens_at = row_topk(scores, self.width)[1]  # the same columns as the log-softmax's (it keeps the order)
+            logq = scores.log_softmax(-1).gather(1, tokens_at)
         # rank by the draft's own probability, or by the calibrated chance the target keeps the node
         rank = logq if self.sizer is None else self.sizer.acceptance(logq)
         picked = torch.cat([logq.double(), rank.double(), tokens_at.double()], dim=1).tolist()  # the read

@@ -7,6 +7,7 @@ from typing import ClassVar
 import torch
 
 from ..core.tree import HostTree, TokenTree
+from ..core.wide_rows import row_argmax
 from .registry import register_verifier
 from .tree_walk import Verdict
 
@@ -53,7 +54,7 @@ def accepted_nodes(tree: TokenTree, target_scores: torch.Tensor) -> tuple[torch.
     one path from the root.
     """
     device = target_scores.device
-    best = target_scores.argmax(dim=-1)
+    best = row_argmax(target_scores)
     parents, tokens = tree.parents.to(device), tree.tokens.to(device)
     n = len(tree)
     index = torch.arange(n, device=device)
