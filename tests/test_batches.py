@@ -396,7 +396,8 @@ def test_the_batch_guard_turns_whole_steps_plain(monkeypatch):
     from hf_specdec.integration import batch as batch_module
     from hf_specdec.plan.guard import PlainGuard
 
-    monkeypatch.setattr(batch_module, "PlainGuard", lambda **kwargs: PlainGuard(margin=math.inf, waiting=5, **kwargs))
+    monkeypatch.setattr(batch_module, "PlainGuard",
+                        lambda **kwargs: PlainGuard(**{**kwargs, "margin": math.inf, "waiting": 5}))
     target = tiny_model("qwen2", 0)
     draft = near_draft(target)
     ids, mask = padded_batch(6, [0, 2, 5])

@@ -20,6 +20,7 @@ from ..core.attention import AttentionLayout
 from ..core.child_selection import select_children
 from ..core.devices import PassClock, execution_device
 from ..core.model_info import embeddable, fit_vocabulary
+from ..core.model_inputs import explicit_parameters
 from ..core.processing import process_tree_scores
 from ..core.tree import HostTree, TokenTree, additive_mask
 from .draft_model import forwarded_prefix
@@ -48,6 +49,7 @@ class LockstepShapeDrafter:
         self.device = execution_device(draft_model)
         self.layout = AttentionLayout.of(draft_model)
         self.input_rows = getattr(draft_model.get_input_embeddings(), "num_embeddings", None)
+        self.keeps_logits = "logits_to_keep" in explicit_parameters(draft_model)  # else the columns are sliced here
         self.cache = DynamicCache()
         self.rows = RaggedRows(torch.zeros(rows, 0, dtype=torch.bool, device=self.device))
         self.committed = [0] * rows  # per batch row: how many of its tokens the draft cache holds
@@ -57,6 +59,7 @@ class LockstepShapeDrafter:
         self._nodes: list[list[int] | None] = [None] * rows  # per batch row: the shape node of each tree node
         self.clock = PassClock(self.device)
         self.forward_count = 0
+        self.prefill_seconds = 0.0  # of the draft passes, the first: it reads every row's prompt (the call's setup)
 
     def use_shape(self, shape: list[int]) -> None:
         """Draft `shape` for every row from the next step on (a batch sized every step switches between shapes)."""
@@ -66,14 +69,22 @@ class LockstepShapeDrafter:
     def forward_time(self) -> float:
         return self.clock.total
 
-    def _forward(self, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """float32 logits `(B, n, vocab)` of one pass over `tokens` `(B, n)`, appended to the cache."""
+    def _forward(self, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor,
+                 columns: list[int] | None = None) -> torch.Tensor:
+        """float32 logits `(B, n, vocab)` of one pass over `tokens` `(B, n)`, appended to the cache; with `columns`,
+        only those columns' `(B, len(columns), vocab)`: the output layer then runs over them alone (the root pass
+        needs one column per row, and the first one feeds whole prompts, where the output layer over every prompt
+        token would cost a third of the pass)."""
         self.clock.start()
+        kept = {}
+        if columns is not None and self.keeps_logits:
+            kept = {"logits_to_keep": torch.tensor(columns, dtype=torch.long, device=self.device)}
         with torch.no_grad():
             out = self.model(input_ids=embeddable(tokens, self.input_rows),
                              position_ids=self.layout.model_positions(positions), attention_mask=mask,
-                             past_key_values=self.cache, use_cache=True)
-        logits = fit_vocabulary(out.logits.float(), self.vocab)
+                             past_key_values=self.cache, use_cache=True, **kept)
+        logits = out.logits if columns is None or kept else out.logits[:, columns]
+        logits = fit_vocabulary(logits.float(), self.vocab)
         self.clock.stop()
         self.forward_count += 1
         return logits
@@ -93,9 +104,14 @@ class LockstepShapeDrafter:
         fresh = [row[done:] for row, done in zip(ids, self.committed)]
         chains = [TokenTree.from_parents(tokens, list(range(-1, len(tokens) - 1))) for tokens in fresh]
         tokens_in, positions, mask = self.rows.tree_inputs(chains, self.model.dtype)
-        logits = self._forward(tokens_in, positions, mask)
-        root_logits = logits[torch.arange(batch, device=device), torch.tensor([len(f) - 1 for f in fresh],
-                                                                              device=device)]
+        ends = [len(row_tokens) - 1 for row_tokens in fresh]  # each row's root: the last token it feeds
+        columns = sorted(set(ends))
+        prefill, before = not any(self.committed), self.clock.total
+        logits = self._forward(tokens_in, positions, mask, columns)
+        if prefill:  # a one-off cost of the call, which no step's cost model or guard should be charged with
+            self.prefill_seconds += self.clock.total - before
+        root_logits = logits[torch.arange(batch, device=device),
+                             torch.tensor([columns.index(end) for end in ends], device=device)]
         self.rows.keep(self.cache, [list(range(len(f))) for f in fresh])
         self.committed = [len(row) for row in ids]
         committed = self.rows.length

@@ -53,7 +53,8 @@ class SizedLockstepDrafter(LockstepShapeDrafter):
         self.shrunk = [0] * rows  # per row of the call: steps whose tree was cut below the full shape
         self.choices: list[tuple[int, int]] = []  # every step's (rows, nodes of its shape); 1 node: plain batched
         self._started: float | None = None  # when the last step began (a step runs until the next proposal)
-        self._step = (False, 0, 0, 0.0)  # the last step's (plain, tokens of every row, rows, draft seconds then)
+        # the last step's (plain, tokens of every row, rows, draft seconds and draft prefill seconds when it began)
+        self._step = (False, 0, 0, 0.0, 0.0)
 
     def batch_profile(self, rows: int) -> HardwareProfile:
         if rows not in self._profiles:
@@ -62,9 +63,11 @@ class SizedLockstepDrafter(LockstepShapeDrafter):
 
     def propose(self, ids: list[list[int]], prefixes: list[torch.Tensor], unpadded=None) -> list[TokenTree]:
         now = time.perf_counter()
-        plain, tokens, rows, draft_before = self._step
+        plain, tokens, rows, draft_before, prefill_before = self._step
         if self.guard is not None and self._started is not None and tokens:
-            self.guard.observe(now - self._started, tokens, plain, self.forward_time - draft_before, rows=rows)
+            setup = self.prefill_seconds - prefill_before  # the draft's prefill (first step): not a step's cost
+            self.guard.observe(now - self._started - setup, tokens, plain, self.forward_time - draft_before - setup,
+                               rows=rows)
         self._started = now
         if self.guard is not None and self.guard.plain_next():
             choice = 0
@@ -76,7 +79,7 @@ class SizedLockstepDrafter(LockstepShapeDrafter):
         shape = self.menu.shapes[choice]
         self.use_shape(shape)
         self.choices.append((len(ids), len(shape)))
-        self._step = (choice == 0, 0, len(ids), self.forward_time)
+        self._step = (choice == 0, 0, len(ids), self.forward_time, self.prefill_seconds)
         trees = super().propose(ids, prefixes, unpadded)
         for row, tree in zip(self.origin, trees):
             self.shrunk[row] += 1 < len(tree) < self.chooser.full_size
@@ -89,8 +92,8 @@ class SizedLockstepDrafter(LockstepShapeDrafter):
     def observe_step(self, sizes: list[int], seconds: float, emitted: list[int]) -> None:
         if self.sizer is not None:
             self.sizer.observe_target(max(sizes), seconds)  # one pass, every row padded to the largest tree
-        plain, _, rows, draft_before = self._step
-        self._step = (plain, sum(emitted), rows, draft_before)
+        plain, _, rows, *before = self._step
+        self._step = (plain, sum(emitted), rows, *before)
 
     def accept(self, index: int, input_ids: torch.Tensor, tree: TokenTree, verdict) -> None:
         super().accept(index, input_ids, tree, verdict)

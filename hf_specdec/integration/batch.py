@@ -31,7 +31,8 @@ from ..draft.batch_sized import SizedLockstepDrafter
 from ..draft.guarded import GuardedDrafter
 from ..methods.static_shape import StaticShapeConfig
 from ..methods.step_sized import PLAN_BUDGET, online_sizer
-from ..plan.guard import PlainGuard
+from ..plan.call_pricing import call_pays, saving_per_token
+from ..plan.guard import BATCH_MARGIN, PlainGuard
 from ..plan.shape_sizing import RankAcceptance, ShapeMenu
 from ..plan.sizing import for_batch
 from .call import SpeculationCall
@@ -94,7 +95,7 @@ def batch_drafter(model: PreTrainedModel, rows: int, logits_processor: LogitsPro
             ranks = [RankAcceptance(sizing.acceptance, menu.width) for _ in range(rows)]
         return SizedLockstepDrafter(call.assistant_model, menu, sizer, ranks, len(config.shape()), rows, processors,
                                     verifier.child_selection, call.generator, vocab_size(model),
-                                    PlainGuard(measure_plain=True))
+                                    PlainGuard(measure_plain=True, margin=BATCH_MARGIN))
     drafters = []
     for row in range(rows):  # each row its own draft cache and state
         drafter = config.make_drafter(model, call.assistant_model, processors[row], verifier.child_selection,
@@ -128,10 +129,12 @@ def _sized_in_a_batch(config: StaticShapeConfig) -> bool:
 
 
 def batch_drafts(model: PreTrainedModel, rows: int, logits_processor: LogitsProcessorList, call: SpeculationCall,
-                 config: SpeculationConfig, plan: Any = None) -> bool:
+                 config: SpeculationConfig, plan: Any = None, prompt: int = 0, new_tokens: int | None = None) -> bool:
     """Whether any tree pays for this batch: a fixed shape sized for it may be predicted to lose to plain batched
-    steps from the first step (then the batch decodes with Transformers' own loop, as a root-only plan does for one
-    sequence), with the curves as `rows` rows see them and the plan's acceptance for every row."""
+    steps from the first step, or to save less over the call's `new_tokens` per row than the draft's prefill over
+    every row's `prompt` tokens costs (`plan.call_pricing`); then the batch decodes with Transformers' own loop, as a
+    root-only plan does for one sequence. Predicted with the curves as `rows` rows see them and the plan's acceptance
+    for every row."""
     if not isinstance(config, StaticShapeConfig):
         return True
     sizing = batch_sizing(config, plan)
@@ -140,7 +143,11 @@ def batch_drafts(model: PreTrainedModel, rows: int, logits_processor: LogitsProc
     menu = config.shape_menu()
     sizer = online_sizer(sizing.profile, model, call.assistant_model, logits_processor)
     sizer.profile = for_batch(sizer.profile, rows)
-    return menu.best(sizer, [RankAcceptance(sizing.acceptance, menu.width)] * rows)[0] != 0
+    per_token = menu.seconds_per_token(sizer, [RankAcceptance(sizing.acceptance, menu.width)] * rows)
+    if new_tokens is None:
+        return saving_per_token(per_token)[0] != 0
+    # the draft's first pass feeds every row its prompt: prompt tokens per row on the curves the batch sees
+    return call_pays(per_token, rows * new_tokens, float(sizer.draft_seconds(prompt)))
 
 
 def check_stops(criteria: StoppingCriteriaList) -> None:

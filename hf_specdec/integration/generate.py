@@ -182,7 +182,8 @@ def speculative_generate(
         batch_plan, config = batch_curves(batch_request, model, call, generation_config, input_ids, model_kwargs,
                                           ranks, config)
         plan_seconds = time.perf_counter() - start
-    if batch > 1 and config.drafts() and batch_drafts(model, batch, logits_processor, call, config, batch_plan):
+    if batch > 1 and config.drafts() and batch_drafts(model, batch, logits_processor, call, config, batch_plan,
+                                                      *call_length(input_ids, model_kwargs, generation_config)):
         return decode_batch(model, input_ids, logits_processor, stopping_criteria, generation_config, call, config,
                             verifier, model_kwargs, plan_seconds, batch_plan)  # one target pass per step, every row
     if call.streamer is not None:
@@ -246,6 +247,15 @@ def batch_curves(request: PlanRequest, model: PreTrainedModel, call: Speculation
         return None, config
     config.plan_source = f"steps sized for the batch with the latency curves and acceptance of {source}"
     return plan, config
+
+
+def call_length(input_ids: torch.LongTensor, model_kwargs: dict[str, Any], generation_config: GenerationConfig
+                ) -> tuple[int, int]:
+    """(the longest prompt of the batch without its padding, the new tokens a row may generate): what a batch's
+    draft prefill costs and the most tokens it can repay it over."""
+    mask = model_kwargs.get("attention_mask")
+    prompt = input_ids.shape[1] if mask is None else int(mask.sum(dim=1).max())
+    return prompt, max(int(generation_config.max_length) - input_ids.shape[1], 0)
 
 
 def first_prompt(input_ids: torch.LongTensor, attention_mask: torch.Tensor | None) -> torch.LongTensor:

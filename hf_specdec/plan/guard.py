@@ -18,6 +18,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+#: the margin a batch's guard judges with: none. A single sequence keeps speculating within 10% of plain (timing noise
+#: must not flip a step that wins); a batch, where speculation earns least and plain batched decoding is the rival,
+#: turns plain as soon as its steps are measured slower than a plain batched step (a wrongly turned step costs only
+#: what it would have won, until the next probe).
+BATCH_MARGIN = 1.0
+
 
 @dataclass
 class PlainGuard:
