@@ -15,7 +15,7 @@ from hf_specdec.plan.call_pricing import call_pays, saving_per_token
 from hf_specdec.plan.guard import BATCH_MARGIN, PlainGuard
 from hf_specdec.plan.latency import LatencyCurve
 from hf_specdec.plan.sizing import HardwareProfile
-from tests.test_batches import NEW, flat_until, near_draft, padded_batch, sized_batch
+from tests.test_batches import NEW, flat_until, near_draft, padded_batch, sized_batch, sized_batch_drafters
 from tests.tiny import tiny_model
 
 
@@ -104,20 +104,6 @@ def test_the_batch_guard_is_not_charged_with_the_drafts_prefill(monkeypatch):
     assert guards and observed
     assert drafters[0].prefill_seconds >= 0.3
     assert all(seconds < 0.3 and draft_seconds < 0.3 for seconds, draft_seconds in observed)
-
-
-def sized_batch_drafters(monkeypatch) -> list:
-    """Every `SizedLockstepDrafter` the test makes, appended as it is made (real curves and guard)."""
-    from hf_specdec.draft import batch_sized
-
-    drafters, made = [], batch_sized.SizedLockstepDrafter.__init__
-
-    def kept(self, *args, **kwargs):
-        made(self, *args, **kwargs)
-        drafters.append(self)
-
-    monkeypatch.setattr(batch_sized.SizedLockstepDrafter, "__init__", kept)
-    return drafters
 
 
 def test_a_batch_guard_turns_plain_on_any_measured_loss():

@@ -295,7 +295,6 @@ def sized_batch(monkeypatch, profile: HardwareProfile, prior: list[float]) -> li
     """Batches of this test size their steps with `profile` and `prior`, no timing corrections and no guard (what
     they choose depends on acceptance only), the plan lent to a chain being these; returns the list every sized
     drafter of the test is appended to."""
-    from hf_specdec.draft import batch_sized
     from hf_specdec.integration import batch as batch_module
     from hf_specdec.integration import generate as integration
     from hf_specdec.plan.shape_sizing import RankAcceptance
@@ -306,8 +305,14 @@ def sized_batch(monkeypatch, profile: HardwareProfile, prior: list[float]) -> li
     monkeypatch.setattr(batch_module, "PlainGuard", lambda **kwargs: None)  # the sizing alone: no measured step
     monkeypatch.setattr(batch_module, "online_sizer", lambda profile, *args: StepSizer(profile, timing_memory=1.0))
     monkeypatch.setattr(batch_module, "RankAcceptance", RankAcceptance)
-    drafters = []
-    made = batch_sized.SizedLockstepDrafter.__init__
+    return sized_batch_drafters(monkeypatch)
+
+
+def sized_batch_drafters(monkeypatch) -> list:
+    """Every `SizedLockstepDrafter` the test makes, appended as it is made."""
+    from hf_specdec.draft import batch_sized
+
+    drafters, made = [], batch_sized.SizedLockstepDrafter.__init__
 
     def kept(self, *args, **kwargs):
         made(self, *args, **kwargs)
