@@ -15,7 +15,15 @@ from hf_specdec.plan.call_pricing import call_pays, saving_per_token
 from hf_specdec.plan.guard import BATCH_MARGIN, PlainGuard
 from hf_specdec.plan.latency import LatencyCurve
 from hf_specdec.plan.sizing import HardwareProfile
-from tests.test_batches import NEW, flat_until, near_draft, padded_batch, sized_batch, sized_batch_drafters
+from tests.test_batches import (
+    NEW,
+    flat_until,
+    hooked_chain_call,
+    near_draft,
+    padded_batch,
+    sized_batch,
+    sized_batch_drafters,
+)
 from tests.tiny import tiny_model
 
 
@@ -60,13 +68,7 @@ def test_the_root_pass_computes_the_output_layer_at_the_roots_only():
     hook = draft.register_forward_hook(
         lambda module, args, kwargs, out: passes.append((kwargs["input_ids"].shape[1], out.logits.shape[1])),
         with_kwargs=True)
-    call = dict(attention_mask=mask, max_new_tokens=NEW, do_sample=False)
-    try:
-        out = target.generate(ids, **call, assistant_model=draft, speculation="chain",
-                              speculation_config={"num_draft_tokens": 3, "guard": False}, return_dict_in_generate=True)
-    finally:
-        hook.remove()
-    assert torch.equal(out.sequences, target.generate(ids, **call))
+    hooked_chain_call(target, draft, ids, mask, hook)
     roots = passes[::3]  # the chain's passes: the root pass, then one per level of one node
     assert roots[0][0] == ids.shape[1] and all(fed == 1 for fed, _ in passes[1::3])
     assert all(columns <= min(fed, ids.shape[0]) for fed, columns in roots)

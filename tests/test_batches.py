@@ -274,13 +274,7 @@ def test_the_lockstep_draft_keeps_the_accepted_nodes_it_forwarded():
     widths = []
     hook = draft.register_forward_pre_hook(
         lambda module, args, kwargs: widths.append(kwargs["input_ids"].shape[1]), with_kwargs=True)
-    call = dict(attention_mask=mask, max_new_tokens=NEW, do_sample=False)
-    try:
-        out = target.generate(ids, **call, assistant_model=draft, speculation="chain",
-                              speculation_config={"num_draft_tokens": 3, "guard": False}, return_dict_in_generate=True)
-    finally:
-        hook.remove()
-    assert torch.equal(out.sequences, target.generate(ids, **call))
+    out = hooked_chain_call(target, draft, ids, mask, hook)
     assert all(row.tokens_per_step[:-1] == [4] * (len(row.tokens_per_step) - 1) for row in out.speculation_stats)
     assert widths[0] == ids.shape[1] and len(widths) > 6 and set(widths[3::3]) == {2} and set(widths[1::3]) == {1}
 
@@ -488,3 +482,16 @@ def test_host_reads_per_step_stay_bounded(monkeypatch):
     steps = max(row.target_forwards for row in out.speculation_stats)
     finishing = 3 * 5  # each row's last block is checked token by token where its stop fired (4 drafted + bonus)
     assert 0 < counts["reads"] <= 2 + steps + 2 * row_steps + finishing
+
+
+def hooked_chain_call(target, draft, ids: torch.Tensor, mask: torch.Tensor, hook) -> object:
+    """A batch decoded by a 3-token chain, every step speculating, with `hook` (a handle on the draft) removed after;
+    its rows checked identical to plain batched generate."""
+    call = dict(attention_mask=mask, max_new_tokens=NEW, do_sample=False)
+    try:
+        out = target.generate(ids, **call, assistant_model=draft, speculation="chain",
+                              speculation_config={"num_draft_tokens": 3, "guard": False}, return_dict_in_generate=True)
+    finally:
+        hook.remove()
+    assert torch.equal(out.sequences, target.generate(ids, **call))
+    return out

@@ -11,7 +11,7 @@ import torch
 import hf_specdec
 from hf_specdec.core.devices import kernels
 from hf_specdec.kernels import PackedLinear, is_prepacked
-from hf_specdec.kernels.prepack import can_prepack
+from hf_specdec.kernels.prepack import can_prepack, packable_dtypes
 from hf_specdec.plan.latency import placement
 from tests.conftest import random_prompt, tiny_model
 
@@ -23,6 +23,10 @@ def test_prepacked_model_decodes_like_itself_and_speculation_stays_lossless(dtyp
     before = target.generate(ids, max_new_tokens=24, do_sample=False)
     weights = {name: p.detach().clone() for name, p in target.state_dict().items()}
     report = hf_specdec.prepack(target, measure=False)
+    if dtype not in packable_dtypes():  # oneDNN packs bfloat16 only with AVX-512 BW/VL/DQ or AVX-NE-CONVERT
+        assert not report.packed and "cannot pack bfloat16" in report.reason and not is_prepacked(target)
+        assert torch.equal(target.generate(ids, max_new_tokens=24, do_sample=False), before)
+        return
     assert report.packed and is_prepacked(target) and isinstance(target.lm_head, PackedLinear)
     assert kernels(target) == "onednn-prepacked" and placement(target)["kernels"] == "onednn-prepacked"
     plain = target.generate(ids, max_new_tokens=24, do_sample=False)
@@ -36,6 +40,17 @@ def test_prepacked_model_decodes_like_itself_and_speculation_stays_lossless(dtyp
     assert hf_specdec.unpack(target) > 0 and not is_prepacked(target) and kernels(target) == "default"
     assert all(torch.equal(target.state_dict()[k], v) for k, v in weights.items())
     assert torch.equal(target.generate(ids, max_new_tokens=24, do_sample=False), before)
+
+
+def test_a_dtype_this_cpu_cannot_pack_is_refused_with_the_fix(monkeypatch):
+    """On an AVX2-only CPU oneDNN raises when asked to pack bfloat16 weights: prepack says so instead."""
+    module = importlib.import_module("hf_specdec.kernels.prepack")
+    monkeypatch.setattr(module, "packable_dtypes", lambda: (torch.bfloat16,))
+    model = tiny_model("llama", 0)
+    report = hf_specdec.prepack(model, measure=False)
+    assert not report.packed and not is_prepacked(model)
+    assert "cannot pack float32 weights on this CPU" in report.reason and "float32" in report.reason
+    assert torch.float32 in packable_dtypes()  # the probe itself: float32 packs on every CPU with oneDNN
 
 
 def test_prepack_keeps_packing_only_when_it_measures_faster(monkeypatch):

@@ -13,6 +13,7 @@ Greedy outputs of speculation stay identical to plain `generate` on the same (pr
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -36,15 +37,35 @@ def can_prepack(model: PreTrainedModel) -> str | None:
     if is_offloaded(model):
         return "accelerate streams its weights from elsewhere on every pass"
     if not any(_packable(module) for module in model.modules()):
+        unpackable = {module.weight.dtype for module in model.modules() if type(module) is nn.Linear}
+        unpackable -= set(packable_dtypes())
+        if unpackable:
+            names = ", ".join(sorted(str(dtype).removeprefix("torch.") for dtype in unpackable))
+            return (f"oneDNN cannot pack {names} weights on this CPU (its bfloat16 path needs AVX-512 BW/VL/DQ or "
+                    "AVX-NE-CONVERT); load the model in float32 to prepack it")
         return "it has no float32/bfloat16 nn.Linear layers (a quantized model?)"
     return None
+
+
+@functools.cache
+def packable_dtypes() -> tuple[torch.dtype, ...]:
+    """The weight dtypes oneDNN packs on this CPU, found by packing a small weight of each once (its bfloat16 path
+    needs instructions that AVX2-only CPUs lack, and raises there)."""
+    usable = []
+    for dtype in PACKABLE_DTYPES:
+        try:
+            torch.ops.mkldnn._reorder_linear_weight(torch.zeros(8, 8, dtype=dtype), BATCH_HINT)
+        except RuntimeError:
+            continue
+        usable.append(dtype)
+    return tuple(usable)
 
 
 def _packable(module: nn.Module) -> bool:
     """A plain float Linear on the CPU: not one whose weight is a quantized tensor subclass (torchao's report the
     float dtype they compute in), nor one accelerate moves weights into."""
     return (type(module) is nn.Linear and type(module.weight.data) is torch.Tensor
-            and module.weight.dtype in PACKABLE_DTYPES and module.weight.device.type == "cpu"
+            and module.weight.dtype in packable_dtypes() and module.weight.device.type == "cpu"
             and getattr(module, "_hf_hook", None) is None)
 
 
