@@ -4,15 +4,16 @@
 
 Variants of the embedded draft, all in one process: `quantize_draft`'s schemes ("dynamic-int8": fbgemm int8,
 activations per tensor, today's default; "int4" and "int8-weight-only": aten's fused weight-only CPU kernels, bfloat16
-activations), the bfloat16 draft prepacked with `hf_specdec.prepack`, torchao's int8 weight-only config (with
-`--torchao`), and one
+activations), the draft in the target's dtype prepacked with `hf_specdec.prepack`, torchao's int8 weight-only config
+(with `--torchao`), and one
 scheme with its output layer over the 65,536 most frequent tokens (`--subset-of`). Pass times are interleaved:
-every round times every variant (and the prepacked bfloat16 target over 1 and 16 tokens) after 256 cached tokens,
+every round times every variant (and the prepacked target over 1 and 16 tokens) after 256 cached tokens,
 median of 3 passes; the figure is the median over rounds, and draft/target is the ratio within this process.
 Acceptance is counted, not timed (load does not change it), for today's draft and every variant faster than it at
 some pass size: greedy `chain` (4 tokens) and `specexec` (a fixed 32-token tree) on HumanEval prompts, every step
 speculating, outputs checked identical to plain `generate`.
-Writes results.json (machine, settings, every figure) and README.md (the tables).
+Writes results.json (machine, settings, every figure) and README.md (the tables). `--dtype auto` (default) takes the
+dtype `hf-specdec bench --dtype auto` would: bfloat16 where this CPU multiplies it natively, else float32.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from hf_specdec import frequent_tokens, prepack, quantize_draft
 from hf_specdec.accept.kv_cache import crop
 from hf_specdec.plan.latency import measure_latency
 from hf_specdec_tools import models
+from hf_specdec_tools.bench.cli import resolve_dtype
 from hf_specdec_tools.bench.environment import collect_environment
 from hf_specdec_tools.prompts import humaneval_prompts, vocabulary_corpus
 
@@ -59,8 +61,9 @@ def release_memory() -> None:
 
 def build_variants(draft, tokenizer, subset_of: str, subset: int, torchao: bool) -> dict[str, torch.nn.Module]:
     prepacked = copy.deepcopy(draft).eval()
-    prepack(prepacked, measure=False)
-    variants = {"dynamic-int8": quantize_draft(draft), "bf16-prepacked": prepacked}
+    packed = prepack(prepacked, measure=False).packed
+    dense = f"{str(draft.dtype).removeprefix('torch.')}{'-prepacked' if packed else ''}"
+    variants = {"dynamic-int8": quantize_draft(draft), dense: prepacked}
     for scheme in ("int4", "int8-weight-only"):
         release_memory()
         variants[scheme] = quantize_draft(draft, scheme=scheme)
@@ -117,13 +120,13 @@ def profile_one_row(model, top: int = 8) -> list[tuple[str, float]]:
     return [(e.key, round(e.self_cpu_time_total / total, 3)) for e in events[:top]]
 
 
-def tables(times, target_ms, accept) -> list[str]:
+def tables(times, target_ms, target_kind: str, accept) -> list[str]:
     lines = ["| draft | " + " | ".join(f"{n} rows" for n in ROWS) + " | 1 row / target(1) | 16 rows / 1 row |",
              "|---|" + "---|" * (len(ROWS) + 2)]
     for name, ms in times.items():
         lines.append(f"| {name} | " + " | ".join(str(ms[n]) for n in ROWS) +
                      f" | {ms[1] / target_ms[1]:.3f} | {ms[16] / ms[1]:.2f} |")
-    lines += ["", f"Target (bfloat16, prepacked): {target_ms[1]} ms over 1 token, {target_ms[16]} over 16.", ""]
+    lines += ["", f"Target ({target_kind}): {target_ms[1]} ms over 1 token, {target_ms[16]} over 16.", ""]
     heads = list(next(iter(accept.values())))
     lines += ["| draft | " + " | ".join(heads) + " |", "|---|" + "---|" * len(heads)]
     lines += [f"| {name} | " + " | ".join(str(row[h]) for h in heads) + " |" for name, row in accept.items()]
@@ -140,11 +143,16 @@ def main() -> None:
     parser.add_argument("--subset", type=int, default=65536, help="Tokens kept in the subset's output layer.")
     parser.add_argument("--torchao", action="store_true", help="Add torchao's Int8WeightOnlyConfig (dequantizes "
                         "the whole weight on every call in 0.18: slow, and 0.8 GB more).")
+    parser.add_argument("--dtype", default="auto", choices=("auto", "bfloat16", "float32"),
+                        help="The target's (and the unquantized draft's) dtype; auto: bfloat16 where native, "
+                        "else float32.")
     args = parser.parse_args()
     args.output.mkdir(parents=True, exist_ok=True)
     warnings.filterwarnings("ignore", category=UserWarning)
-    target, draft, tokenizer = models.load_default_pair(dtype=torch.bfloat16, progress=False)
-    prepack(target, measure=False)
+    dtype = getattr(torch, resolve_dtype(args.dtype))
+    target, draft, tokenizer = models.load_default_pair(dtype=dtype, progress=False)
+    packed = prepack(target, measure=False).packed
+    target_kind = f"{str(dtype).removeprefix('torch.')}, {'prepacked' if packed else 'default kernels'}"
     drafts = build_variants(draft, tokenizer, args.subset_of, args.subset, args.torchao)
     del draft
     release_memory()
@@ -152,12 +160,13 @@ def main() -> None:
     times = pass_times({**drafts, "target": target}, args.rounds)
     load_after = os.getloadavg()
     target_ms = times.pop("target")
-    profile = {name: profile_one_row(drafts[name]) for name in ("dynamic-int8", "bf16-prepacked")}
+    profile = {name: profile_one_row(drafts[name]) for name in list(drafts)[:2]}  # dynamic int8, the dense draft
 
     def save(accept: dict) -> None:  # after the timings, and again with the acceptance counts
-        lines = tables(times, target_ms, accept or {"-": {"-": "-"}})
+        lines = tables(times, target_ms, target_kind, accept or {"-": {"-": "-"}})
         (args.output / "results.json").write_text(json.dumps({
-            "environment": collect_environment(), "loadavg_before_after_timing": [load_before, load_after],
+            "environment": collect_environment(), "dtype": str(dtype), "target_kind": target_kind,
+            "loadavg_before_after_timing": [load_before, load_after],
             "rounds": args.rounds, "past_length": 256, "rows": ROWS, "draft_ms": times, "target_ms": target_ms,
             "acceptance": accept, "acceptance_settings": {"prompts": f"humaneval:{args.prompts}",
                                                           "max_new_tokens": args.max_new_tokens, "methods": METHODS},

@@ -9,8 +9,11 @@ draft pass sizes, tokens per step. Plain's time per token is a one-token target 
     .venv/bin/python benchmarks/modelled_speed.py --prompts humaneval:4 --max-new-tokens 96
     .venv/bin/python benchmarks/modelled_speed.py --prompts code:4 --max-new-tokens 96 --output modelled-code.json
 
-Loads the embedded pair as the bench does (bf16 target prepacked where measured faster, int8 draft); greedy unless
---temperature. Outputs of all methods are compared with the first method's (greedy: identical).
+Loads the embedded pair as the bench does (`--dtype auto`: bfloat16 where this CPU multiplies it natively, else
+float32; the target prepacked where measured faster, int8 draft); greedy unless --temperature. Outputs of all methods
+are compared with the first method's (greedy: identical). `hf-assisted` is Transformers' assisted generation with the
+same draft, its passes priced by the same curves (its prompt pass, which also emits the first token, left out as
+ours is).
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from hf_specdec import ChainConfig, SequoiaConfig, SpecExecConfig, StagedConfig,
 from hf_specdec.core.config import PlanRequest
 from hf_specdec.plan import plan_lookup
 from hf_specdec.plan.sizing import ROOT_PASS_TOKENS
+from hf_specdec_tools.bench.cli import resolve_dtype
 from hf_specdec_tools.bench.inputs import load_prompt_source, tokenize_prompts
 from hf_specdec_tools.bench.loading import load_models
 
@@ -42,6 +46,7 @@ METHODS = {
     "staged": StagedConfig(),
     "tree": TreeConfig(),
     "tree-static": TreeConfig(per_step=False),
+    "hf-assisted": None,  # Transformers' assisted generation, same draft
 }
 #: modules whose `time.perf_counter` decides or measures while generating
 CLOCKED = ("hf_specdec.decoding.loop", "hf_specdec.core.devices", "hf_specdec.draft.best_first",
@@ -90,6 +95,14 @@ def modelled_seconds(profile, passes: list[tuple[str, int]], overhead: float) ->
     return seconds + overhead * len(target), {"target_sizes": target, "draft_sizes": draft, "planned": planned}
 
 
+def assisted_stats(new_tokens: int, steps: int) -> types.SimpleNamespace:
+    """What the report reads of `speculation_stats`, for Transformers' assisted generation (counted from its passes:
+    every target pass after the prompt's is a step)."""
+    return types.SimpleNamespace(new_tokens=new_tokens, mean_tokens_per_step=new_tokens / max(steps, 1),
+                                 tokens_per_step=[0] * steps, tokens_per_step_histogram={}, plain_steps=0,
+                                 shrunk_steps=0, acceptance_by_rank=lambda: [], plan_source=None)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--prompts", default="humaneval:4")
@@ -98,10 +111,12 @@ def main() -> None:
     parser.add_argument("--methods", default=",".join(METHODS))
     parser.add_argument("--step-overhead-ms", type=float, default=8.0,
                         help="engine time per step added to the modelled time (quiet Zen 4 bench: 5.6-12 ms)")
+    parser.add_argument("--dtype", default="auto", choices=("auto", "bfloat16", "float32"))
     parser.add_argument("--output", type=Path)
     args = parser.parse_args()
 
-    models = load_models(int8_draft=True, prepack=True, progress=False)
+    dtype = getattr(torch, resolve_dtype(args.dtype))
+    models = load_models(dtype=dtype, int8_draft=True, prepack=True, progress=False)
     target, draft, tokenizer = models.target, models.draft, models.tokenizer
     prompts = tokenize_prompts(tokenizer, load_prompt_source(args.prompts))
     plan, source = plan_lookup.plan_for_call(PlanRequest(max_budget=128, max_depth=12), target, draft,
@@ -120,10 +135,12 @@ def main() -> None:
         for index, ids in enumerate(prompts):
             start = len(clock.passes)
             torch.manual_seed(index)
-            out = target.generate(ids, assistant_model=draft, speculation=METHODS[name],
-                                  max_new_tokens=args.max_new_tokens, return_dict_in_generate=True, **sampling)
-            stats = out.speculation_stats
+            method = {} if METHODS[name] is None else {"speculation": METHODS[name]}
+            out = target.generate(ids, assistant_model=draft, max_new_tokens=args.max_new_tokens,
+                                  return_dict_in_generate=True, **method, **sampling)
             seconds, counts = modelled_seconds(profile, clock.passes[start:], overhead)
+            stats = getattr(out, "speculation_stats", None) or assisted_stats(
+                out.sequences.shape[1] - ids.shape[1], len(counts["target_sizes"]))
             same = reference.setdefault(index, out.sequences).equal(out.sequences)
             per_prompt.append({
                 "identical_to_first_method": same, "new_tokens": stats.new_tokens,

@@ -1,5 +1,6 @@
 """Static cache and compiled target on a CPU: compile time, tree-pass times per size compiled vs eager, whole-call
-tokens/s against plain static-cache `generate` compiled the same way (the embedded pair, bfloat16).
+tokens/s against plain static-cache `generate` compiled the same way (the embedded pair; `--dtype auto`, the
+default, is bfloat16 where this CPU multiplies it natively, else float32).
 
     .venv/bin/python benchmarks/static_compile.py --output benchmarks/static-compile-zen4/results.json
 
@@ -32,6 +33,7 @@ from hf_specdec.core.tree import TokenTree
 from hf_specdec.decoding.loop import tree_pass
 from hf_specdec.decoding.pass_shapes import PassShapes
 from hf_specdec.plan.sequoia import plan_tree
+from hf_specdec_tools.bench.cli import resolve_dtype
 from hf_specdec_tools.models import load_default_pair
 from hf_specdec_tools.prompts import humaneval_prompts
 
@@ -137,13 +139,15 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=48)
     parser.add_argument("--skip-passes", action="store_true")
     parser.add_argument("--call-repeats", type=int, default=2, help="rounds of eager/compiled call pairs per prompt")
+    parser.add_argument("--dtype", default="auto", choices=("auto", "bfloat16", "float32"))
     args = parser.parse_args()
-    target, draft, tokenizer = load_default_pair(torch.bfloat16)
+    dtype = resolve_dtype(args.dtype)
+    target, draft, tokenizer = load_default_pair(getattr(torch, dtype))
     prompts = [tokenizer(p, return_tensors="pt").input_ids for p in humaneval_prompts(args.prompts)]
     config = compile_config()
     report = {"machine": {"cpu": cpu_model(), "cpu_flags": cpu_flags(), "torch": torch.__version__,
                           "threads": torch.get_num_threads(), "transformers": __import__("transformers").__version__},
-              "dtype": "bfloat16", "models": "Qwen2.5-Coder-1.5B-Instruct target, 0.5B draft (eager draft)",
+              "dtype": dtype, "models": "Qwen2.5-Coder-1.5B-Instruct target, 0.5B draft (eager draft)",
               "compile_config": config.to_dict(), "new_tokens": args.new_tokens, "methods": METHODS}
     args.output.parent.mkdir(parents=True, exist_ok=True)
     if not args.skip_passes:

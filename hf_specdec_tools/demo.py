@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .bench.cli import QUANTIZE_CHOICES
+from .bench.cli import PLAIN_BFLOAT16_HELP, QUANTIZE_CHOICES
 
 DTYPES = ("auto", "bfloat16", "float32")
 DEFAULT_METHODS = "chain,tree,sequoia,specexec"
@@ -39,13 +39,15 @@ def register_cli(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--remeasure", action="store_true",
                         help="Time the automatic choices (quantization route, prepacking) again instead of reusing "
                         "what an earlier run measured on this machine (saved in the cache folder).")
+    parser.add_argument("--plain-bfloat16", action=argparse.BooleanOptionalAction, default=None,
+                        help=PLAIN_BFLOAT16_HELP)
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from .bench.cli import benchmark, report_loading, resolve_dtype
+    from .bench.cli import add_plain_bfloat16_row, benchmark, report_loading, resolve_dtype
     from .bench.inputs import load_prompt_source, tokenize_prompts
     from .bench.loading import load_models
     from .bench.report import markdown_table
@@ -75,7 +77,9 @@ def run(args: argparse.Namespace) -> int:
     prompts = tokenize_prompts(loaded.tokenizer, load_prompt_source(f"humaneval:{args.prompts}"))
     print(f"{args.prompts} HumanEval prompts x {args.max_new_tokens} new tokens, greedy, {torch.get_num_threads()} "
           f"threads, {dtype}{', int8 draft' if int8_draft else ''}", flush=True)
-    results = benchmark(loaded, prompts, strategies, BenchSettings(max_new_tokens=args.max_new_tokens), True)
+    settings = BenchSettings(max_new_tokens=args.max_new_tokens)
+    results = benchmark(loaded, prompts, strategies, settings, True)
+    add_plain_bfloat16_row(results, loaded, prompts, settings, args.plain_bfloat16, dtype, True)
     print(markdown_table(results["summary"]))
     for call in results["calls"]:
         source = (call.get("speculation_stats") or {}).get("plan_source")

@@ -511,6 +511,55 @@ def test_llama_cpp_row_is_a_reference_row_relative_to_plain(run, monkeypatch, tm
     assert "llama-cpp-python 0.0-test decoding target.gguf" in settings_line(results)
 
 
+def test_plain_bfloat16_row_times_a_bfloat16_copy_after_the_run(run, pair, monkeypatch, tmp_path):
+    """On a CPU without native bfloat16 the run is float32; the reference row loads the target again in bfloat16
+    and times plain generate on the measured prompts, relative to float32 plain, outputs not compared."""
+    from types import SimpleNamespace
+
+    from hf_specdec_tools.bench import bf16_reference
+    from hf_specdec_tools.bench.cli import add_plain_bfloat16_row
+
+    pair[0].save_pretrained(tmp_path / "target")
+    loaded = SimpleNamespace(info={"target": {"source": str(tmp_path / "target")}, "offload": None,
+                                   "target_quantization": {"route": "none"}})
+    dtypes = []
+    load = bf16_reference.AutoModelForCausalLM.from_pretrained
+
+    def recording(*args, **kwargs):
+        model = load(*args, **kwargs)
+        dtypes.append(model.dtype)
+        return model
+
+    monkeypatch.setattr(bf16_reference.AutoModelForCausalLM, "from_pretrained", recording)
+    results = {**run[0], "calls": list(run[0]["calls"]), "strategies": list(run[0]["strategies"])}
+    generator = torch.Generator().manual_seed(0)
+    prompts = [random_prompt(generator, 10), random_prompt(generator, 14)]
+    settings = BenchSettings(max_new_tokens=NEW, warmup_tokens=2)
+    add_plain_bfloat16_row(results, loaded, prompts, settings, None, "bfloat16", progress=False)
+    assert "plain_bfloat16" not in results and not dtypes  # a bfloat16 run needs no bfloat16 reference
+    add_plain_bfloat16_row(results, loaded, prompts, settings, True, "float32", progress=False)
+    assert dtypes == [torch.bfloat16]
+    calls = [c for c in results["calls"] if c["strategy"] == bf16_reference.LABEL]
+    assert sorted(c["prompt"] for c in calls) == [0, 1] and set(calls[0]) == CALL_KEYS
+    assert all(0 < c["new_tokens"] <= NEW and c["target_passes"] == c["new_tokens"] for c in calls)
+    row = next(r for r in results["summary"] if r["strategy"] == bf16_reference.LABEL)
+    assert row["kind"] == "reference" and row["identical_text"] == "n/a (own numerics)" and row["prompts"] == 2
+    assert row["speedup"]["median"] > 0 and "`plain (bfloat16)`: plain `generate`" in settings_line(results)
+    assert results["summary"][: len(run[0]["summary"])] == run[0]["summary"]  # the run's own rows unchanged
+
+
+def test_plain_bfloat16_row_by_default_only_where_bfloat16_is_not_native(monkeypatch):
+    from hf_specdec_tools.bench import bf16_reference
+
+    monkeypatch.setattr(bf16_reference, "native_bfloat16", lambda cuda: False)
+    assert bf16_reference.wanted_by_default("float32", offload=False, route="none")
+    assert not bf16_reference.wanted_by_default("bfloat16", offload=False, route="none")
+    assert not bf16_reference.wanted_by_default("float32", offload=True, route="none")
+    assert not bf16_reference.wanted_by_default("float32", offload=False, route="int8")
+    monkeypatch.setattr(bf16_reference, "native_bfloat16", lambda cuda: True)
+    assert not bf16_reference.wanted_by_default("float32", offload=False, route="none")
+
+
 # --- report and README ------------------------------------------------------------------------------------------
 
 

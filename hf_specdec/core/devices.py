@@ -142,6 +142,24 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+def cpu_family_model() -> str | None:
+    """`family F model M` from /proc/cpuinfo (x86): what tells CPU generations apart where the marketing name does
+    not (a cloud's "AMD EPYC" is Zen 3 at family 25 model 1, Zen 4 at family 25 model 17); None elsewhere."""
+    fields = {}
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() in ("cpu family", "model") and key.strip() not in fields:
+                fields[key.strip()] = value.strip()
+            if not line.strip() and fields:
+                break
+    except OSError:
+        return None
+    if len(fields) < 2:
+        return None
+    return f"family {fields['cpu family']} model {fields['model']}"
+
+
 def cpu_flags() -> list[str]:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():

@@ -83,7 +83,7 @@ def summarize(calls: list[dict[str, Any]], strategies: list[dict[str, Any]], sam
             if p in plain and row["seconds"] > 0
         ]
         identical = [row["identical"] for row in prompts.values()]
-        reference = strategy["kind"] == "reference"  # another engine (llama.cpp): its greedy path is its own
+        reference = strategy["kind"] == "reference"  # another engine or dtype: its greedy path is its own
         not_compared = sampling or reference
         new_tokens = sum(c["new_tokens"] for c in mine)
         row = {

@@ -94,6 +94,8 @@ def register_cli(subparsers: argparse._SubParsersAction) -> argparse.ArgumentPar
                         help="Add a llama.cpp reference row (plain decoding of the embedded target's original "
                         "Q4_K_M GGUF through llama-cpp-python, same prompts and threads). Default: when the extra "
                         "is installed and the target is the embedded one; skipped with the reason otherwise.")
+    parser.add_argument("--plain-bfloat16", action=argparse.BooleanOptionalAction, default=None,
+                        help=PLAIN_BFLOAT16_HELP)
     parser.add_argument("--repeats", type=int, default=1,
                         help="Measured calls per prompt and strategy; their median counts (default 1).")
     parser.add_argument("--warmup", type=int, default=1, help="Unmeasured short calls per strategy first (default 1).")
@@ -124,6 +126,12 @@ def register_cli(subparsers: argparse._SubParsersAction) -> argparse.ArgumentPar
     report.add_argument("--readme", type=Path, metavar="README", help="Markdown file whose results region to rewrite.")
     report.set_defaults(func=run_report)
     return parser
+
+
+PLAIN_BFLOAT16_HELP = (
+    "Add a reference row: plain generate on the target loaded in bfloat16, after the other rows. Default: on for a "
+    "float32 run on a CPU without native bfloat16 (target neither offloaded nor quantized), where a one-token "
+    "bfloat16 pass is cheaper than a float32 one and plain bfloat16 may be a user's fastest option.")
 
 
 def _error(message: str) -> int:
@@ -208,6 +216,8 @@ def run(args: argparse.Namespace) -> int:
             return _error(str(error))
         results = benchmark(loaded, input_ids, strategies, settings, not args.no_progress)
         add_llama_cpp_row(results, input_ids, settings, args.llama_cpp, args.target, not args.no_progress)
+        add_plain_bfloat16_row(results, loaded, input_ids, settings, args.plain_bfloat16, dtype_name,
+                               not args.no_progress)
     finally:
         loaded.cleanup()
     results["settings"].update(
@@ -250,7 +260,6 @@ def add_llama_cpp_row(results: dict[str, Any], input_ids: list, settings: Any, w
                       target: str | None, progress: bool) -> None:
     """Append llama.cpp's plain decoding of the embedded target's GGUF as a reference row, or say why not."""
     from . import llama_cpp
-    from .aggregate import summarize
 
     if wanted is False:
         return
@@ -273,10 +282,45 @@ def add_llama_cpp_row(results: dict[str, Any], input_ids: list, settings: Any, w
         return
     for call, prompt in zip(calls, measured):
         call["prompt"] = prompt
-    results["calls"] += calls
-    results["strategies"].append(llama_cpp.reference_strategy(gguf))
-    results["summary"] = summarize(results["calls"], results["strategies"], sampling=settings.sampling)
+    append_reference_row(results, calls, llama_cpp.reference_strategy(gguf), settings)
     results["llama_cpp"] = {"gguf": gguf.name, "version": llama_cpp.version()}
+
+
+def add_plain_bfloat16_row(results: dict[str, Any], loaded: Any, input_ids: list, settings: Any, wanted: bool | None,
+                           dtype_name: str, progress: bool) -> None:
+    """Append plain `generate` on a bfloat16 copy of the target as a reference row (`bf16_reference`), when asked or
+    by default on a CPU without native bfloat16 (`loaded.info`: was the target offloaded or quantized); say why not
+    where it cannot run."""
+    from . import bf16_reference
+
+    route = (loaded.info.get("target_quantization") or {}).get("route", "none")
+    if wanted is False or (wanted is None and not bf16_reference.wanted_by_default(
+            dtype_name, bool(loaded.info.get("offload")), route)):
+        return
+    measured = sorted({call["prompt"] for call in results["calls"]})
+    why = "the run was interrupted" if results.get("interrupted") else None if measured else "no prompt was measured"
+    if why is None:
+        try:  # an optional reference row must never cost the run it follows
+            calls = bf16_reference.run_plain_bfloat16(loaded.info["target"]["source"],
+                                                      {i: input_ids[i] for i in measured}, settings, progress)
+        except (Exception, KeyboardInterrupt) as error:  # noqa: BLE001 - reported in the results instead
+            why = f"it failed ({type(error).__name__}: {error})"
+    if why is not None:
+        print(f"{bf16_reference.LABEL} row skipped: {why}.", file=sys.stderr)
+        results["plain_bfloat16"] = {"skipped": why}
+        return
+    append_reference_row(results, calls, bf16_reference.reference_strategy(), settings)
+    results["plain_bfloat16"] = {"source": loaded.info["target"]["source"]}
+
+
+def append_reference_row(results: dict[str, Any], calls: list[dict[str, Any]], strategy: dict[str, Any],
+                         settings: Any) -> None:
+    """A row run after the measured ones (another engine or dtype): its calls, its strategy, the summary again."""
+    from .aggregate import summarize
+
+    results["calls"] += calls
+    results["strategies"].append(strategy)
+    results["summary"] = summarize(results["calls"], results["strategies"], sampling=settings.sampling)
 
 
 def llama_cpp_unavailable(target: str | None, sampling: bool) -> str | None:

@@ -11,7 +11,7 @@ from typing import Any
 import psutil
 import torch
 
-from hf_specdec.core.devices import cpu_flags, cpu_model
+from hf_specdec.core.devices import cpu_family_model, cpu_flags, cpu_model
 
 PACKAGES = ("torch", "transformers", "accelerate", "hf_specdec")
 def _version(package: str) -> str | None:
@@ -33,6 +33,7 @@ def collect_environment() -> dict[str, Any]:
     return {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "cpu": cpu_model(),
+        "cpu_family_model": cpu_family_model(),
         "cpu_flags": cpu_flags(),
         "cpu_count_logical": psutil.cpu_count(logical=True),
         "cpu_count_physical": psutil.cpu_count(logical=False),

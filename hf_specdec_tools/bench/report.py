@@ -57,8 +57,9 @@ def _model(info: dict[str, Any] | None) -> str:
 
 
 def _flags(env: dict[str, Any]) -> str:
-    flags = env.get("cpu_flags")
-    return f" ({', '.join(flags).upper()})" if flags else ""
+    details = [env["cpu_family_model"]] if env.get("cpu_family_model") else []
+    details += [flag.upper() for flag in env.get("cpu_flags") or []]
+    return f" ({', '.join(details)})" if details else ""
 
 
 def machine_line(results: dict[str, Any]) -> str:
@@ -98,6 +99,7 @@ def settings_line(results: dict[str, Any]) -> str:
         + _kernels_text(models.get("kernels"))
         + _quantized_target_text(models.get("target_quantization"))
         + _llama_cpp_text(results.get("llama_cpp"))
+        + _plain_bfloat16_text(results.get("plain_bfloat16"))
     )
 
 
@@ -124,6 +126,16 @@ def _llama_cpp_text(llama: dict[str, Any] | None) -> str:
         return f" llama.cpp row skipped: {llama['skipped']}."
     return (f" `llama.cpp`: llama-cpp-python {llama.get('version')} decoding {llama['gguf']} (the file the target "
             "was converted from) greedily, same prompts, threads and token budget, run after the other rows.")
+
+
+def _plain_bfloat16_text(row: dict[str, Any] | None) -> str:
+    if not row:
+        return ""
+    if "skipped" in row:
+        return f" plain (bfloat16) row skipped: {row['skipped']}."
+    return (" `plain (bfloat16)`: plain `generate` on the target loaded again in bfloat16 (this CPU has no native "
+            "bfloat16, so the run itself is float32; a one-token bfloat16 pass reads half the bytes), same prompts and "
+            "seeds, run after the other rows; its speedup is against float32 plain, its outputs are not compared.")
 
 
 def _kernels_text(kernels: dict[str, Any] | None) -> str:
