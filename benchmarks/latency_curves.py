@@ -92,7 +92,8 @@ def measure(curves: dict, label: str, model, args) -> None:
     print(label, dict(zip(curves[label]["sizes"], curves[label]["ms"])), flush=True)
 
 
-def plot(curves: dict, env: dict, path: Path, ratio: bool = False) -> None:
+def plot(curves: dict, env: dict, path: Path, ratio: bool = False, caption: str | None = None) -> None:
+    """Curves {label: {"sizes", "ms"}} on log-log axes; the caption names the machine (`env`, or `caption`)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -112,8 +113,9 @@ def plot(curves: dict, env: dict, path: Path, ratio: bool = False) -> None:
     ax.set_title("Forward time against tree size, relative to one token" if ratio else
                  "Forward time against tree size", fontsize=10)
     ax.legend(fontsize=8)
-    flags = ", ".join(env.get("cpu_flags") or [])
-    caption = f"{env['cpu']} ({flags}), {env['torch_threads']} threads, torch {env['versions']['torch']}"
+    if caption is None:
+        flags = ", ".join(env.get("cpu_flags") or [])
+        caption = f"{env['cpu']} ({flags}), {env['torch_threads']} threads, torch {env['versions']['torch']}"
     fig.text(0.01, 0.01, caption, fontsize=7)
     fig.tight_layout(rect=(0, 0.04, 1, 1))
     fig.savefig(path, dpi=120)

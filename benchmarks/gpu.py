@@ -1,0 +1,537 @@
+"""On a CUDA GPU, in one run: correctness in three dtypes, syncs per step, latency profiles of a 7B-shaped target,
+end-to-end speed in memory and with the target offloaded to CPU RAM.
+
+Real weights cannot reach the GPU machine, so the models are random, of real shapes, built on the device:
+- correctness: the 2-layer Qwen2 with Qwen's 151,936-token vocabulary of `engine_overhead.py` (peaked output
+  layer) and a noisy copy as draft; every method, float32/float16/bfloat16, sdpa/eager: greedy against plain
+  (float32 must be identical; half precision reports the share of tokens agreeing), and flash-attention refused;
+- syncs: `torch.cuda.set_sync_debug_mode("warn")` warnings per target pass, inside the models' forwards and outside
+  them (the engine), greedy and sampled, next to plain and Transformers' assisted generation;
+- latency: a Qwen2.5-7B-shaped target and a Qwen2.5-0.5B-shaped draft in bfloat16, one pass over n = 1...2048 tree
+  tokens after 256 cached ones (`plan.latency.measure_latency`), sdpa and eager, stored as the plugin's profile JSON;
+- speed in memory: the draft is the target's own first `--draft-layers` layers (shared weights), the target's
+  later layers' residual writes scaled down until the draft agrees with it on about `--agreement` of the tokens
+  of a random prompt (a known acceptance: the pair is synthetic), greedy, methods at their defaults next to plain
+  and Transformers' assisted generation with the same draft;
+- offloaded: the same target with its layers in CPU RAM (accelerate `dispatch_model`, the draft a copy on the GPU):
+  SpecExec at several budgets against plain and Transformers' assisted, both offloaded.
+
+Each phase writes its JSON as soon as it ends, so a run cut short keeps what it finished; `--deadline` seconds
+bounds the whole run (a phase that would not fit is skipped and says so). `--smoke` runs every phase with small
+shapes on any device (a check of this script on a CPU before a GPU run).
+
+    python benchmarks/gpu.py --output results/            # on the GPU machine
+    .venv/bin/python benchmarks/gpu.py --smoke --output /tmp/gpu-smoke
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+import torch
+import transformers
+from transformers import AutoModelForCausalLM, Qwen2Config
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+os.environ.setdefault("HF_SPECDEC_CACHE", tempfile.mkdtemp(prefix="hf-specdec-gpu-"))
+
+from engine_overhead import ACCEPTANCE, SAMPLING, peaky_model  # noqa: E402
+
+import hf_specdec  # noqa: E402, F401  (installs `speculation=`)
+from hf_specdec import ChainConfig, SequoiaConfig, SpecExecConfig, StagedConfig, TreeConfig  # noqa: E402
+from hf_specdec.plan.latency import measure_latency  # noqa: E402
+from hf_specdec.plan.plan_file import pair_placement  # noqa: E402
+from hf_specdec.plan.sequoia import plan_tree  # noqa: E402
+from hf_specdec.plan.sizing import HardwareProfile  # noqa: E402
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+FIXED = {  # correctness and syncs: fixed shapes, so every dtype and kernel runs the same trees
+    "chain": ChainConfig(num_draft_tokens=4),
+    "tree": TreeConfig(widths=[3, 2]),
+    "sequoia": SequoiaConfig(plan=plan_tree(ACCEPTANCE, 32, 8)),
+    "specexec": SpecExecConfig(budget=32),
+    "staged": StagedConfig(budget=32),
+}
+QWEN_7B = dict(vocab_size=152064, hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
+               num_attention_heads=28, num_key_value_heads=4, max_position_embeddings=32768, rope_theta=1e6,
+               rms_norm_eps=1e-6, tie_word_embeddings=False)
+QWEN_05B = dict(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+                num_attention_heads=14, num_key_value_heads=2, max_position_embeddings=32768, rope_theta=1e6,
+                rms_norm_eps=1e-6, tie_word_embeddings=True)
+SMOKE_TARGET = dict(QWEN_7B, vocab_size=4096, hidden_size=256, intermediate_size=512, num_hidden_layers=4,
+                    num_attention_heads=4, num_key_value_heads=2)
+SMOKE_DRAFT = dict(SMOKE_TARGET, hidden_size=64, intermediate_size=128, num_hidden_layers=2)
+IDS = dict(pad_token_id=0, bos_token_id=1, eos_token_id=2)
+
+
+class Run:
+    """The run's clock, device and output folder: every phase checks the deadline and writes its own file."""
+
+    def __init__(self, args) -> None:
+        self.args, self.start = args, time.perf_counter()
+        self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        args.output.mkdir(parents=True, exist_ok=True)
+
+    def left(self) -> float:
+        return self.args.deadline - (time.perf_counter() - self.start)
+
+    def write(self, name: str, data: dict) -> None:
+        data = {"environment": environment(self.device), "seconds_into_run": round(time.perf_counter() - self.start, 1),
+                **data}
+        (self.args.output / f"{name}.json").write_text(json.dumps(data, indent=1, default=str) + "\n")
+        print(f"[{time.perf_counter() - self.start:6.1f} s] wrote {name}.json", flush=True)
+
+    def sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+
+
+def environment(device: torch.device) -> dict:
+    found = {"torch": torch.__version__, "transformers": transformers.__version__, "python": platform.python_version(),
+             "device": str(device)}
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        found.update(gpu=props.name, gpu_memory_gib=round(props.total_memory / 2**30, 1),
+                     multiprocessors=props.multi_processor_count, cuda=torch.version.cuda)
+    return found
+
+
+def generate(target, ids, new_tokens: int, sampled: bool = False, **kwargs):
+    sampling = SAMPLING if sampled else {"do_sample": False}
+    torch.manual_seed(0)
+    with torch.no_grad():
+        return target.generate(ids, max_new_tokens=new_tokens, return_dict_in_generate=True, **sampling, **kwargs)
+
+
+# ----------------------------------------------------------------------------------------------- correctness
+
+
+def correctness(run: Run) -> None:
+    smoke, results = run.args.smoke, []
+    prompts = [torch.randint(3, 5000, (1, 16 + 24 * i), generator=torch.Generator().manual_seed(i)).to(run.device)
+               for i in range(2)]
+    base_target, base_draft = peaky_model(0), None
+    base_draft = peaky_model(1, noise=0.3, base=base_target)
+    for dtype_name, dtype in DTYPES.items():
+        for attn in ("sdpa", "eager"):
+            target = copy.deepcopy(base_target).to(run.device, dtype)
+            draft = copy.deepcopy(base_draft).to(run.device, dtype)
+            target.set_attn_implementation(attn)
+            draft.set_attn_implementation(attn)
+            plain = [generate(target, ids, 16 if smoke else 32).sequences for ids in prompts]
+            for name, config in FIXED.items():
+                row = {"dtype": dtype_name, "attn": attn, "method": name, "identical": True, "agreeing": 0,
+                       "tokens": 0, "first_difference": []}
+                try:
+                    for ids, want in zip(prompts, plain):
+                        out = generate(target, ids, want.shape[1] - ids.shape[1], assistant_model=draft,
+                                       speculation=config)
+                        got, new = out.sequences[0, ids.shape[1]:], want[0, ids.shape[1]:]
+                        same = (got == new).cpu()
+                        row["identical"] &= bool(same.all())
+                        row["agreeing"] += int(same.sum())
+                        row["tokens"] += len(new)
+                        row["first_difference"].append(int((~same).nonzero()[0]) if not same.all() else None)
+                        row["tokens_per_step"] = round(out.speculation_stats.mean_tokens_per_step, 2)
+                except Exception as exc:  # reported, not raised: the other cells still run
+                    row["error"] = f"{type(exc).__name__}: {exc}"[:400]
+                row["agreement"] = row["agreeing"] / max(row["tokens"], 1)
+                results.append(row)
+                print(f"  {dtype_name:8} {attn:5} {name:8} identical={row['identical']} "
+                      f"agreement={row['agreement']:.3f} {row.get('error', '')}", flush=True)
+    flash = copy.deepcopy(base_target).to(run.device)
+    flash.config._attn_implementation = "flash_attention_2"
+    try:
+        generate(flash, prompts[0], 4, assistant_model=copy.deepcopy(base_draft).to(run.device), speculation="chain")
+        refused = "not refused"
+    except ValueError as exc:
+        refused = str(exc)
+    run.write("correctness", {"results": results, "flash_attention": refused})
+
+
+# ----------------------------------------------------------------------------------------------------- syncs
+
+
+class SyncCounter:
+    """Counts CUDA synchronising operations (their sync-debug warnings), inside model forwards and outside."""
+
+    def __init__(self, *models) -> None:
+        self.inside = self.outside = 0
+        self.depth, self.passes = 0, 0
+        self.target = models[0]
+        for model in models:
+            model.register_forward_pre_hook(self._enter)
+            model.register_forward_hook(self._leave)
+        self.target.register_forward_pre_hook(self._count_pass)
+
+    def _enter(self, *_) -> None:
+        self.depth += 1
+
+    def _leave(self, *_) -> None:
+        self.depth -= 1
+
+    def _count_pass(self, *_) -> None:
+        if self.depth == 1:
+            self.passes += 1
+
+    def show(self, message, category, *rest) -> None:
+        if "synchronizing" in str(message):
+            if self.depth:
+                self.inside += 1
+            else:
+                self.outside += 1
+
+    def measure(self, call) -> dict:
+        self.inside = self.outside = self.passes = 0
+        shown = warnings.showwarning
+        with warnings.catch_warnings():
+            warnings.simplefilter("always")
+            warnings.showwarning = self.show
+            if run_on_cuda():
+                torch.cuda.set_sync_debug_mode("warn")
+            try:
+                out = call()
+            finally:
+                if run_on_cuda():
+                    torch.cuda.set_sync_debug_mode("default")
+                warnings.showwarning = shown
+        passes = max(self.passes - 1, 1)  # the prompt's pass is not a step
+        return {"target_passes": self.passes, "engine_syncs": self.outside, "model_syncs": self.inside,
+                "engine_syncs_per_step": round(self.outside / passes, 2),
+                "all_syncs_per_step": round((self.outside + self.inside) / passes, 2),
+                "new_tokens": int(out.sequences.shape[1])}
+
+
+def run_on_cuda() -> bool:
+    return torch.cuda.is_available()
+
+
+def syncs(run: Run) -> None:
+    target = peaky_model(0).to(run.device)
+    draft = peaky_model(1, noise=0.3, base=target).to(run.device)
+    counter = SyncCounter(target, draft)
+    ids = torch.randint(3, 5000, (1, 24), generator=torch.Generator().manual_seed(5)).to(run.device)
+    table = {"plain": {}, "assisted (Transformers)": {"assistant_model": draft},
+             **{name: {"assistant_model": draft, "speculation": config} for name, config in FIXED.items()}}
+    results = []
+    for mode in ("greedy", "sampled"):
+        for name, kwargs in table.items():
+            generate(target, ids, 8, mode == "sampled", **kwargs)  # warm-up
+            row = {"mode": mode, "method": name,
+                   **counter.measure(lambda kw=kwargs, m=mode: generate(target, ids, 48, m == "sampled", **kw))}
+            results.append(row)
+            print(f"  {mode:7} {name:24} engine syncs/step {row['engine_syncs_per_step']:6.2f}, "
+                  f"in models {row['model_syncs']}, passes {row['target_passes']}", flush=True)
+    run.write("syncs", {"results": results, "new_tokens": 48,
+                        "note": "per step = per target pass after the prompt's; plain: per token"})
+
+
+# --------------------------------------------------------------------------------------------------- latency
+
+
+def random_model(shape: dict, run: Run, dtype: torch.dtype, seed: int) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    config = Qwen2Config(**shape, **IDS)
+    with torch.device(run.device):
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="sdpa").eval()
+    model.generation_config.eos_token_id = None
+    model.generation_config.pad_token_id = 0
+    return model
+
+
+def sizes(run: Run) -> list[int]:
+    return [1, 2, 4, 8, 16, 64] if run.args.smoke else [2**i for i in range(12)]
+
+
+def latency(run: Run, target, draft) -> dict:
+    curves, profiles = {}, {}
+    for attn in ("sdpa", "eager"):
+        for model in (target, draft):
+            model.set_attn_implementation(attn)
+        pair = {}
+        for role, model in (("target", target), ("draft", draft)):
+            run.sync()
+            pair[role] = measure_latency(model, sizes(run), repeats=3, progress=False, stop_ratio=None)
+            curves[f"{role} {attn}"] = dict(zip(pair[role].sizes, pair[role].seconds))
+            print(f"  {role} {attn}: " + ", ".join(f"{n}:{1e3 * t:.1f}ms" for n, t in curves[f'{role} {attn}'].items()),
+                  flush=True)
+        profiles[attn] = HardwareProfile(pair["target"], pair["draft"], pair_placement(target, draft)).to_dict()
+    for model in (target, draft):
+        model.set_attn_implementation("sdpa")
+    return {"curves_seconds": curves, "profiles": profiles}
+
+
+def pass_costs(run: Run, model, label: str, repeats: int = 10) -> dict:
+    """Milliseconds of one one-token pass after 256 cached tokens, called as plain decoding calls it (a 2-D mask)
+    and as a tree pass (the 4-D tree mask and position ids), and where the host spends a tree pass (profiler)."""
+    from transformers import DynamicCache
+
+    from hf_specdec.accept.kv_cache import crop
+    from hf_specdec.core.attention import AttentionLayout
+    from hf_specdec.core.tree import TokenTree
+
+    past, device = 256, run.device
+    ids = torch.randint(3, 1000, (1, past), generator=torch.Generator().manual_seed(3)).to(device)
+    cache = DynamicCache()
+    star = TokenTree.from_parents([7], [-1])
+    calls = {
+        "plain (2-D mask)": dict(input_ids=star.tokens[None].to(device),
+                                 attention_mask=torch.ones(1, past + 1, dtype=torch.long, device=device)),
+        "tree (4-D mask)": dict(input_ids=star.tokens[None].to(device),
+                                attention_mask=AttentionLayout.of(model).tree_masks(star, past, model.dtype, device),
+                                position_ids=star.position_ids(past).to(device)),
+    }
+    found = {}
+    with torch.no_grad():
+        model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
+        for name, kwargs in calls.items():
+            times = []
+            for _ in range(repeats + 1):
+                run.sync()
+                start = time.perf_counter()
+                model(**kwargs, past_key_values=cache, use_cache=True)
+                run.sync()
+                times.append(1e3 * (time.perf_counter() - start))
+                crop(cache, past)
+            found[name] = round(statistics.median(times[1:]), 2)
+        activities = [torch.profiler.ProfilerActivity.CPU]
+        with torch.profiler.profile(activities=activities) as profile:
+            for _ in range(3):
+                model(**calls["tree (4-D mask)"], past_key_values=cache, use_cache=True)
+                crop(cache, past)
+    found["host_profile"] = profile.key_averages().table(sort_by="cpu_time_total", row_limit=25)
+    print(f"  {label}: " + ", ".join(f"{k} {v} ms" for k, v in found.items() if k != "host_profile"), flush=True)
+    return found
+
+
+# ------------------------------------------------------------------------------------------ synthetic pair
+
+
+def early_layer_draft(target, layers: int) -> torch.nn.Module:
+    """A draft made of the target's embedding, first `layers` layers, final norm and output layer (shared)."""
+    config = copy.deepcopy(target.config)
+    config.num_hidden_layers = layers
+    if getattr(config, "layer_types", None):
+        config.layer_types = config.layer_types[:layers]
+    with torch.device("meta"):
+        draft = AutoModelForCausalLM.from_config(config, dtype=target.dtype, attn_implementation="sdpa").eval()
+    draft.model.embed_tokens = target.model.embed_tokens
+    draft.model.layers = torch.nn.ModuleList(list(target.model.layers[:layers]))
+    draft.model.norm = target.model.norm
+    draft.lm_head = target.lm_head
+    draft.model.rotary_emb = target.model.rotary_emb
+    draft.generation_config = copy.deepcopy(target.generation_config)
+    return draft
+
+
+def agreement(target, draft, ids) -> float:
+    with torch.no_grad():
+        return float((target(ids).logits.argmax(-1) == draft(ids).logits.argmax(-1)).float().mean())
+
+
+def tune_agreement(target, draft, layers: int, wanted: float, ids) -> list[tuple[float, float]]:
+    """Scale the residual writes of the layers the draft lacks until the pair agrees on `wanted` of the tokens."""
+    tried, scale = [], 1.0
+    for next_scale in (1.0, 0.5, 0.3, 0.2, 0.12, 0.08, 0.05, 0.03, 0.02, 0.01):
+        with torch.no_grad():
+            for layer in target.model.layers[layers:]:
+                layer.self_attn.o_proj.weight.mul_(next_scale / scale)
+                layer.mlp.down_proj.weight.mul_(next_scale / scale)
+        scale = next_scale
+        tried.append((scale, agreement(target, draft, ids)))
+        print(f"  residual scale {scale}: agreement {tried[-1][1]:.3f}", flush=True)
+        if tried[-1][1] >= wanted:
+            break
+    return tried
+
+
+def speed(run: Run, target, draft, methods: dict, prompts, new_tokens: int, repeats: int, warm_up: bool = True
+          ) -> list[dict]:
+    """Tokens per second of each method (median over prompts), tokens per target pass, draft passes per target pass,
+    the engine's share of the wall time (outside the models' passes, timed by CUDA events), identity with plain."""
+    passes = {"target": 0, "draft": 0}
+    hooks = [model.register_forward_pre_hook(lambda *_, role=role: passes.__setitem__(role, passes[role] + 1))
+             for role, model in (("target", target), ("draft", draft))]
+    results = []
+    for name, kwargs in methods.items():
+        if run.left() < 30:
+            results.append({"method": name, "skipped": "deadline"})
+            continue
+        kwargs = dict(kwargs)
+        tokens = kwargs.pop("new_tokens", new_tokens)
+        row = {"method": name, "new_tokens": tokens, "seconds": [], "tokens_per_step": [], "engine_share": []}
+        try:
+            if warm_up:  # first call: plan lookup, curves, allocations
+                start = time.perf_counter()
+                generate(target, prompts[0], 8, **kwargs)
+                run.sync()
+                row["first_call_seconds"] = round(time.perf_counter() - start, 2)
+            outputs = []
+            for ids in prompts[:repeats]:
+                run.sync()
+                passes.update(target=0, draft=0)
+                start = time.perf_counter()
+                out = generate(target, ids, tokens, **kwargs)
+                run.sync()
+                row["seconds"].append(time.perf_counter() - start)
+                steps = max(passes["target"] - 1, 1)  # the prompt's pass is not a step
+                row.setdefault("tokens_per_target_pass", []).append(round((tokens - 1) / steps, 2))
+                row.setdefault("draft_passes_per_target_pass", []).append(round(passes["draft"] / steps, 2))
+                outputs.append(out.sequences[0, ids.shape[1]:].cpu())
+                stats = getattr(out, "speculation_stats", None)
+                if stats is not None:
+                    row["tokens_per_step"].append(round(stats.mean_tokens_per_step, 2))
+                    inside = stats.time_target_forward + stats.time_draft_forward
+                    row["engine_share"].append(round(1 - inside / max(stats.time_total, 1e-9), 4))
+                    row["plan_source"] = stats.plan_source
+            row["tokens_per_second"] = round(tokens / statistics.median(row["seconds"]), 2)
+            row["outputs"] = outputs
+        except Exception as exc:
+            row["error"] = f"{type(exc).__name__}: {exc}"[:400]
+        results.append(row)
+        print(f"  {name:26} {row.get('tokens_per_second', '-')} tok/s, tokens/pass {row.get('tokens_per_target_pass')}"
+              f", draft passes/pass {row.get('draft_passes_per_target_pass')}, engine share {row['engine_share']} "
+              f"{row.get('error', '')}", flush=True)
+    reference = next((r for r in results if r["method"].startswith("plain") and "outputs" in r), None)
+    for row in results:
+        if reference is not None and "outputs" in row:
+            row["identical_to_plain"] = all(torch.equal(a[: len(b)], b[: len(a)])
+                                            for a, b in zip(row["outputs"], reference["outputs"]))
+            row["speedup_vs_plain"] = round(row["tokens_per_second"] / reference["tokens_per_second"], 2)
+    for row in results:
+        row.pop("outputs", None)
+    for hook in hooks:
+        hook.remove()
+    return results
+
+
+def methods_in_memory(draft) -> dict:
+    return {"plain": {}, "assisted (Transformers)": {"assistant_model": draft},
+            **{name: {"assistant_model": draft, "speculation": name}
+               for name in ("chain", "sequoia", "specexec", "staged")}}
+
+
+def offload(target) -> torch.nn.Module:
+    """The target's layers in CPU RAM, its embedding, norm and output layer on the GPU (accelerate hooks)."""
+    from accelerate import dispatch_model
+
+    target.cpu()
+    torch.cuda.empty_cache()
+    device_map = {"model.embed_tokens": 0, "model.rotary_emb": 0, "model.norm": 0, "lm_head": 0,
+                  **{f"model.layers.{i}": "cpu" for i in range(target.config.num_hidden_layers)}}
+    return dispatch_model(target, device_map=device_map, main_device=0)
+
+
+def replot(folder: Path) -> None:
+    """latency.png from latency.json: the four curves (target and draft, sdpa and eager), the GPU in the caption."""
+    from latency_curves import plot
+
+    data = json.loads((folder / "latency.json").read_text())
+    curves = {f"Qwen2.5-{'7B' if role == 'target' else '0.5B'} shape, bf16, {attn}":
+              {"sizes": [int(n) for n in times], "ms": [1e3 * t for t in times.values()]}
+              for label, times in data["curves_seconds"].items() for role, attn in [label.split()]}
+    env = data["environment"]
+    plot(curves, env, folder / "latency.png",
+         caption=f"{env['gpu']}, torch {env['torch']}, CUDA {env['cuda']}, transformers {env['transformers']}; "
+                 "random weights, 256 cached tokens")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--output", type=Path, required=True)
+    parser.add_argument("--replot", action="store_true", help="Only draw latency.png from the --output folder.")
+    parser.add_argument("--deadline", type=float, default=480.0, help="Seconds for the whole run.")
+    parser.add_argument("--phases", nargs="*",
+                        default=["correctness", "syncs", "latency", "overhead", "memory", "offloaded"])
+    parser.add_argument("--explicit", action="store_true",
+                        help="In memory, also methods at fixed sizes (chain 8/16 tokens, specexec budgets 16-256).")
+    parser.add_argument("--draft-layers", type=int, default=2)
+    parser.add_argument("--agreement", type=float, default=0.8)
+    parser.add_argument("--sharpen", type=float, default=1.0,
+                        help="Scale the shared output layer: peaked distributions, as a trained pair has.")
+    parser.add_argument("--new-tokens", type=int, default=96)
+    parser.add_argument("--smoke", action="store_true", help="Small shapes on any device: a check of this script.")
+    args = parser.parse_args()
+    if args.replot:
+        return replot(args.output)
+    run = Run(args)
+    print(json.dumps(environment(run.device)), flush=True)
+    for phase, needs in (("correctness", 60), ("syncs", 20)):
+        if phase in args.phases and run.left() > needs:
+            print(f"== {phase}", flush=True)
+            globals()[phase](run)
+    big = "latency" in args.phases or "memory" in args.phases or "offloaded" in args.phases
+    if not big or run.left() < 60:
+        return
+    print("== models", flush=True)
+    target = random_model(SMOKE_TARGET if args.smoke else QWEN_7B, run, torch.bfloat16, 0)
+    small = random_model(SMOKE_DRAFT if args.smoke else QWEN_05B, run, torch.bfloat16, 1)
+    if "latency" in args.phases:
+        print("== latency", flush=True)
+        run.write("latency", latency(run, target, small))
+    if "overhead" in args.phases:
+        print("== pass costs", flush=True)
+        run.write("overhead", {"target": pass_costs(run, target, "7B-shaped target"),
+                               "draft": pass_costs(run, small, "0.5B-shaped draft")})
+    del small
+    layers = args.draft_layers
+    draft = early_layer_draft(target, layers)
+    generator = torch.Generator().manual_seed(11)
+    vocab = target.config.vocab_size
+    probe = torch.randint(3, vocab, (1, 256), generator=generator).to(run.device)
+    tuned = tune_agreement(target, draft, layers, args.agreement, probe)
+    with torch.no_grad():
+        target.lm_head.weight.mul_(args.sharpen)  # argmax unchanged: the agreement stays as tuned
+    prompts = [torch.randint(3, vocab, (1, 64), generator=generator).to(run.device) for _ in range(2)]
+    pair = {"target": "Qwen2.5-7B shape, random, bfloat16, sdpa",
+            "draft": f"the target's first {layers} layers (shared weights)", "residual_scales": tuned,
+            "output_layer_scale": args.sharpen}
+    if "memory" in args.phases and run.left() > 90:
+        print("== speed in memory", flush=True)
+        new = 32 if args.smoke else args.new_tokens
+        table = methods_in_memory(draft)
+        if args.explicit:
+            table.update({f"chain {k} tokens": {"assistant_model": draft,
+                                                 "speculation": ChainConfig(num_draft_tokens=k)} for k in (8,)})
+            table.update({f"specexec budget {b}": {"assistant_model": draft, "speculation": SpecExecConfig(budget=b)}
+                          for b in (16, 64, 256)})
+        run.write("memory", {"pair": pair, "new_tokens": new,
+                             "results": speed(run, target, draft, table, prompts, new, 2)})
+    if "offloaded" in args.phases and run.device.type == "cuda" and run.left() > 90:
+        print("== offloaded", flush=True)
+        try:
+            offloaded(run, target, draft, pair, prompts)
+        except Exception as exc:  # what failed comes back with the rest
+            run.write("offloaded", {"pair": pair, "error": f"{type(exc).__name__}: {exc}"[:2000]})
+            raise
+
+
+def offloaded(run: Run, target, draft, pair: dict, prompts) -> None:
+    args = run.args
+    draft = copy.deepcopy(draft)  # its own copy on the GPU before the target's layers leave
+    target = offload(target)
+    curve = measure_latency(target, [1, 64, 512, 2048] if not args.smoke else [1, 16], repeats=1, progress=False,
+                            stop_ratio=None)
+    print(f"  offloaded target: {dict(zip(curve.sizes, curve.seconds))}", flush=True)
+    new = 16 if args.smoke else 48
+    table = {"plain (offloaded)": {"new_tokens": new // 4},  # the slow one: a quarter of the tokens
+             "assisted (Transformers, offloaded)": {"assistant_model": draft},
+             **{f"specexec budget {b}": {"assistant_model": draft, "speculation": SpecExecConfig(budget=b)}
+                for b in (256, 1024, 2048)}}
+    results = speed(run, target, draft, table, prompts, new, 1, warm_up=False)  # a pass costs seconds here
+    run.write("offloaded", {"pair": pair, "new_tokens": new, "target_curve_seconds": curve.to_dict(),
+                            "results": results})
+
+
+if __name__ == "__main__":
+    main()

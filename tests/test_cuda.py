@@ -1,0 +1,118 @@
+"""On a CUDA GPU: lossless greedy in float32 for every method and attention kernel, seeded sampling reproducible,
+the sampling verifiers exact with their draws on the device, flash-attention refused.
+
+CI has no GPU; these run on a GPU machine with one command (README, "On a GPU"):
+
+    python -m pytest -m cuda tests/test_cuda.py
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import pytest
+import torch
+
+from hf_specdec import ChainConfig, SequoiaConfig, SpecExecConfig, StagedConfig, TreeConfig
+from hf_specdec.core.child_selection import select_children
+from hf_specdec.core.tree import TokenTree
+from hf_specdec.plan.sequoia import plan_tree
+from hf_specdec.verify import SequoiaVerifier, SpecInferVerifier
+from tests.conftest import random_prompt, tiny_model
+from tests.test_sampling_exact import TARGET_SAMPLING, Case, chi_square_pvalue, target_joint, total_variation
+
+pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+METHODS = {
+    "chain": ChainConfig(num_draft_tokens=4),
+    "tree": TreeConfig(widths=[3, 2]),
+    "sequoia": SequoiaConfig(plan=plan_tree([0.6, 0.2, 0.1, 0.05], 32, 6)),
+    "specexec": SpecExecConfig(budget=32, max_depth=6, width=4),
+    "staged": StagedConfig(budget=32, max_depth=6),
+}
+SAMPLING = {"do_sample": True, "temperature": 0.7, "top_k": 20, "top_p": 0.9}
+
+
+def cuda_pair(attn: str = "sdpa") -> tuple[torch.nn.Module, torch.nn.Module]:
+    return tiny_model("llama", 0, attn=attn).cuda(), tiny_model("llama", 1, attn=attn).cuda()
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+@pytest.mark.parametrize("name", sorted(METHODS))
+def test_greedy_float32_identical_to_plain(name, attn):
+    target, draft = cuda_pair(attn)
+    for seed, length in ((0, 5), (1, 40)):
+        ids = random_prompt(torch.Generator().manual_seed(seed), length).cuda()
+        plain = target.generate(ids, do_sample=False, max_new_tokens=40)
+        out = target.generate(ids, assistant_model=draft, speculation=METHODS[name], do_sample=False,
+                              max_new_tokens=40, return_dict_in_generate=True)
+        assert out.sequences.device.type == "cuda"
+        assert torch.equal(out.sequences, plain), (name, attn, seed)
+        assert out.speculation_stats.draft_forwards > 0  # the draft ran: the trees were verified on the GPU
+
+
+@pytest.mark.parametrize("name", sorted(METHODS))
+def test_seeded_sampling_reproducible_with_processors_on_the_device(name):
+    target, draft = cuda_pair()
+    ids = random_prompt(torch.Generator().manual_seed(2), 9).cuda()
+    runs = []
+    for _ in range(2):
+        torch.manual_seed(7)
+        runs.append(target.generate(ids, assistant_model=draft, speculation=METHODS[name], max_new_tokens=30,
+                                    **SAMPLING))
+    assert torch.equal(runs[0], runs[1])
+    assert runs[0].shape[1] == ids.shape[1] + 30 and int(runs[0].max()) < target.config.vocab_size
+
+
+@pytest.mark.parametrize("verifier_cls", [SequoiaVerifier, SpecInferVerifier, *TARGET_SAMPLING])
+def test_sampling_verifier_exact_on_the_device(verifier_cls):
+    """The CPU Monte-Carlo test of tests/test_sampling_exact.py with every distribution, tree and draw on the GPU."""
+    case = Case(seed=3, vocab=5, banned=0.2)
+    torch.manual_seed(1234)
+    device = torch.device("cuda")
+    scores, draft_q = on_device(case.target_scores, device), on_device(case.draft_q, device)
+    n, counts = 2500, defaultdict(int)
+    for _ in range(n):
+        counts[device_sample_step(case, scores, draft_q, [2, 2], verifier_cls(), device)] += 1
+    want = target_joint(case, case.prompt, 2)
+    assert chi_square_pvalue(counts, want, n) > 1e-3
+    assert total_variation({k: c / n for k, c in counts.items()}, want) < 0.04
+
+
+def on_device(function, device: torch.device):
+    """`function(prefix)` moved to `device`, computed once per prefix (the toy models are slow to evaluate)."""
+    store: dict = {}
+    return lambda prefix: store[prefix] if prefix in store else store.setdefault(prefix, function(prefix).to(device))
+
+
+def device_sample_step(case: Case, scores, draft_q, shape: list[int], verifier, device) -> tuple[int, int]:
+    """One step as the engine runs it on `device`: children drafted level by level, the tree's tokens and rows on
+    the device, verified, then extended to two tokens by a target draw (the device's global generator)."""
+    tokens, parents, prefixes, frontier = [case.prompt[-1]], [-1], [case.prompt], [0]
+    for width in shape:
+        kids = select_children(torch.stack([draft_q(prefixes[i]) for i in frontier]), width,
+                               verifier.child_selection, None)
+        new = []
+        for row, parent in enumerate(frontier):
+            for t in kids[row].tolist():
+                if t >= 0:
+                    tokens.append(t)
+                    parents.append(parent)
+                    prefixes.append(prefixes[parent] + (t,))
+                    new.append(len(tokens) - 1)
+        frontier = new
+    tree = TokenTree.from_parents(torch.tensor(tokens, device=device), parents,
+                                  draft_probs=torch.stack([draft_q(p) for p in prefixes]))
+    verdict = verifier.verify(tree, torch.stack([scores(p) for p in prefixes]), None)
+    emitted = [tokens[i] for i in verdict.path[1:]] + [int(verdict.bonus_token)]
+    if len(emitted) < 2:
+        emitted.append(int(torch.multinomial(scores(case.prompt + (emitted[0],)).softmax(-1), 1)))
+    return emitted[0], emitted[1]
+
+
+def test_flash_attention_refused_before_any_pass():
+    target, draft = cuda_pair()
+    target.config._attn_implementation = "flash_attention_2"
+    ids = random_prompt(torch.Generator().manual_seed(3), 7).cuda()
+    with pytest.raises(ValueError, match="flash_attention_2.*attn_implementation='sdpa'"):
+        target.generate(ids, assistant_model=draft, speculation="chain", max_new_tokens=8, do_sample=False)
