@@ -120,7 +120,7 @@ def correctness(run: Run) -> None:
     smoke, results = run.args.smoke, []
     prompts = [torch.randint(3, 5000, (1, 16 + 24 * i), generator=torch.Generator().manual_seed(i)).to(run.device)
                for i in range(2)]
-    base_target, base_draft = peaky_model(0), None
+    base_target = peaky_model(0)
     base_draft = peaky_model(1, noise=0.3, base=base_target)
     for dtype_name, dtype in DTYPES.items():
         for attn in ("sdpa", "eager"):
@@ -197,12 +197,12 @@ class SyncCounter:
         with warnings.catch_warnings():
             warnings.simplefilter("always")
             warnings.showwarning = self.show
-            if run_on_cuda():
+            if torch.cuda.is_available():
                 torch.cuda.set_sync_debug_mode("warn")
             try:
                 out = call()
             finally:
-                if run_on_cuda():
+                if torch.cuda.is_available():
                     torch.cuda.set_sync_debug_mode("default")
                 warnings.showwarning = shown
         passes = max(self.passes - 1, 1)  # the prompt's pass is not a step
@@ -210,10 +210,6 @@ class SyncCounter:
                 "engine_syncs_per_step": round(self.outside / passes, 2),
                 "all_syncs_per_step": round((self.outside + self.inside) / passes, 2),
                 "new_tokens": int(out.sequences.shape[1])}
-
-
-def run_on_cuda() -> bool:
-    return torch.cuda.is_available()
 
 
 def syncs(run: Run) -> None:

@@ -14,12 +14,17 @@ import pytest
 import torch
 
 from hf_specdec import ChainConfig, SequoiaConfig, SpecExecConfig, StagedConfig, TreeConfig
-from hf_specdec.core.child_selection import select_children
-from hf_specdec.core.tree import TokenTree
 from hf_specdec.plan.sequoia import plan_tree
 from hf_specdec.verify import SequoiaVerifier, SpecInferVerifier
 from tests.conftest import random_prompt, tiny_model
-from tests.test_sampling_exact import TARGET_SAMPLING, Case, chi_square_pvalue, target_joint, total_variation
+from tests.test_sampling_exact import (
+    TARGET_SAMPLING,
+    Case,
+    chi_square_pvalue,
+    sample_step,
+    target_joint,
+    total_variation,
+)
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
@@ -66,15 +71,15 @@ def test_seeded_sampling_reproducible_with_processors_on_the_device(name):
 
 @pytest.mark.parametrize("verifier_cls", [SequoiaVerifier, SpecInferVerifier, *TARGET_SAMPLING])
 def test_sampling_verifier_exact_on_the_device(verifier_cls):
-    """The CPU Monte-Carlo test of tests/test_sampling_exact.py with every distribution, tree and draw on the GPU."""
+    """The CPU Monte-Carlo test of tests/test_sampling_exact.py with every row, tree and draw on the GPU."""
     case = Case(seed=3, vocab=5, banned=0.2)
+    want = target_joint(case, case.prompt, 2)
+    case.target_scores = on_device(case.target_scores, torch.device("cuda"))
+    case.draft_q = on_device(case.draft_q, torch.device("cuda"))
     torch.manual_seed(1234)
-    device = torch.device("cuda")
-    scores, draft_q = on_device(case.target_scores, device), on_device(case.draft_q, device)
     n, counts = 2500, defaultdict(int)
     for _ in range(n):
-        counts[device_sample_step(case, scores, draft_q, [2, 2], verifier_cls(), device)] += 1
-    want = target_joint(case, case.prompt, 2)
+        counts[sample_step(case, [2, 2], verifier_cls(), None)] += 1
     assert chi_square_pvalue(counts, want, n) > 1e-3
     assert total_variation({k: c / n for k, c in counts.items()}, want) < 0.04
 
@@ -83,31 +88,6 @@ def on_device(function, device: torch.device):
     """`function(prefix)` moved to `device`, computed once per prefix (the toy models are slow to evaluate)."""
     store: dict = {}
     return lambda prefix: store[prefix] if prefix in store else store.setdefault(prefix, function(prefix).to(device))
-
-
-def device_sample_step(case: Case, scores, draft_q, shape: list[int], verifier, device) -> tuple[int, int]:
-    """One step as the engine runs it on `device`: children drafted level by level, the tree's tokens and rows on
-    the device, verified, then extended to two tokens by a target draw (the device's global generator)."""
-    tokens, parents, prefixes, frontier = [case.prompt[-1]], [-1], [case.prompt], [0]
-    for width in shape:
-        kids = select_children(torch.stack([draft_q(prefixes[i]) for i in frontier]), width,
-                               verifier.child_selection, None)
-        new = []
-        for row, parent in enumerate(frontier):
-            for t in kids[row].tolist():
-                if t >= 0:
-                    tokens.append(t)
-                    parents.append(parent)
-                    prefixes.append(prefixes[parent] + (t,))
-                    new.append(len(tokens) - 1)
-        frontier = new
-    tree = TokenTree.from_parents(torch.tensor(tokens, device=device), parents,
-                                  draft_probs=torch.stack([draft_q(p) for p in prefixes]))
-    verdict = verifier.verify(tree, torch.stack([scores(p) for p in prefixes]), None)
-    emitted = [tokens[i] for i in verdict.path[1:]] + [int(verdict.bonus_token)]
-    if len(emitted) < 2:
-        emitted.append(int(torch.multinomial(scores(case.prompt + (emitted[0],)).softmax(-1), 1)))
-    return emitted[0], emitted[1]
 
 
 def test_flash_attention_refused_before_any_pass():

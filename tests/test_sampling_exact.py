@@ -332,8 +332,9 @@ def chi_square_pvalue(counts: dict, probs: dict, n: int) -> float:
     return float(torch.special.gammaincc(torch.tensor(dof / 2.0), torch.tensor(stat / 2.0)))
 
 
-def sample_step(case: Case, shape: list[int], verifier, generator: torch.Generator) -> tuple[int, int]:
-    """One real step: draft with `select_children`, verify, then extend to two tokens with the target."""
+def sample_step(case: Case, shape: list[int], verifier, generator: torch.Generator | None) -> tuple[int, int]:
+    """One real step: draft with `select_children`, verify, then extend to two tokens with the target. The tree lives
+    where the case's rows do, as in the engine (tests/test_cuda.py runs it with rows on a GPU)."""
     tokens, parents, prefixes, frontier = [case.prompt[-1]], [-1], [case.prompt], [0]
     for width in shape:
         q = torch.stack([case.draft_q(prefixes[i]) for i in frontier])
@@ -347,9 +348,10 @@ def sample_step(case: Case, shape: list[int], verifier, generator: torch.Generat
                     prefixes.append(prefixes[parent] + (t,))
                     new.append(len(tokens) - 1)
         frontier = new
-    tree = TokenTree.from_parents(tokens, parents, draft_probs=torch.stack([case.draft_q(p) for p in prefixes]))
+    draft_probs = torch.stack([case.draft_q(p) for p in prefixes])
+    tree = TokenTree.from_parents(torch.tensor(tokens, device=draft_probs.device), parents, draft_probs=draft_probs)
     verdict = verifier.verify(tree, torch.stack([case.target_scores(p) for p in prefixes]), generator)
-    emitted = [tokens[i] for i in verdict.path[1:]] + [verdict.bonus_token]
+    emitted = [tokens[i] for i in verdict.path[1:]] + [int(verdict.bonus_token)]
     if len(emitted) < 2:
         emitted.append(
             int(torch.multinomial(case.target_scores(case.prompt + (emitted[0],)).softmax(-1), 1, generator=generator))
