@@ -13,10 +13,9 @@ from collections import defaultdict
 import pytest
 import torch
 
-from hf_specdec import ChainConfig, SequoiaConfig, SpecExecConfig, StagedConfig, TreeConfig
-from hf_specdec.plan.sequoia import plan_tree
 from hf_specdec.verify import SequoiaVerifier, SpecInferVerifier
 from tests.conftest import random_prompt, tiny_model
+from tests.test_round_trips import GREEDY as METHODS  # the five methods at fixed shapes
 from tests.test_sampling_exact import (
     TARGET_SAMPLING,
     Case,
@@ -28,13 +27,6 @@ from tests.test_sampling_exact import (
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
-METHODS = {
-    "chain": ChainConfig(num_draft_tokens=4),
-    "tree": TreeConfig(widths=[3, 2]),
-    "sequoia": SequoiaConfig(plan=plan_tree([0.6, 0.2, 0.1, 0.05], 32, 6)),
-    "specexec": SpecExecConfig(budget=32, max_depth=6, width=4),
-    "staged": StagedConfig(budget=32, max_depth=6),
-}
 SAMPLING = {"do_sample": True, "temperature": 0.7, "top_k": 20, "top_p": 0.9}
 
 

@@ -7,6 +7,7 @@ import argparse
 import datetime
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -263,27 +264,22 @@ def add_llama_cpp_row(results: dict[str, Any], input_ids: list, settings: Any, w
 
     if wanted is False:
         return
-    why = llama_cpp_unavailable(target, settings.sampling)
-    measured = sorted({call["prompt"] for call in results["calls"]})
-    if why is None and (results.get("interrupted") or not measured):
-        why = "the run was interrupted" if results.get("interrupted") else "no prompt was measured"
-    if why is None:
-        try:  # an optional reference row must never cost the run it follows
-            from .. import models
+    found = {}
 
-            gguf = models.fetch_gguf(models.DEFAULT_TARGET, progress)
-            calls = llama_cpp.run_llama_cpp(gguf, [input_ids[i] for i in measured], settings.max_new_tokens,
-                                            progress=progress)
-        except (Exception, KeyboardInterrupt) as error:  # noqa: BLE001 - reported in the results instead
-            why = f"it failed ({type(error).__name__}: {error})"
-    if why is not None:
-        print(f"llama.cpp row skipped: {why}.", file=sys.stderr)
-        results["llama_cpp"] = {"skipped": why}
-        return
-    for call, prompt in zip(calls, measured):
-        call["prompt"] = prompt
-    append_reference_row(results, calls, llama_cpp.reference_strategy(gguf), settings)
-    results["llama_cpp"] = {"gguf": gguf.name, "version": llama_cpp.version()}
+    def run(measured: list[int]) -> list[dict[str, Any]]:
+        from .. import models
+
+        found["gguf"] = models.fetch_gguf(models.DEFAULT_TARGET, progress)
+        calls = llama_cpp.run_llama_cpp(found["gguf"], [input_ids[i] for i in measured], settings.max_new_tokens,
+                                        progress=progress)
+        for call, prompt in zip(calls, measured):
+            call["prompt"] = prompt
+        return calls
+
+    calls = run_reference_row(results, "llama_cpp", "llama.cpp", llama_cpp_unavailable(target, settings.sampling), run)
+    if calls is not None:
+        append_reference_row(results, calls, llama_cpp.reference_strategy(found["gguf"]), settings)
+        results["llama_cpp"] = {"gguf": found["gguf"].name, "version": llama_cpp.version()}
 
 
 def add_plain_bfloat16_row(results: dict[str, Any], loaded: Any, input_ids: list, settings: Any, wanted: bool | None,
@@ -297,20 +293,31 @@ def add_plain_bfloat16_row(results: dict[str, Any], loaded: Any, input_ids: list
     if wanted is False or (wanted is None and not bf16_reference.wanted_by_default(
             dtype_name, bool(loaded.info.get("offload")), route)):
         return
+    source = loaded.info["target"]["source"]
+    calls = run_reference_row(
+        results, "plain_bfloat16", bf16_reference.LABEL, None,
+        lambda measured: bf16_reference.run_plain_bfloat16(source, {i: input_ids[i] for i in measured}, settings,
+                                                           progress))
+    if calls is not None:
+        append_reference_row(results, calls, bf16_reference.reference_strategy(), settings)
+        results["plain_bfloat16"] = {"source": source}
+
+
+def run_reference_row(results: dict[str, Any], key: str, label: str, why: str | None,
+                      run: Callable[[list[int]], list[dict[str, Any]]]) -> list[dict[str, Any]] | None:
+    """The calls of an optional row run after the measured ones, on the prompts they measured; None (and the reason
+    printed and kept under `results[key]`) where it cannot run or fails: such a row never costs the run before it."""
     measured = sorted({call["prompt"] for call in results["calls"]})
-    why = "the run was interrupted" if results.get("interrupted") else None if measured else "no prompt was measured"
+    if why is None and (results.get("interrupted") or not measured):
+        why = "the run was interrupted" if results.get("interrupted") else "no prompt was measured"
     if why is None:
-        try:  # an optional reference row must never cost the run it follows
-            calls = bf16_reference.run_plain_bfloat16(loaded.info["target"]["source"],
-                                                      {i: input_ids[i] for i in measured}, settings, progress)
+        try:
+            return run(measured)
         except (Exception, KeyboardInterrupt) as error:  # noqa: BLE001 - reported in the results instead
             why = f"it failed ({type(error).__name__}: {error})"
-    if why is not None:
-        print(f"{bf16_reference.LABEL} row skipped: {why}.", file=sys.stderr)
-        results["plain_bfloat16"] = {"skipped": why}
-        return
-    append_reference_row(results, calls, bf16_reference.reference_strategy(), settings)
-    results["plain_bfloat16"] = {"source": loaded.info["target"]["source"]}
+    print(f"{label} row skipped: {why}.", file=sys.stderr)
+    results[key] = {"skipped": why}
+    return None
 
 
 def append_reference_row(results: dict[str, Any], calls: list[dict[str, Any]], strategy: dict[str, Any],
