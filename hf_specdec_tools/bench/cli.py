@@ -293,14 +293,13 @@ def add_plain_bfloat16_row(results: dict[str, Any], loaded: Any, input_ids: list
     if wanted is False or (wanted is None and not bf16_reference.wanted_by_default(
             dtype_name, bool(loaded.info.get("offload")), route)):
         return
-    source = loaded.info["target"]["source"]
     calls = run_reference_row(
         results, "plain_bfloat16", bf16_reference.LABEL, None,
-        lambda measured: bf16_reference.run_plain_bfloat16(source, {i: input_ids[i] for i in measured}, settings,
-                                                           progress))
+        lambda measured: bf16_reference.run_plain_bfloat16(loaded.info["target"]["source"],
+                                                           {i: input_ids[i] for i in measured}, settings, progress))
     if calls is not None:
         append_reference_row(results, calls, bf16_reference.reference_strategy(), settings)
-        results["plain_bfloat16"] = {"source": source}
+        results["plain_bfloat16"] = {"source": loaded.info["target"]["source"]}
 
 
 def run_reference_row(results: dict[str, Any], key: str, label: str, why: str | None,
