@@ -131,44 +131,39 @@ CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "neon", "bf16")
 NATIVE_BF16_FLAGS = ("avx512_bf16", "amx_bf16", "bf16")
 
 
-def cpu_model() -> str:
-    """The CPU's marketing name from /proc/cpuinfo, else what `platform` knows."""
+def cpuinfo() -> dict[str, str]:
+    """The first processor's fields in /proc/cpuinfo, keys lower-cased (empty where there is no such file)."""
+    fields: dict[str, str] = {}
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.lower().startswith("model name"):
-                return line.split(":", 1)[1].strip()
+            if not line.strip() and fields:
+                break
+            key, _, value = line.partition(":")
+            fields.setdefault(key.strip().lower(), value.strip())
     except OSError:
         pass
-    return platform.processor() or platform.machine()
+    return fields
+
+
+def cpu_model() -> str:
+    """The CPU's marketing name from /proc/cpuinfo, else what `platform` knows."""
+    return cpuinfo().get("model name") or platform.processor() or platform.machine()
 
 
 def cpu_family_model() -> str | None:
     """`family F model M` from /proc/cpuinfo (x86): what tells CPU generations apart where the marketing name does
     not (a cloud's "AMD EPYC" is Zen 3 at family 25 model 1, Zen 4 at family 25 model 17); None elsewhere."""
-    fields = {}
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            key, _, value = line.partition(":")
-            if key.strip() in ("cpu family", "model") and key.strip() not in fields:
-                fields[key.strip()] = value.strip()
-            if not line.strip() and fields:
-                break
-    except OSError:
-        return None
-    if len(fields) < 2:
+    fields = cpuinfo()
+    if "cpu family" not in fields or "model" not in fields:
         return None
     return f"family {fields['cpu family']} model {fields['model']}"
 
 
 def cpu_flags() -> list[str]:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.lower().startswith(("flags", "features")):
-                present = set(line.split(":", 1)[1].split())
-                return [flag for flag in CPU_FLAGS if flag in present]
-    except OSError:
-        pass
-    return []
+    """The instruction-set extensions of CPU_FLAGS this CPU lists (x86 `flags`, Arm `features`)."""
+    fields = cpuinfo()
+    present = set((fields.get("flags") or fields.get("features") or "").split())
+    return [flag for flag in CPU_FLAGS if flag in present]
 
 
 def native_bfloat16(cuda: bool) -> bool:
