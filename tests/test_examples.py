@@ -12,7 +12,7 @@ from transformers import pipeline
 
 from hf_specdec.plan import validate_parents
 from tests.conftest import tiny_model
-from tests.test_entry_points import ForwardCounter, tiny_tokenizer
+from tests.test_entry_points import ForwardCounter, tiny_tokenizer, with_greedy_plan
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 NEW = 24
@@ -32,10 +32,12 @@ def tokenizer():
 
 @pytest.fixture
 def pair():
-    """(target, an exact copy as draft, a forward counter on the target)."""
+    """(target, an exact copy as draft, a forward counter on the target), the pair's greedy plan made."""
     target = tiny_model("qwen2", 0)
+    draft = copy.deepcopy(target)
+    with_greedy_plan(target, draft)
     counter = ForwardCounter(target)
-    yield target, copy.deepcopy(target), counter
+    yield target, draft, counter
     counter.handle.remove()
 
 
