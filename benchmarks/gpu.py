@@ -411,6 +411,180 @@ def speed(run: Run, target, draft, methods: dict, prompts, new_tokens: int, repe
     return results
 
 
+class PassClock:
+    """Host and device milliseconds inside each model's passes during a call (forward hooks: `perf_counter` and CUDA
+    events, read once after the call), so a step's time splits into target, draft and everything else."""
+
+    def __init__(self, **models) -> None:
+        self.cuda = torch.cuda.is_available()
+        self.marks: dict[str, list] = {role: [] for role in models}
+        self.hooks = []
+        for role, model in models.items():
+            self.hooks.append(model.register_forward_pre_hook(lambda *_, r=role: self._mark(r, "start")))
+            self.hooks.append(model.register_forward_hook(lambda *_, r=role: self._mark(r, "end")))
+        self.open: dict[str, tuple] = {}
+
+    def _mark(self, role: str, edge: str) -> None:
+        event = torch.cuda.Event(enable_timing=True) if self.cuda else None
+        if event is not None:
+            event.record()
+        if edge == "start":
+            self.open[role] = (time.perf_counter(), event)
+        else:
+            started, first = self.open.pop(role)
+            self.marks[role].append((time.perf_counter() - started, first, event))
+
+    def reset(self) -> None:
+        for marks in self.marks.values():
+            marks.clear()
+
+    def summary(self) -> dict:
+        """Per role: passes, host ms summed over passes, device ms summed (None on a CPU)."""
+        if self.cuda:
+            torch.cuda.synchronize()
+        found = {}
+        for role, marks in self.marks.items():
+            device = sum(a.elapsed_time(b) for _, a, b in marks) if self.cuda else None
+            found[role] = {"passes": len(marks), "host_ms": 1e3 * sum(h for h, _, _ in marks), "device_ms": device}
+        return found
+
+    def remove(self) -> None:
+        for hook in self.hooks:
+            hook.remove()
+
+
+def interleaved(run: Run, table: dict, prompts, new_tokens: int, rounds: int, measure) -> dict[str, list[dict]]:
+    """`measure(name, kwargs, ids)` for every method, prompt and round, the methods taking turns within a round: the
+    host of a GPU machine changes speed during a run (a one-token 7B-shaped pass took 41 ms at one minute and 20 ms
+    at the next), so methods timed one after another would compare moments, not methods. Each method's first call,
+    on the first prompt with as many new tokens as the timed ones (the same cache shapes, so the same graphs), is a
+    warm-up: plan lookup, curves, allocations, compilation; its seconds are kept."""
+    rows: dict[str, list[dict]] = {}
+    for name, kwargs in table.items():
+        if run.left() < 60:
+            break
+        run.sync()
+        start = time.perf_counter()
+        try:
+            generate(target_of(kwargs), prompts[0], new_tokens, **call_kwargs(kwargs))
+        except Exception as exc:
+            rows[name] = [{"error": f"{type(exc).__name__}: {exc}"[:600]}]
+            continue
+        run.sync()
+        rows[name] = [{"first_call_seconds": round(time.perf_counter() - start, 1)}]
+        print(f"  [{time.perf_counter() - run.start:6.1f} s] warm-up {name}: {rows[name][0]}", flush=True)
+    for round_ in range(rounds):
+        if run.left() < 30 + 10 * len(rows):
+            break
+        for name, kwargs in table.items():
+            if name in rows and "error" not in rows[name][0]:
+                for ids in prompts:
+                    rows[name].append({"round": round_, **measure(name, kwargs, ids)})
+    return rows
+
+
+def target_of(kwargs: dict):
+    return kwargs["_target"]
+
+
+def call_kwargs(kwargs: dict) -> dict:
+    return {k: v for k, v in kwargs.items() if k != "_target"}
+
+
+def medians(rows: list[dict], skip=("round",)) -> dict:
+    timed = [r for r in rows if "round" in r]
+    found = {k: v for r in rows if "round" not in r for k, v in r.items()}
+    if timed:
+        for key in timed[0]:
+            if key not in skip and isinstance(timed[0][key], (int, float)) and not isinstance(timed[0][key], bool):
+                found[key] = round(statistics.median(r[key] for r in timed), 2)
+            elif key not in skip:
+                found[key] = timed[-1][key]
+        found["timed_calls"] = len(timed)
+    return found
+
+
+def step_parts(run: Run, target, draft, prompts, new_tokens: int, rounds: int = 3) -> dict:
+    """Where a step's time goes, per method at the defaults and at fixed sizes: wall ms per step, and inside it the
+    target's and the draft's passes (host ms: Python and kernel launches inside the forward; device ms: the GPU's
+    time between the forward's first and last event), the rest being the engine and the host-device waits."""
+    table = {"plain": {}, "assisted (Transformers)": {"assistant_model": draft},
+             "chain": {"assistant_model": draft, "speculation": "chain"},
+             "chain 4, guard off": {"assistant_model": draft,
+                                    "speculation": ChainConfig(num_draft_tokens=4, guard=False)},
+             "chain 8": {"assistant_model": draft, "speculation": ChainConfig(num_draft_tokens=8)},
+             "sequoia": {"assistant_model": draft, "speculation": "sequoia"},
+             "specexec": {"assistant_model": draft, "speculation": "specexec"}}
+    table = {name: {**kwargs, "_target": target} for name, kwargs in table.items()}
+    clock = PassClock(target=target, draft=draft)
+
+    def measure(name: str, kwargs: dict, ids) -> dict:
+        run.sync()
+        clock.reset()
+        start = time.perf_counter()
+        out = generate(target, ids, new_tokens, **call_kwargs(kwargs))
+        run.sync()
+        wall = 1e3 * (time.perf_counter() - start)
+        parts = clock.summary()
+        steps = max(parts["target"]["passes"] - 1, 1)  # the prompt's pass is not a step
+        row = {"tokens_per_second": new_tokens / wall * 1e3, "wall_ms_per_step": wall / steps,
+               "tokens_per_step": (new_tokens - 1) / steps, "draft_passes_per_step": parts["draft"]["passes"] / steps}
+        for role in ("target", "draft"):
+            passes = max(parts[role]["passes"], 1)
+            row[f"{role}_host_ms_per_pass"] = parts[role]["host_ms"] / passes
+            if parts[role]["device_ms"] is not None:
+                row[f"{role}_device_ms_per_pass"] = parts[role]["device_ms"] / passes
+        row["outside_passes_ms_per_step"] = (wall - parts["target"]["host_ms"] - parts["draft"]["host_ms"]) / steps
+        stats = getattr(out, "speculation_stats", None)
+        if stats is not None:
+            row.update(plain_steps=stats.plain_steps, shrunk_steps=stats.shrunk_steps)
+        return row
+
+    rows = interleaved(run, table, prompts, new_tokens, rounds, measure)
+    clock.remove()
+    results = [{"method": name, **medians(found)} for name, found in rows.items()]
+    for row in results:
+        print("  " + ", ".join(f"{k} {v}" for k, v in row.items()), flush=True)
+    return {"new_tokens": new_tokens, "prompts": len(prompts), "rounds": rounds, "results": results,
+            "per_call": rows}
+
+
+def static_speed(run: Run, target, draft, prompts, new_tokens: int, rounds: int = 3) -> dict:
+    """Whole calls on a static cache, where Transformers compiles the target's forward (CUDA graphs on a GPU) and
+    hf_specdec's tree passes use the same compiled call, next to the eager dynamic-cache calls a user has today:
+    the first call's seconds (compilation), graphs compiled, tree sizes, tokens/s (median, methods interleaved)."""
+    static = {"cache_implementation": "static"}
+    table = {"plain (dynamic, eager)": {}, "assisted (Transformers, dynamic, eager)": {"assistant_model": draft},
+             "plain (static, compiled)": static,
+             "chain (static)": {"assistant_model": draft, "speculation": "chain", **static},
+             "chain 8 (static)": {"assistant_model": draft, "speculation": ChainConfig(num_draft_tokens=8), **static},
+             "sequoia (static)": {"assistant_model": draft, "speculation": "sequoia", **static}}
+    table = {name: {**kwargs, "_target": target} for name, kwargs in table.items()}
+
+    def measure(name: str, kwargs: dict, ids) -> dict:
+        run.sync()
+        start = time.perf_counter()
+        out = generate(target, ids, new_tokens, **call_kwargs(kwargs))
+        run.sync()
+        row = {"tokens_per_second": new_tokens / (time.perf_counter() - start)}
+        stats = getattr(out, "speculation_stats", None)
+        if stats is not None:
+            row.update(tokens_per_step=stats.mean_tokens_per_step, compiled=stats.compiled,
+                       tree_pass_sizes=sorted(stats.tree_pass_sizes), graphs_compiled=stats.graphs_compiled)
+        return row
+
+    rows = interleaved(run, table, prompts, new_tokens, rounds, measure)
+    results = [{"method": name, **medians(found)} for name, found in rows.items()]
+    by_name = {r["method"]: r.get("tokens_per_second") for r in results}
+    for row in results:
+        for ref in ("plain (static, compiled)", "plain (dynamic, eager)", "assisted (Transformers, dynamic, eager)"):
+            if row.get("tokens_per_second") and by_name.get(ref):
+                row[f"vs {ref}"] = round(row["tokens_per_second"] / by_name[ref], 2)
+        print(f"  {row}", flush=True)
+    return {"new_tokens": new_tokens, "prompts": len(prompts), "rounds": rounds, "results": results,
+            "per_call": rows}
+
+
 def methods_in_memory(draft) -> dict:
     return {"plain": {}, "assisted (Transformers)": {"assistant_model": draft},
             **{name: {"assistant_model": draft, "speculation": name}
@@ -448,7 +622,8 @@ def main() -> None:
     parser.add_argument("--replot", action="store_true", help="Only draw latency.png from the --output folder.")
     parser.add_argument("--deadline", type=float, default=480.0, help="Seconds for the whole run.")
     parser.add_argument("--phases", nargs="*",
-                        default=["correctness", "syncs", "latency", "overhead", "memory", "offloaded"])
+                        default=["correctness", "syncs", "latency", "overhead", "memory", "static", "steps",
+                                 "offloaded"])
     parser.add_argument("--explicit", action="store_true",
                         help="In memory, also methods at fixed sizes (chain 8/16 tokens, specexec budgets 16-256).")
     parser.add_argument("--draft-layers", type=int, default=2)
@@ -466,7 +641,7 @@ def main() -> None:
         if phase in args.phases and run.left() > needs:
             print(f"== {phase}", flush=True)
             globals()[phase](run)
-    big = "latency" in args.phases or "memory" in args.phases or "offloaded" in args.phases
+    big = bool({"latency", "overhead", "memory", "steps", "static", "offloaded"} & set(args.phases))
     if not big or run.left() < 60:
         return
     print("== models", flush=True)
@@ -503,6 +678,12 @@ def main() -> None:
                           for b in (16, 64, 256)})
         run.write("memory", {"pair": pair, "new_tokens": new,
                              "results": speed(run, target, draft, table, prompts, new, 2)})
+    if "static" in args.phases and run.left() > 90:
+        print("== static cache, compiled", flush=True)
+        run.write("static", {"pair": pair, **static_speed(run, target, draft, prompts, 32 if args.smoke else 64)})
+    if "steps" in args.phases and run.left() > 60:
+        print("== step parts", flush=True)
+        run.write("steps", {"pair": pair, **step_parts(run, target, draft, prompts, 32 if args.smoke else 64)})
     if "offloaded" in args.phases and run.device.type == "cuda" and run.left() > 90:
         print("== offloaded", flush=True)
         try:
