@@ -15,6 +15,12 @@ Real weights cannot reach the GPU machine, so the models are random, of real sha
   and Transformers' assisted generation with the same draft;
 - offloaded: the same target with its layers in CPU RAM (accelerate `dispatch_model`, the draft a copy on the GPU):
   SpecExec at several budgets against plain and Transformers' assisted, both offloaded.
+- static: the same pair on a static cache, where Transformers compiles the target's forward (CUDA graphs) and the
+  tree passes share that compiled call, against plain static-cache generate compiled the same way;
+- steps: where a step's time goes, per method: target and draft passes timed by forward hooks (host clock and CUDA
+  events), the rest outside them.
+Speed phases interleave the methods within each round (`interleaved`): a GPU machine's host changes speed during a
+run, so rows timed one after another compare moments, not methods.
 
 Each phase writes its JSON as soon as it ends, so a run cut short keeps what it finished; `--deadline` seconds
 bounds the whole run (a phase that would not fit is skipped and says so). `--smoke` runs every phase with small
@@ -351,63 +357,48 @@ def tune_agreement(target, draft, layers: int, wanted: float, ids) -> list[tuple
     return tried
 
 
-def speed(run: Run, target, draft, methods: dict, prompts, new_tokens: int, repeats: int, warm_up: bool = True
+def speed(run: Run, target, draft, methods: dict, prompts, new_tokens: int, rounds: int, warm_up: bool = True
           ) -> list[dict]:
-    """Tokens per second of each method (median over prompts), tokens per target pass, draft passes per target pass,
-    the engine's share of the wall time (outside the models' passes, timed by CUDA events), identity with plain."""
+    """Tokens per second of each method (median over prompts and rounds, methods interleaved), tokens per target
+    pass, draft passes per target pass, the engine's share of the wall time (outside the models' passes), identity
+    with plain. A method's `new_tokens` entry overrides the phase's (a slow plain row decodes fewer)."""
     passes = {"target": 0, "draft": 0}
     hooks = [model.register_forward_pre_hook(lambda *_, role=role: passes.__setitem__(role, passes[role] + 1))
              for role, model in (("target", target), ("draft", draft))]
-    results = []
-    for name, kwargs in methods.items():
-        if run.left() < 30:
-            results.append({"method": name, "skipped": "deadline"})
-            continue
-        kwargs = dict(kwargs)
-        tokens = kwargs.pop("new_tokens", new_tokens)
-        row = {"method": name, "new_tokens": tokens, "seconds": [], "tokens_per_step": [], "engine_share": []}
-        try:
-            if warm_up:  # first call: plan lookup, curves, allocations
-                start = time.perf_counter()
-                generate(target, prompts[0], 8, **kwargs)
-                run.sync()
-                row["first_call_seconds"] = round(time.perf_counter() - start, 2)
-            outputs = []
-            for ids in prompts[:repeats]:
-                run.sync()
-                passes.update(target=0, draft=0)
-                start = time.perf_counter()
-                out = generate(target, ids, tokens, **kwargs)
-                run.sync()
-                row["seconds"].append(time.perf_counter() - start)
-                steps = max(passes["target"] - 1, 1)  # the prompt's pass is not a step
-                row.setdefault("tokens_per_target_pass", []).append(round((tokens - 1) / steps, 2))
-                row.setdefault("draft_passes_per_target_pass", []).append(round(passes["draft"] / steps, 2))
-                outputs.append(out.sequences[0, ids.shape[1]:].cpu())
-                stats = getattr(out, "speculation_stats", None)
-                if stats is not None:
-                    row["tokens_per_step"].append(round(stats.mean_tokens_per_step, 2))
-                    inside = stats.time_target_forward + stats.time_draft_forward
-                    row["engine_share"].append(round(1 - inside / max(stats.time_total, 1e-9), 4))
-                    row["plan_source"] = stats.plan_source
-            row["tokens_per_second"] = round(tokens / statistics.median(row["seconds"]), 2)
-            row["outputs"] = outputs
-        except Exception as exc:
-            row["error"] = f"{type(exc).__name__}: {exc}"[:400]
-        results.append(row)
-        print(f"  {name:26} {row.get('tokens_per_second', '-')} tok/s, tokens/pass {row.get('tokens_per_target_pass')}"
-              f", draft passes/pass {row.get('draft_passes_per_target_pass')}, engine share {row['engine_share']} "
-              f"{row.get('error', '')}", flush=True)
-    reference = next((r for r in results if r["method"].startswith("plain") and "outputs" in r), None)
-    for row in results:
-        if reference is not None and "outputs" in row:
-            row["identical_to_plain"] = all(torch.equal(a[: len(b)], b[: len(a)])
-                                            for a, b in zip(row["outputs"], reference["outputs"]))
-            row["speedup_vs_plain"] = round(row["tokens_per_second"] / reference["tokens_per_second"], 2)
-    for row in results:
-        row.pop("outputs", None)
+    outputs: dict[str, list] = {}
+
+    def measure(name: str, kwargs: dict, ids) -> dict:
+        tokens = kwargs.get("new_tokens", new_tokens)
+        run.sync()
+        passes.update(target=0, draft=0)
+        start = time.perf_counter()
+        out = generate(target, ids, tokens, **call_kwargs(kwargs))
+        run.sync()
+        seconds = time.perf_counter() - start
+        steps = max(passes["target"] - 1, 1)  # the prompt's pass is not a step
+        outputs.setdefault(name, []).append(out.sequences[0, ids.shape[1]:].cpu())
+        row = {"tokens_per_second": tokens / seconds, "tokens_per_target_pass": (tokens - 1) / steps,
+               "draft_passes_per_target_pass": passes["draft"] / steps}
+        stats = getattr(out, "speculation_stats", None)
+        if stats is not None:
+            inside = stats.time_target_forward + stats.time_draft_forward
+            row.update(tokens_per_step=stats.mean_tokens_per_step, plan_source=stats.plan_source,
+                       engine_share=1 - inside / max(stats.time_total, 1e-9))
+        return row
+
+    table = {name: {**kwargs, "_target": target} for name, kwargs in methods.items()}
+    rows = interleaved(run, table, prompts, new_tokens, rounds, measure, warm_up)
     for hook in hooks:
         hook.remove()
+    results = [{"method": name, "new_tokens": methods[name].get("new_tokens", new_tokens), **medians(found)}
+               for name, found in rows.items()]
+    reference = next((r for r in results if r["method"].startswith("plain") and r["method"] in outputs), None)
+    for row in results:
+        if reference is not None and row["method"] in outputs:
+            row["identical_to_plain"] = all(torch.equal(a[: len(b)], b[: len(a)])
+                                            for a, b in zip(outputs[row["method"]], outputs[reference["method"]]))
+            row["speedup_vs_plain"] = round(row["tokens_per_second"] / reference["tokens_per_second"], 2)
+        print(f"  {row}", flush=True)
     return results
 
 
@@ -453,20 +444,25 @@ class PassClock:
             hook.remove()
 
 
-def interleaved(run: Run, table: dict, prompts, new_tokens: int, rounds: int, measure) -> dict[str, list[dict]]:
+def interleaved(run: Run, table: dict, prompts, new_tokens: int, rounds: int, measure, warm_up: bool = True
+                ) -> dict[str, list[dict]]:
     """`measure(name, kwargs, ids)` for every method, prompt and round, the methods taking turns within a round: the
     host of a GPU machine changes speed during a run (a one-token 7B-shaped pass took 41 ms at one minute and 20 ms
     at the next), so methods timed one after another would compare moments, not methods. Each method's first call,
     on the first prompt with as many new tokens as the timed ones (the same cache shapes, so the same graphs), is a
-    warm-up: plan lookup, curves, allocations, compilation; its seconds are kept."""
+    warm-up: plan lookup, curves, allocations, compilation; its seconds are kept (`warm_up=False`: none, where a
+    pass costs seconds)."""
     rows: dict[str, list[dict]] = {}
     for name, kwargs in table.items():
+        if not warm_up:
+            rows[name] = []
+            continue
         if run.left() < 60:
             break
         run.sync()
         start = time.perf_counter()
         try:
-            generate(target_of(kwargs), prompts[0], new_tokens, **call_kwargs(kwargs))
+            generate(target_of(kwargs), prompts[0], kwargs.get("new_tokens", new_tokens), **call_kwargs(kwargs))
         except Exception as exc:
             rows[name] = [{"error": f"{type(exc).__name__}: {exc}"[:600]}]
             continue
@@ -477,9 +473,13 @@ def interleaved(run: Run, table: dict, prompts, new_tokens: int, rounds: int, me
         if run.left() < 30 + 10 * len(rows):
             break
         for name, kwargs in table.items():
-            if name in rows and "error" not in rows[name][0]:
+            if name in rows and not (rows[name] and "error" in rows[name][0]):
                 for ids in prompts:
-                    rows[name].append({"round": round_, **measure(name, kwargs, ids)})
+                    try:
+                        rows[name].append({"round": round_, **measure(name, kwargs, ids)})
+                    except Exception as exc:  # one method failing does not cost the others their rows
+                        rows[name].insert(0, {"error": f"{type(exc).__name__}: {exc}"[:600]})
+                        break
     return rows
 
 
@@ -488,7 +488,7 @@ def target_of(kwargs: dict):
 
 
 def call_kwargs(kwargs: dict) -> dict:
-    return {k: v for k, v in kwargs.items() if k != "_target"}
+    return {k: v for k, v in kwargs.items() if k not in ("_target", "new_tokens")}
 
 
 def medians(rows: list[dict], skip=("round",)) -> dict:
@@ -705,7 +705,7 @@ def offloaded(run: Run, target, draft, pair: dict, prompts) -> None:
              "assisted (Transformers, offloaded)": {"assistant_model": draft},
              **{f"specexec budget {b}": {"assistant_model": draft, "speculation": SpecExecConfig(budget=b)}
                 for b in (256, 1024, 2048)}}
-    results = speed(run, target, draft, table, prompts, new, 1, warm_up=False)  # a pass costs seconds here
+    results = speed(run, target, draft, table, prompts[:1], new, 1, warm_up=False)  # a pass costs seconds here
     run.write("offloaded", {"pair": pair, "new_tokens": new, "target_curve_seconds": curve.to_dict(),
                             "results": results})
 
