@@ -58,6 +58,20 @@ def test_another_pass_only_when_it_is_predicted_to_pay():
     assert unsure.next_frontier(torch.tensor([0.02]), torch.tensor([0.02, 0.01]), 0.01) == 0
 
 
+def test_trees_stop_at_the_largest_measured_size():
+    """Past the target's measured curve a pass's cost is extrapolated; a flat curve (a GPU's, launch-bound) would
+    price any tree as free, so trees never outgrow what was measured."""
+    short = LatencyCurve((1, 16, 64, 128), (0.02, 0.02, 0.02, 0.02))
+    cheap = LatencyCurve((1, 16, 64, 128), (1e-5, 1e-5, 1e-5, 1e-5))
+    sizer = StepSizer(HardwareProfile(target=short, draft=cheap), expansion_gain=0.9)
+    values = torch.full((500,), 0.5)
+    assert sizer.best_size(values, 0.0)[0] == 128  # everything looks free, the cap holds
+    assert sizer.next_frontier(values[:126], torch.full((8,), 0.5), 0.0) >= 1  # room left: grow
+    assert sizer.next_frontier(values[:127], torch.full((8,), 0.5), 0.0) == 0  # the tree fills the curve: stop
+    longer = StepSizer(profile(lambda n: 100.0, lambda n: 5.0))
+    assert longer.best_size(values, 0.0)[0] == 501  # measured to 1024: the cap is not in the way
+
+
 def test_expansion_gain_follows_what_expansions_add():
     sizer = StepSizer(profile(lambda n: 100.0, lambda n: 5.0), expansion_gain=0.5)
     for _ in range(100):

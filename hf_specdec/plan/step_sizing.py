@@ -112,10 +112,16 @@ class StepSizer:
         log_scale = self.timing_memory * math.log(scale) + (1 - self.timing_memory) * math.log(measured / predicted)
         return math.exp(log_scale)
 
+    @property
+    def max_nodes(self) -> int:
+        """The largest tree the target's curve was measured for. Past it a pass's cost is a straight-line guess: an
+        H200's curve, flat to 128 nodes, extended so priced 2048 nodes like 128, and they cost 3x; trees stop there."""
+        return int(self.profile.target.sizes[-1])
+
     def best_size(self, values: Sequence[float], draft_seconds: float) -> tuple[int, float]:
         """(nodes incl. the root, predicted seconds per token) of the best prefix of `values` (non-root a(v), sorted
-        descending) after `draft_seconds` of drafting."""
-        expected = 1.0 + np.array([0.0, *itertools.accumulate(_floats(values))])
+        descending) after `draft_seconds` of drafting, at most `max_nodes` nodes."""
+        expected = 1.0 + np.array([0.0, *itertools.accumulate(_floats(values)[: self.max_nodes - 1])])
         sizes = np.arange(1, len(expected) + 1)
         per_token = (draft_seconds + self.target_seconds(sizes) + self.profile.step_overhead) / expected
         best = int(per_token.argmin())
@@ -135,6 +141,8 @@ class StepSizer:
         """How many of the best open nodes (values `open_values`, sorted descending) the next draft pass should
         expand; 0 when no pass is predicted to lower the time per token."""
         values, open_values = _floats(values), _floats(open_values)
+        if len(values) + 1 >= self.max_nodes:  # the target verifies no more than that: another pass is wasted
+            return 0
         size, best = self.best_size(values, draft_seconds)
         choice = 0
         for width in FRONTIER_SIZES:
