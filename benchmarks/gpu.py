@@ -411,22 +411,28 @@ class PassClock:
         self.marks: dict[str, list] = {role: [] for role in models}
         self.hooks = []
         for role, model in models.items():
-            self.hooks.append(model.register_forward_pre_hook(lambda *_, r=role: self._mark(r, "start")))
+            self.hooks.append(model.register_forward_pre_hook(
+                lambda _, args, kwargs, r=role: self._mark(r, "start", args, kwargs), with_kwargs=True))
             self.hooks.append(model.register_forward_hook(lambda *_, r=role: self._mark(r, "end")))
         self.open: dict[str, tuple] = {}
+        self.shapes: dict[str, list[tuple[int, int]]] = {role: [] for role in models}  # (tokens, cached rows)
 
-    def _mark(self, role: str, edge: str) -> None:
+    def _mark(self, role: str, edge: str, args=(), kwargs=None) -> None:
         event = torch.cuda.Event(enable_timing=True) if self.cuda else None
         if event is not None:
             event.record()
         if edge == "start":
             self.open[role] = (time.perf_counter(), event)
+            ids = kwargs.get("input_ids", args[0] if args else None)
+            cache = kwargs.get("past_key_values")
+            if ids is not None:
+                self.shapes[role].append((int(ids.shape[-1]), int(cache.get_seq_length()) if cache is not None else 0))
         else:
             started, first = self.open.pop(role)
             self.marks[role].append((time.perf_counter() - started, first, event))
 
     def reset(self) -> None:
-        for marks in self.marks.values():
+        for marks in (*self.marks.values(), *self.shapes.values()):
             marks.clear()
 
     def summary(self) -> dict:
@@ -437,6 +443,11 @@ class PassClock:
         for role, marks in self.marks.items():
             device = sum(a.elapsed_time(b) for _, a, b in marks) if self.cuda else None
             found[role] = {"passes": len(marks), "host_ms": 1e3 * sum(h for h, _, _ in marks), "device_ms": device}
+            decoding = [(t, c) for t, c in self.shapes[role] if c > 0]  # the prompt's pass left out
+            tokens = [t for t, _ in decoding] or [0]
+            found[role].update(mean_tokens=statistics.mean(tokens), max_tokens=max(tokens),
+                               distinct_token_counts=len(set(tokens)),
+                               max_cached_rows=max((c for _, c in decoding), default=0))
         return found
 
     def remove(self) -> None:
@@ -521,6 +532,7 @@ def step_parts(run: Run, target, draft, prompts, new_tokens: int, rounds: int = 
     def measure(name: str, kwargs: dict, ids) -> dict:
         run.sync()
         clock.reset()
+        allocations = torch.cuda.memory_stats().get("num_device_alloc", 0) if run.device.type == "cuda" else 0
         start = time.perf_counter()
         out = generate(target, ids, new_tokens, **call_kwargs(kwargs))
         run.sync()
@@ -535,6 +547,11 @@ def step_parts(run: Run, target, draft, prompts, new_tokens: int, rounds: int = 
             if parts[role]["device_ms"] is not None:
                 row[f"{role}_device_ms_per_pass"] = parts[role]["device_ms"] / passes
         row["outside_passes_ms_per_step"] = (wall - parts["target"]["host_ms"] - parts["draft"]["host_ms"]) / steps
+        for role in ("target", "draft"):  # pass shapes: a GPU pays for every new one (kernel choice, allocations)
+            for key in ("mean_tokens", "max_tokens", "distinct_token_counts", "max_cached_rows"):
+                row[f"{role}_{key}"] = parts[role][key]
+        if run.device.type == "cuda":
+            row["device_allocations"] = torch.cuda.memory_stats().get("num_device_alloc", 0) - allocations
         stats = getattr(out, "speculation_stats", None)
         if stats is not None:
             row.update(plain_steps=stats.plain_steps, shrunk_steps=stats.shrunk_steps)
@@ -545,8 +562,16 @@ def step_parts(run: Run, target, draft, prompts, new_tokens: int, rounds: int = 
     results = [{"method": name, **medians(found)} for name, found in rows.items()]
     for row in results:
         print("  " + ", ".join(f"{k} {v}" for k, v in row.items()), flush=True)
+    profiles = {}  # one call each of a fixed-shape and a sized method, host and device: where the host time goes
+    activities = [torch.profiler.ProfilerActivity.CPU] + (
+        [torch.profiler.ProfilerActivity.CUDA] if run.device.type == "cuda" else [])
+    for name in ("chain", "sequoia"):
+        if name in rows and run.left() > 30:
+            with torch.profiler.profile(activities=activities) as profile:
+                generate(target, prompts[0], new_tokens, **call_kwargs(table[name]))
+            profiles[name] = profile.key_averages().table(sort_by="self_cpu_time_total", row_limit=25)
     return {"new_tokens": new_tokens, "prompts": len(prompts), "rounds": rounds, "results": results,
-            "per_call": rows}
+            "per_call": rows, "profiles": profiles}
 
 
 def static_speed(run: Run, target, draft, prompts, new_tokens: int, rounds: int = 3) -> dict:
