@@ -66,7 +66,8 @@ def test_trees_stop_at_the_largest_measured_size():
     sizer = StepSizer(HardwareProfile(target=short, draft=cheap), expansion_gain=0.9)
     values = torch.full((500,), 0.5)
     assert sizer.best_size(values, 0.0)[0] == 128  # everything looks free, the cap holds
-    assert sizer.next_frontier(values[:126], torch.full((8,), 0.5), 0.0) >= 1  # room left: grow
+    assert sizer.next_frontier(values[:126], torch.full((8,), 0.5), 0.0) == 1  # room for one more node: one
+    assert sizer.next_frontier(values[:100], torch.full((64,), 0.5), 0.0) == 27  # 101 nodes: 27 fit the curve
     assert sizer.next_frontier(values[:127], torch.full((8,), 0.5), 0.0) == 0  # the tree fills the curve: stop
     longer = StepSizer(profile(lambda n: 100.0, lambda n: 5.0))
     assert longer.best_size(values, 0.0)[0] == 501  # measured to 1024: the cap is not in the way

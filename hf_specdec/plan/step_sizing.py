@@ -144,13 +144,13 @@ class StepSizer:
         if len(values) + 1 >= self.max_nodes:  # the target verifies no more than that: another pass is wasted
             return 0
         size, best = self.best_size(values, draft_seconds)
-        choice = 0
+        choice, room = 0, min(len(open_values), self.max_nodes - size)  # priced within the measured curve only
         for width in FRONTIER_SIZES:
-            width = min(width, len(open_values))
+            width = min(width, room)
             per_token = self._after_pass(values, size, open_values[:width], draft_seconds)
             if per_token < best:
                 best, choice = per_token, width
-            if width == len(open_values):
+            if width == room:
                 break
         return choice
 
