@@ -386,8 +386,7 @@ def speed(run: Run, target, draft, methods: dict, prompts, new_tokens: int, roun
                        engine_share=1 - inside / max(stats.time_total, 1e-9))
         return row
 
-    table = {name: {**kwargs, "_target": target} for name, kwargs in methods.items()}
-    rows = interleaved(run, table, prompts, new_tokens, rounds, measure, warm_up)
+    rows = interleaved(run, target, methods, prompts, new_tokens, rounds, measure, warm_up)
     for hook in hooks:
         hook.remove()
     results = [{"method": name, "new_tokens": methods[name].get("new_tokens", new_tokens), **medians(found)}
@@ -456,8 +455,8 @@ class PassClock:
             hook.remove()
 
 
-def interleaved(run: Run, table: dict, prompts, new_tokens: int, rounds: int, measure, warm_up: bool = True
-                ) -> dict[str, list[dict]]:
+def interleaved(run: Run, target, table: dict, prompts, new_tokens: int, rounds: int, measure,
+                warm_up: bool = True) -> dict[str, list[dict]]:
     """`measure(name, kwargs, ids)` for every method, prompt and round, the methods taking turns within a round: the
     host of a GPU machine changes speed during a run (a one-token 7B-shaped pass took 41 ms at one minute and 20 ms
     at the next), so methods timed one after another would compare moments, not methods. Each method's first call,
@@ -475,7 +474,7 @@ def interleaved(run: Run, table: dict, prompts, new_tokens: int, rounds: int, me
         run.sync()
         start = time.perf_counter()
         try:
-            generate(target_of(kwargs), prompts[0], kwargs.get("new_tokens", new_tokens), **call_kwargs(kwargs))
+            generate(target, prompts[0], kwargs.get("new_tokens", new_tokens), **call_kwargs(kwargs))
         except Exception as exc:
             rows[name] = [{"error": f"{type(exc).__name__}: {exc}"[:600]}]
             continue
@@ -498,12 +497,9 @@ def interleaved(run: Run, table: dict, prompts, new_tokens: int, rounds: int, me
     return rows
 
 
-def target_of(kwargs: dict):
-    return kwargs["_target"]
-
-
 def call_kwargs(kwargs: dict) -> dict:
-    return {k: v for k, v in kwargs.items() if k not in ("_target", "new_tokens")}
+    """A table entry's `generate` arguments (its `new_tokens` overrides the phase's count; it is not one)."""
+    return {k: v for k, v in kwargs.items() if k != "new_tokens"}
 
 
 def medians(rows: list[dict], skip=("round",)) -> dict:
@@ -530,7 +526,6 @@ def step_parts(run: Run, target, draft, prompts, new_tokens: int, rounds: int = 
              "chain 8": {"assistant_model": draft, "speculation": ChainConfig(num_draft_tokens=8)},
              "sequoia": {"assistant_model": draft, "speculation": "sequoia"},
              "specexec": {"assistant_model": draft, "speculation": "specexec"}}
-    table = {name: {**kwargs, "_target": target} for name, kwargs in table.items()}
     clock = PassClock(target=target, draft=draft)
 
     def measure(name: str, kwargs: dict, ids) -> dict:
@@ -561,7 +556,7 @@ def step_parts(run: Run, target, draft, prompts, new_tokens: int, rounds: int = 
             row.update(plain_steps=stats.plain_steps, shrunk_steps=stats.shrunk_steps)
         return row
 
-    rows = interleaved(run, table, prompts, new_tokens, rounds, measure)
+    rows = interleaved(run, target, table, prompts, new_tokens, rounds, measure)
     clock.remove()
     results = [{"method": name, **medians(found)} for name, found in rows.items()]
     for row in results:
@@ -588,7 +583,6 @@ def static_speed(run: Run, target, draft, prompts, new_tokens: int, rounds: int 
              "chain (static)": {"assistant_model": draft, "speculation": "chain", **static},
              "chain 8 (static)": {"assistant_model": draft, "speculation": ChainConfig(num_draft_tokens=8), **static},
              "sequoia (static)": {"assistant_model": draft, "speculation": "sequoia", **static}}
-    table = {name: {**kwargs, "_target": target} for name, kwargs in table.items()}
 
     def measure(name: str, kwargs: dict, ids) -> dict:
         run.sync()
@@ -602,7 +596,7 @@ def static_speed(run: Run, target, draft, prompts, new_tokens: int, rounds: int 
                        tree_pass_sizes=sorted(stats.tree_pass_sizes), graphs_compiled=stats.graphs_compiled)
         return row
 
-    rows = interleaved(run, table, prompts, new_tokens, rounds, measure)
+    rows = interleaved(run, target, table, prompts, new_tokens, rounds, measure)
     results = [{"method": name, **medians(found)} for name, found in rows.items()]
     by_name = {r["method"]: r.get("tokens_per_second") for r in results}
     for row in results:
