@@ -101,6 +101,14 @@ class Run:
         if self.device.type == "cuda":
             torch.cuda.synchronize()
 
+    def timed(self, target, ids, new_tokens: int, kwargs: dict):
+        """(output, seconds) of one `generate` call, the device synchronised on both sides."""
+        self.sync()
+        start = time.perf_counter()
+        out = generate(target, ids, new_tokens, **call_kwargs(kwargs))
+        self.sync()
+        return out, time.perf_counter() - start
+
 
 def environment(device: torch.device) -> dict:
     found = {"torch": torch.__version__, "transformers": transformers.__version__, "python": platform.python_version(),
@@ -369,12 +377,8 @@ def speed(run: Run, target, draft, methods: dict, prompts, new_tokens: int, roun
 
     def measure(name: str, kwargs: dict, ids) -> dict:
         tokens = kwargs.get("new_tokens", new_tokens)
-        run.sync()
         passes.update(target=0, draft=0)
-        start = time.perf_counter()
-        out = generate(target, ids, tokens, **call_kwargs(kwargs))
-        run.sync()
-        seconds = time.perf_counter() - start
+        out, seconds = run.timed(target, ids, tokens, kwargs)
         steps = max(passes["target"] - 1, 1)  # the prompt's pass is not a step
         outputs.setdefault(name, []).append(out.sequences[0, ids.shape[1]:].cpu())
         row = {"tokens_per_second": tokens / seconds, "tokens_per_target_pass": (tokens - 1) / steps,
@@ -471,15 +475,12 @@ def interleaved(run: Run, target, table: dict, prompts, new_tokens: int, rounds:
         if run.left() < 60:
             rows[name] = [{"skipped": "deadline"}]
             continue
-        run.sync()
-        start = time.perf_counter()
         try:
-            generate(target, prompts[0], kwargs.get("new_tokens", new_tokens), **call_kwargs(kwargs))
+            seconds = run.timed(target, prompts[0], kwargs.get("new_tokens", new_tokens), kwargs)[1]
         except Exception as exc:
             rows[name] = [{"error": f"{type(exc).__name__}: {exc}"[:600]}]
             continue
-        run.sync()
-        rows[name] = [{"first_call_seconds": round(time.perf_counter() - start, 1)}]
+        rows[name] = [{"first_call_seconds": round(seconds, 1)}]
         print(f"  [{time.perf_counter() - run.start:6.1f} s] warm-up {name}: {rows[name][0]}", flush=True)
     for round_ in range(rounds):
         if run.left() < 30 + 10 * len(rows):
@@ -532,10 +533,8 @@ def step_parts(run: Run, target, draft, prompts, new_tokens: int, rounds: int = 
         run.sync()
         clock.reset()
         allocations = torch.cuda.memory_stats().get("num_device_alloc", 0) if run.device.type == "cuda" else 0
-        start = time.perf_counter()
-        out = generate(target, ids, new_tokens, **call_kwargs(kwargs))
-        run.sync()
-        wall = 1e3 * (time.perf_counter() - start)
+        out, seconds = run.timed(target, ids, new_tokens, kwargs)
+        wall = 1e3 * seconds
         parts = clock.summary()
         steps = max(parts["target"]["passes"] - 1, 1)  # the prompt's pass is not a step
         row = {"tokens_per_second": new_tokens / wall * 1e3, "wall_ms_per_step": wall / steps,
@@ -585,11 +584,8 @@ def static_speed(run: Run, target, draft, prompts, new_tokens: int, rounds: int 
              "sequoia (static)": {"assistant_model": draft, "speculation": "sequoia", **static}}
 
     def measure(name: str, kwargs: dict, ids) -> dict:
-        run.sync()
-        start = time.perf_counter()
-        out = generate(target, ids, new_tokens, **call_kwargs(kwargs))
-        run.sync()
-        row = {"tokens_per_second": new_tokens / (time.perf_counter() - start)}
+        out, seconds = run.timed(target, ids, new_tokens, kwargs)
+        row = {"tokens_per_second": new_tokens / seconds}
         stats = getattr(out, "speculation_stats", None)
         if stats is not None:
             row.update(tokens_per_step=stats.mean_tokens_per_step, compiled=stats.compiled,

@@ -115,7 +115,7 @@ class StepSizer:
     @property
     def max_nodes(self) -> int:
         """The largest tree the target's curve was measured for. Past it a pass's cost is a straight-line guess: an
-        H200's curve, flat to 128 nodes, extended so priced 2048 nodes like 128, and they cost 3x; trees stop there."""
+        H200's flat curve (1 to 128 nodes) extended that way priced 2048 nodes like 128, which cost 3x; trees stop."""
         return int(self.profile.target.sizes[-1])
 
     def best_size(self, values: Sequence[float], draft_seconds: float) -> tuple[int, float]:
