@@ -16,7 +16,9 @@ Real weights cannot reach the GPU machine, so the models are random, of real sha
 - offloaded: the same target with its layers in CPU RAM (accelerate `dispatch_model`, the draft a copy on the GPU):
   SpecExec at several budgets against plain and Transformers' assisted, both offloaded.
 - static: the same pair on a static cache, where Transformers compiles the target's forward (CUDA graphs) and the
-  tree passes share that compiled call, against plain static-cache generate compiled the same way;
+  tree passes share that compiled call (the draft on a static cache of its own, compiled alike; each pass size
+  runs compiled only where its first pass measured the compiled call faster), against plain static-cache generate
+  compiled the same way;
 - steps: where a step's time goes, per method: target and draft passes timed by forward hooks (host clock and CUDA
   events), the rest outside them.
 Speed phases interleave the methods within each round (`interleaved`): a GPU machine's host changes speed during a
@@ -589,7 +591,11 @@ def static_speed(run: Run, target, draft, prompts, new_tokens: int, rounds: int 
         stats = getattr(out, "speculation_stats", None)
         if stats is not None:
             row.update(tokens_per_step=stats.mean_tokens_per_step, compiled=stats.compiled,
-                       tree_pass_sizes=sorted(stats.tree_pass_sizes), graphs_compiled=stats.graphs_compiled)
+                       tree_pass_sizes=sorted(stats.tree_pass_sizes), graphs_compiled=stats.graphs_compiled,
+                       draft_pass_sizes=sorted(stats.draft_pass_sizes), sizes_kept_eager=sorted(stats.sizes_kept_eager),
+                       draft_sizes_kept_eager=sorted(stats.draft_sizes_kept_eager),
+                       draft_ms_per_pass=1e3 * stats.time_draft_forward / max(stats.draft_forwards, 1),
+                       target_ms_per_pass=1e3 * stats.time_target_forward / max(stats.target_forwards, 1))
         return row
 
     rows = interleaved(run, target, table, prompts, new_tokens, rounds, measure)

@@ -29,9 +29,9 @@ import hf_specdec  # noqa: F401  (installs `speculation=`)
 from hf_specdec.accept.kv_cache import crop
 from hf_specdec.core.attention import AttentionLayout
 from hf_specdec.core.devices import cpu_flags, cpu_model
+from hf_specdec.core.pass_shapes import PassShapes
 from hf_specdec.core.tree import TokenTree
 from hf_specdec.decoding.loop import tree_pass
-from hf_specdec.decoding.pass_shapes import PassShapes
 from hf_specdec.plan.sequoia import plan_tree
 from hf_specdec_tools.bench.cli import resolve_dtype
 from hf_specdec_tools.models import load_default_pair
@@ -94,7 +94,11 @@ def _call(target, ids: torch.Tensor, new_tokens: int, spec: dict, extra: dict) -
             "graphs": counters["stats"]["unique_graphs"] - graphs, "sequence": out.sequences[0].tolist(),
             "tree_pass_sizes": sorted(stats.tree_pass_sizes) if stats else None,
             "target_forwards": stats.target_forwards if stats else None,
-            "target_forward_s": stats.time_target_forward if stats else None}
+            "target_forward_s": stats.time_target_forward if stats else None,
+            "draft_pass_sizes": sorted(stats.draft_pass_sizes) if stats else None,
+            "sizes_kept_eager": sorted(stats.sizes_kept_eager) if stats else None,
+            "draft_sizes_kept_eager": sorted(stats.draft_sizes_kept_eager) if stats else None,
+            "draft_forward_s": stats.time_draft_forward if stats else None}
 
 
 def whole_calls(target, draft, prompts: list[torch.Tensor], new_tokens: int, methods: list[str],
@@ -125,7 +129,8 @@ def whole_calls(target, draft, prompts: list[torch.Tensor], new_tokens: int, met
         print(f"{name:10s} eager {row['eager_tokens_per_s']:5.2f} compiled {row['compiled_tokens_per_s']:5.2f} "
               f"tokens/s, compiled/eager {row['compiled_over_eager']:.3f} (pairs {[round(x, 2) for x in pairs]}), "
               f"first compiled call {row['first_compiled_call_s']:.1f} s, graphs {row['graphs_first_call']} then "
-              f"{row['graphs_later_calls']}, identical {same}", flush=True)
+              f"{row['graphs_later_calls']}, identical {same}, kept eager {first['compiled']['sizes_kept_eager']}, "
+              f"draft sizes {first['compiled']['draft_pass_sizes']}", flush=True)
     return results
 
 
@@ -147,7 +152,8 @@ def main() -> None:
     config = compile_config()
     report = {"machine": {"cpu": cpu_model(), "cpu_flags": cpu_flags(), "torch": torch.__version__,
                           "threads": torch.get_num_threads(), "transformers": __import__("transformers").__version__},
-              "dtype": dtype, "models": "Qwen2.5-Coder-1.5B-Instruct target, 0.5B draft (eager draft)",
+              "dtype": dtype,
+              "models": "Qwen2.5-Coder-1.5B-Instruct target, 0.5B draft (both on static caches, compiled alike)",
               "compile_config": config.to_dict(), "new_tokens": args.new_tokens, "methods": METHODS}
     args.output.parent.mkdir(parents=True, exist_ok=True)
     if not args.skip_passes:

@@ -11,11 +11,11 @@ import torch
 from transformers import CompileConfig, DynamicCache, StaticCache
 from transformers.cache_utils import StaticLayer
 
-from hf_specdec.accept.kv_cache import cache_length, full_length_cache, keep_positions, layer_rows
+from hf_specdec.accept.kv_cache import cache_length, crop, full_length_cache, keep_positions, layer_rows
 from hf_specdec.core.attention import AttentionLayout
+from hf_specdec.core.pass_shapes import PassShapes, fit_tree
 from hf_specdec.core.tree import TokenTree
 from hf_specdec.decoding.loop import tree_pass
-from hf_specdec.decoding.pass_shapes import PassShapes, fit_tree
 from hf_specdec.verify import SequoiaVerifier, TargetSampleVerifier
 from tests.conftest import random_prompt, tiny_model
 from tests.families import WINDOW, family
@@ -39,6 +39,9 @@ def speculate(target, ids, n, method, **kwargs):
                            return_dict_in_generate=True, **kwargs)
 
 
+PROMPT_ROWS = 20  # a draft static cache just too small for the runner test's second step
+
+
 def is_power_of_two(n: int) -> bool:
     return n > 0 and n & (n - 1) == 0
 
@@ -55,6 +58,8 @@ def test_identical_to_plain_static_generate(name, method):
     assert stats.target_forwards / n <= 0.5 or method == "staged", stats.tokens_per_step  # it really speculates
     # fixed shapes: every pass a power-of-two bucket, so a compiled forward makes at most log2(cache rows) + 1 graphs
     assert stats.tree_pass_sizes and all(is_power_of_two(size) for size in stats.tree_pass_sizes)
+    # the draft on a static cache of its own, its passes padded alike
+    assert stats.draft_pass_sizes and all(is_power_of_two(size) for size in stats.draft_pass_sizes)
     assert isinstance(out.past_key_values, StaticCache)
     assert all(isinstance(layer, StaticLayer) and not layer.is_sliding for layer in out.past_key_values.layers)
     assert cache_length(out.past_key_values) == expected.shape[1] - 1
@@ -73,6 +78,34 @@ def test_static_cache_passed_in_is_the_one_filled(name):
     assert torch.equal(out.sequences, expected)
     assert out.past_key_values is cache and cache_length(cache) == expected.shape[1] - 1
     assert out.speculation_stats.tree_pass_sizes == {16}  # the 16-node plan, never cut: one graph
+
+
+@pytest.mark.parametrize("name", FAMILIES[:3])
+def test_draft_runner_on_a_static_cache_matches_the_dynamic_one(name):
+    """The draft's static cache (padded passes, compaction in place, an eager catch-up of a long run of new tokens,
+    a cache that grows when a step needs more rows) gives the logits its dynamic cache gives."""
+    from hf_specdec.draft.draft_model import EAGER_CATCH_UP, DraftModelRunner
+
+    draft = tiny(name)
+    dynamic, static = DraftModelRunner(draft), DraftModelRunner(draft)
+    static.use_static_cache(PROMPT_ROWS, lambda model, cache: None)
+    ids = prompt()[0].tolist()
+    level1, level2 = torch.tensor([5, 6, 7]), torch.tensor([8, 9])
+    sees1 = torch.eye(3, dtype=torch.bool)
+    sees2 = torch.tensor([[True, False, False, True, False], [False, True, False, False, True]])
+    for step in range(2):
+        outs = []
+        for runner in (dynamic, static):
+            root, first = runner.forward_tree(level1, torch.ones(3, dtype=torch.long), sees1, ids)
+            _, second = runner.forward_tree(level2, torch.full((2,), 2), sees2)
+            outs.append((root, first, second))
+            runner.commit(ids + [6, 9], [1, 4])  # the path root -> 6 -> 9
+        for got, want in zip(outs[1], outs[0]):
+            torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+        ids = ids + [6, 9] + list(range(10, 11 + EAGER_CATCH_UP + 2 * step))  # more than a padded pass takes
+    assert static.shapes.width > PROMPT_ROWS  # the second step needed more rows than given: the cache grew
+    assert all(is_power_of_two(size) for size in static.shapes.sizes)
+    assert cache_length(static.cache) == cache_length(dynamic.cache) == len(static.committed)
 
 
 def test_static_compaction_writes_the_path_rows_in_place():
@@ -259,7 +292,10 @@ def test_compile_config_is_honoured_with_few_graphs(method):
     out = speculate(target, ids, n, method, cache_implementation="static", compile_config=config)
     stats = out.speculation_stats
     assert torch.equal(out.sequences, expected)
-    assert stats.compiled and 1 <= stats.graphs_compiled <= min(len(stats.tree_pass_sizes), 3)
+    # one graph per padded size of each model at most (dynamo turns a size dynamic after two)
+    assert stats.compiled and 1 <= stats.graphs_compiled <= (min(len(stats.tree_pass_sizes), 3)
+                                                             + min(len(stats.draft_pass_sizes), 3))
+    assert stats.sizes_kept_eager <= stats.tree_pass_sizes and stats.draft_sizes_kept_eager <= stats.draft_pass_sizes
     again = speculate(target, ids, n, method, cache_implementation="static", compile_config=config)
     assert torch.equal(again.sequences, expected) and again.speculation_stats.graphs_compiled == 0  # all reused
 
@@ -329,6 +365,45 @@ def test_forward_the_user_compiled_works():
     assert torch.equal(out.sequences, expected) and not out.speculation_stats.compiled
 
 
+@pytest.mark.parametrize("compiled_faster", [True, False])
+def test_a_compiled_pass_runs_only_at_sizes_where_it_measured_faster(compiled_faster, monkeypatch):
+    """The first pass of a size tries both calls over the same cache rows (the write length rewound between them)
+    and keeps the faster; later passes of that size run it alone. The cache ends as after one pass either way."""
+    from hf_specdec.core import faster_call
+    from hf_specdec.core.faster_call import FasterCall
+
+    target = tiny("Llama")
+    ids, layout = prompt(), AttentionLayout.of(target)
+    cache = StaticCache(config=target.config, max_cache_len=32)
+    with torch.no_grad():
+        reference = target(ids, past_key_values=cache, use_cache=True).logits
+    crop(cache, 4)
+    calls = []
+
+    def counted(name, delay):
+        def call(**inputs):
+            calls.append(name)
+            clock[0] += delay  # the slower call's pass takes longer on the mocked clock
+            return target(**inputs)
+        return call
+
+    clock = [0.0]
+    monkeypatch.setattr(faster_call.time, "perf_counter", lambda: clock[0])
+    fast, slow = (1.0, 2.0) if compiled_faster else (2.0, 1.0)
+    forward = FasterCall(counted("eager", slow), counted("compiled", fast), torch.device("cpu"))
+    tree = TokenTree.from_parents(ids[0, 4:8].tolist(), [-1, 0, 1, 2])
+    for _ in range(2):
+        with torch.no_grad():
+            out = tree_pass(target, tree, 4, cache, layout, target.dtype, torch.device("cpu"), shapes=PassShapes(32),
+                            forward=forward)
+        torch.testing.assert_close(out.logits[0], reference[0, 4:8], atol=1e-5, rtol=1e-5)
+        assert cache_length(cache) == 8
+        crop(cache, 4)
+    kept = "compiled" if compiled_faster else "eager"
+    assert calls == ["compiled", *["eager", "compiled"] * faster_call.TRIALS, kept]  # warm-up, trials, then one
+    assert forward.choice == {4: compiled_faster} and forward.kept_eager() == (set() if compiled_faster else {4})
+
+
 @pytest.mark.slow
 def test_inductor_compiled_run_is_identical():
     """A real inductor compile (CPU, C++ codegen; about a minute here): same tokens as plain compiled generate."""
@@ -338,8 +413,9 @@ def test_inductor_compiled_run_is_identical():
     expected = plain_static(target, ids, n, compile_config=config)
     torch._dynamo.reset()
     out = speculate(target, ids, n, "sequoia", cache_implementation="static", compile_config=config)
+    stats = out.speculation_stats
     assert torch.equal(out.sequences, expected)
-    assert out.speculation_stats.compiled and 1 <= out.speculation_stats.graphs_compiled <= 3
+    assert stats.compiled and 1 <= stats.graphs_compiled <= len(stats.tree_pass_sizes) + len(stats.draft_pass_sizes)
 
 
 # --------------------------------------------------------------------------- the real pair
@@ -358,3 +434,4 @@ def test_real_pair_on_a_static_cache_equals_plain_static_generate(real_pair_fp32
     assert torch.equal(out.sequences, expected)
     assert out.speculation_stats.target_forwards < 48 / 2
     assert out.speculation_stats.tree_pass_sizes == {32}  # one shape for the whole call
+    assert out.speculation_stats.draft_pass_sizes  # the draft on a static cache too

@@ -33,6 +33,10 @@ class Drafter(CandidateGenerator):
         """The call's per-token inputs (token types; see `core.model_inputs`): drafters that run a model give them
         to its passes, by position. A draft only proposes, so going without changes no output, only acceptance."""
 
+    def use_static_cache(self, rows: int, compiled) -> None:
+        """The target decodes on a static cache of `rows` rows: drafters that run a model move it onto a static cache
+        too, its padded passes run through `compiled(model, cache)` (a compiled call, or None: eager)."""
+
     def observe_target_pass(self, tree_size: int, seconds: float) -> None:
         """The target's pass over the last proposed tree (`tree_size` nodes) took `seconds`: drafters that size trees
         by a cost model correct their latency curve with it."""

@@ -20,13 +20,14 @@ from ..core.attention import AttentionLayout
 from ..core.device_copies import DeviceCopies, one_pass
 from ..core.devices import PassClock, compute_devices, execution_device
 from ..core.drafter import Drafter
+from ..core.faster_call import FasterCall
 from ..core.model_inputs import TokenInputs
+from ..core.pass_shapes import PassShapes, fit_tree, padded_pass
 from ..core.processing import NodeScores, process_tree_scores
 from ..core.ranks import Ranks
 from ..core.tree import TokenTree
 from ..core.verdict import Verdict, Verifier
 from .outputs import TokenRecords
-from .pass_shapes import PassShapes, fit_tree, padded_pass
 from .stats import SpeculationStats
 
 
@@ -117,7 +118,7 @@ def speculative_loop(
 
         past = input_ids.shape[1] - 1
         tree, kept = fit_positions(drafted, layout, past, target, shapes.rows(past))
-        timed = clock.total
+        timed, compiled_before = clock.total, _compiles(forward)
         clock.start()
         with one_pass(copies):
             output = tree_pass(target, tree, past, cache, layout, dtype, device, token_inputs,
@@ -126,7 +127,8 @@ def speculative_loop(
         clock.stop()
         seconds = clock.total - timed
         stats.time_target_forward += seconds
-        drafter.observe_target_pass(len(tree), seconds)
+        if _compiles(forward) == compiled_before:  # a pass that compiled (or tried both calls) is not a pass's time
+            drafter.observe_target_pass(len(tree), seconds)
         first_step = prefill is not None
         if first_step:  # the first token as plain generate computes it (see _prefill)
             logits = torch.cat([prefill.logits[0, -1:].to(logits.dtype), logits[1:]])
@@ -158,6 +160,9 @@ def speculative_loop(
         stats.time_drafting += t1 - t0
         stats.time_verifying += t2 - t1
     stats.graphs_compiled = counters["stats"]["unique_graphs"] - graphs
+    stats.draft_pass_sizes = set(getattr(drafter, "draft_pass_sizes", ()))
+    stats.sizes_kept_eager = forward.kept_eager() & stats.tree_pass_sizes if isinstance(forward, FasterCall) else set()
+    stats.draft_sizes_kept_eager = set(getattr(drafter, "draft_sizes_kept_eager", ()))
     stats.draft_forwards = drafter.forward_count
     stats.shrunk_steps = getattr(drafter, "shrunk_steps", 0)
     stats.time_draft_forward = drafter.forward_time
@@ -165,6 +170,12 @@ def speculative_loop(
     if streamer is not None:
         streamer.end()
     return LoopResult(sequences=input_ids, records=records, stats=stats)
+
+
+def _compiles(forward: Callable[..., ModelOutput] | None) -> tuple[int, int]:
+    """(graphs dynamo compiled, compile trials `forward` ran) so far: a pass that changes either took longer than
+    a pass."""
+    return counters["stats"]["unique_graphs"], len(getattr(forward, "trials", ()))
 
 
 def _prefill(

@@ -30,7 +30,10 @@ class SpeculationStats:
     time_target_forward: float = 0.0  # inside the target's tree passes (part of time_verifying)
     time_draft_forward: float = 0.0  # inside the draft model's passes (part of time_drafting)
     tree_pass_sizes: set[int] = field(default_factory=set)  # padded node counts on a static cache (one graph each)
+    draft_pass_sizes: set[int] = field(default_factory=set)  # the draft's padded pass sizes on its static cache
     compiled: bool = False  # whether tree passes ran a compiled forward (compile_config / generation config)
+    sizes_kept_eager: set[int] = field(default_factory=set)  # tree sizes whose compiled pass measured no faster
+    draft_sizes_kept_eager: set[int] = field(default_factory=set)  # the same for the draft's passes
     graphs_compiled: int = 0  # graphs torch.compile made during the call (dynamo's unique_graphs)
 
     @property
@@ -85,6 +88,9 @@ class SpeculationStats:
             "time_draft_forward": self.time_draft_forward,
             "time_engine": self.time_engine,
             "tree_pass_sizes": sorted(self.tree_pass_sizes),
+            "draft_pass_sizes": sorted(self.draft_pass_sizes),
             "compiled": self.compiled,
+            "sizes_kept_eager": sorted(self.sizes_kept_eager),
+            "draft_sizes_kept_eager": sorted(self.draft_sizes_kept_eager),
             "graphs_compiled": self.graphs_compiled,
         }

@@ -280,11 +280,11 @@ class BestFirstDrafter(DraftModelCounts, Drafter):
         for at, ancestors, size in extra:
             sees[at : at + size, old + at : old + at + size] = ancestors
         timing = self.sizer is not None and not first  # the first pass also feeds the accepted tokens: not comparable
-        spent = self.runner.forward_time if timing else 0.0
+        spent, untimed = self.runner.forward_time if timing else 0.0, self.runner.untimed_passes
         root_logits, logits = self.runner.forward_tree(torch.tensor(tokens, dtype=torch.long),
                                                        torch.tensor(depths, dtype=torch.long), sees,
                                                        growth.ids if first else None)
-        if timing:
+        if timing and self.runner.untimed_passes == untimed:  # not a pass that compiled
             self.sizer.observe_draft(k, self.runner.forward_time - spent)
         for i, node in enumerate(frontier):
             growth.nodes[node].slot = old + i

@@ -9,22 +9,35 @@ ever re-reads a token it has already seen.
 
 The cache keeps every row (no sliding-window layers: compaction moves rows) and remembers each node slot's position,
 so sliding-window layers get their window by position in the masks (`core.attention`).
+
+When the target decodes on a static cache, so does the draft (`use_static_cache`): a `StaticCache` kept on the draft
+model from call to call (as Transformers keeps the target's), compacted in place, and every pass that feeds tree
+nodes padded to a power-of-two row count with masks as wide as the cache (`core.pass_shapes`), so a compiled draft
+forward reuses a few graphs. The padding rows are written past the pass's own rows and the write length is reset
+over them at once. A catch-up over many tokens (the prompt, a run of plain steps) runs eagerly and unpadded, as a
+prefill does.
 """
 
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 
 import torch
-from transformers import DynamicCache, PreTrainedModel
+from torch._dynamo.utils import counters
+from transformers import DynamicCache, PreTrainedModel, StaticCache
 
-from ..accept.kv_cache import keep_positions
+from ..accept.kv_cache import full_length_cache, keep_positions, static_capacity
 from ..core.attention import AttentionLayout
 from ..core.devices import PassClock, execution_device
+from ..core.faster_call import FasterCall
 from ..core.model_info import embeddable, fit_vocabulary
 from ..core.model_inputs import TokenInputs, explicit_parameters
+from ..core.pass_shapes import PassShapes, padded_inputs
 from ..core.tree import TokenTree
 from ..core.verdict import Verdict
+
+EAGER_CATCH_UP = 4  # on a static cache, at most this many fresh tokens join a padded pass (more: an eager pass first)
 
 
 class DraftModelCounts:
@@ -42,6 +55,18 @@ class DraftModelCounts:
 
     def use_inputs(self, inputs: TokenInputs) -> None:
         self.runner.token_inputs = inputs.for_model(self.runner.model)
+
+    def use_static_cache(self, rows: int, compiled: Callable[[PreTrainedModel, StaticCache], Callable | None]) -> None:
+        self.runner.use_static_cache(rows, compiled)
+
+    @property
+    def draft_pass_sizes(self) -> set[int]:
+        return self.runner.shapes.sizes
+
+    @property
+    def draft_sizes_kept_eager(self) -> set[int]:
+        call = self.runner.call
+        return call.kept_eager() & self.runner.shapes.sizes if isinstance(call, FasterCall) else set()
 
 
 class HostSequence:
@@ -91,19 +116,39 @@ class DraftModelRunner:
         self.num_nodes = 0  # tree-node slots after the committed positions
         self.node_positions = torch.empty(0, dtype=torch.long, device=self.device)  # position of each tree-node slot
         self.forward_count = 0
+        self.untimed_passes = 0  # passes that compiled a graph or ran a compile trial (`core.faster_call`)
         self.token_inputs = TokenInputs()  # the call's token types, placed by position (`use_inputs`)
         self.keeps_logits = "logits_to_keep" in explicit_parameters(model)  # else the runner slices them itself
+        self.shapes = PassShapes()  # a dynamic cache: passes keep their own shapes
+        self.call: Callable = model  # what runs the padded passes on a static cache (a compiled call, or the model)
+
+    def use_static_cache(self, rows: int, compiled: Callable[[PreTrainedModel, StaticCache], Callable | None]) -> None:
+        """Decode on a static cache of at least `rows` rows from here on (the draft's own, kept on the model between
+        calls, grown when a call needs more; every layer full length). `compiled(model, cache)` gives the compiled
+        call the padded passes run through, or None (eager)."""
+        cache = getattr(self.model, "_hf_specdec_static_cache", None)
+        if cache is None or static_capacity(cache) < rows:
+            cache = full_length_cache(StaticCache(config=self.model.config, max_cache_len=rows), capacity=rows)
+            self.model._hf_specdec_static_cache = cache
+        keep_positions(cache, 0, [])  # a new call: nothing committed yet
+        self.cache, self.committed, self.num_nodes = cache, [], 0
+        self.node_positions = self.node_positions[:0]
+        self.shapes = PassShapes(static_capacity(cache), self.shapes.sizes)
+        call = compiled(self.model, cache)
+        self.call = self.model if call is None else FasterCall(self.model, call, self.device)
 
     def _forward(
-        self, input_ids: torch.Tensor, positions: torch.Tensor, logits_to_keep: int = 0, **kwargs: torch.Tensor
+        self, input_ids: torch.Tensor, positions: torch.Tensor, logits_to_keep: int = 0, padded: bool = False,
+        **kwargs: torch.Tensor,
     ) -> torch.Tensor:
         """float32 logits, on the draft's device, of one pass over `input_ids` `(len,)` at `positions`: all rows, or
-        the last `logits_to_keep` if > 0."""
+        the last `logits_to_keep` if > 0. A `padded` pass (fixed shapes) runs through `self.call`."""
         self.clock.start()
+        graphs, trials = counters["stats"]["unique_graphs"], len(getattr(self.call, "trials", ()))
         device = self.device
-        kept = {"logits_to_keep": logits_to_keep} if self.keeps_logits else {}
+        kept = {"logits_to_keep": logits_to_keep} if self.keeps_logits and logits_to_keep else {}
         with torch.no_grad():
-            out = self.model(
+            out = (self.call if padded else self.model)(
                 input_ids=embeddable(input_ids.to(device), self.input_rows)[None],
                 position_ids=self.layout.model_positions(positions)[None],
                 past_key_values=self.cache,
@@ -116,6 +161,9 @@ class DraftModelRunner:
         logits = fit_vocabulary(logits.float(), self.vocab)
         self.clock.stop()
         self.forward_count += 1
+        # a pass that compiled or tried its size both ways took more than a pass: cost models skip it
+        self.untimed_passes += (counters["stats"]["unique_graphs"] != graphs
+                                or len(getattr(self.call, "trials", ())) != trials)
         return logits
 
     @property
@@ -159,12 +207,23 @@ class DraftModelRunner:
         """
         ids = ids.tolist() if isinstance(ids, torch.Tensor) else ids
         fresh = self._catch_up(ids) if ids is not None else []
-        past, old, m, k = len(self.committed), self.num_nodes, len(fresh), len(tokens)
+        if k := len(tokens):
+            fresh = self._feed_eagerly(fresh)
+        past, old, m = len(self.committed), self.num_nodes, len(fresh)
         device = self.device
         positions = torch.cat([torch.arange(past, past + m, device=device), past + m - 1 + depths.to(device)])
         fed = torch.cat([torch.tensor(fresh, dtype=torch.long).to(device), tokens.to(device)])
         if k == 0:  # catching up only: a plain causal pass (the model applies any window), the last row's logits
             logits = self._forward(fed, positions, logits_to_keep=1)
+        elif self.shapes.width is not None:  # a static cache: fixed shapes, every row's logits, padding dropped
+            allowed, keys = self._allowed(sees.to(device), m), self._key_positions(positions)
+            size = self.shapes.size(m + k)
+            self._make_room(past + old + size)
+            padded = padded_inputs(fed, positions, allowed, keys, size, self.shapes.width, self.layout,
+                                   self.model.dtype, device)
+            logits = self._forward(padded.tokens[0], padded.positions[0], padded=True,
+                                   attention_mask=padded.masks)[m - 1 if m else 0 : m + k]
+            keep_positions(self.cache, past + old + m + k, [])  # the padding rows
         else:
             mask = self.layout.masks(self._allowed(sees.to(device), m), positions, self._key_positions(positions),
                                      self.model.dtype, device)
@@ -174,6 +233,34 @@ class DraftModelRunner:
         self.num_nodes = old + k
         self.node_positions = torch.cat([self.node_positions, positions[m:]])
         return (logits[0] if m else None), logits[len(logits) - k :]
+
+    def _make_room(self, rows: int) -> None:
+        """Let the static cache hold `rows` rows: if it cannot, move its rows into one twice as large (new buffers,
+        so a compiled call compiles again: a step that forwards more nodes than the room given is rare)."""
+        if rows <= self.shapes.width:
+            return
+        width = max(rows, 2 * self.shapes.width)
+        grown = full_length_cache(StaticCache(config=self.model.config, max_cache_len=width), capacity=width)
+        for old, new in zip(self.cache.layers, grown.layers):
+            if old.is_initialized:
+                length = int(old.get_seq_length())
+                new.lazy_initialization(old.keys, old.values)
+                new.keys[:, :, :length], new.values[:, :, :length] = old.keys[:, :, :length], old.values[:, :, :length]
+                new.cumulative_length.fill_(length)
+        self.cache = self.model._hf_specdec_static_cache = grown
+        self.shapes = PassShapes(width, self.shapes.sizes)
+
+    def _feed_eagerly(self, fresh: list[int]) -> list[int]:
+        """On a static cache, commit all but the last `EAGER_CATCH_UP` of `fresh` in an eager pass of its own (a long
+        catch-up would otherwise pad to a large new shape); the tokens left for the padded pass."""
+        if self.shapes.width is None or len(fresh) <= EAGER_CATCH_UP:
+            return fresh
+        early, fresh = fresh[:-EAGER_CATCH_UP], fresh[-EAGER_CATCH_UP:]
+        past = len(self.committed)
+        self._forward(torch.tensor(early, dtype=torch.long), torch.arange(past, past + len(early), device=self.device),
+                      logits_to_keep=1)
+        self.committed = self.committed + early
+        return fresh
 
     def _allowed(self, sees: torch.Tensor, m: int) -> torch.Tensor:
         """`(m + k, past + old + m + k)` bool on the device: which key each fed token sees (the `m` fresh committed

@@ -71,6 +71,9 @@ class GuardedDrafter(Drafter):
     def use_inputs(self, inputs: TokenInputs) -> None:
         self.inner.use_inputs(inputs)
 
+    def use_static_cache(self, rows: int, compiled) -> None:
+        self.inner.use_static_cache(rows, compiled)
+
     def observe_target_pass(self, tree_size: int, seconds: float) -> None:
         self.inner.observe_target_pass(tree_size, seconds)
 

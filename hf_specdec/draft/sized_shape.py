@@ -47,6 +47,7 @@ class SizedShapeDrafter(ModelTreeDrafter):
         self._logq: torch.Tensor | None = None  # the draft's log-probability of each shape node (device)
         self._host_logq: list[float] = []
         self._draft_before = 0.0
+        self._untimed_before = 0
         self._depths: dict[tuple[int, ...], ShapeDepths] = {}  # per shape drafted: its nodes by depth and rank
 
     @property
@@ -65,9 +66,10 @@ class SizedShapeDrafter(ModelTreeDrafter):
         self._logq[0] = 0.0
 
     def _level_drafted(self, level: ShapeLevel, kids: torch.Tensor, logq: Callable[[], torch.Tensor]) -> None:
-        if level.parent_list[0] != 0:  # the root's pass also fed the accepted tokens: not a comparable timing
+        # the root's pass also fed the accepted tokens, a compiling pass compiled: not comparable timings
+        if level.parent_list[0] != 0 and self.runner.untimed_passes == self._untimed_before:
             self.sizer.observe_draft(len(level.parent_list), self.runner.forward_time - self._draft_before)
-        self._draft_before = self.runner.forward_time
+        self._draft_before, self._untimed_before = self.runner.forward_time, self.runner.untimed_passes
         self._logq[level.children] = logq()[level.rows, level.cols]
 
     def _level_pays(self, index: int) -> bool:

@@ -28,6 +28,8 @@ from transformers.utils import logging
 
 from ..accept.kv_cache import full_length_cache, is_static, make_room, static_capacity
 from ..core.config import PlanRequest, SpeculationConfig, make_config
+from ..core.devices import execution_device
+from ..core.faster_call import FasterCall
 from ..core.model_inputs import TokenInputs
 from ..core.ranks import Ranks
 from ..decoding.loop import speculative_loop
@@ -50,8 +52,11 @@ SPECULATION_KWARGS = ("speculation", "speculation_config", "speculation_generato
 # What Transformers' generate takes out of **kwargs before merging the rest into the generation config.
 _NOT_SETTINGS = {*_SIGNATURE.parameters, "trust_remote_code", "tokenizer", "assistant_tokenizer"}
 # Rows added to a static cache generate builds (cache_implementation="static", no max_cache_len): plain decoding
-# sizes it to the call's tokens, and without room a tree near the end loses levels to fit (`decoding.pass_shapes`).
+# sizes it to the call's tokens, and without room a tree near the end loses levels to fit (`core.pass_shapes`).
 TREE_ROOM = 64
+# Rows the draft's static cache has on top of the target's: the nodes a step forwards and their padding (it grows
+# past them if a step needs more).
+DRAFT_ROOM = 256
 
 
 def stored_speculation(model: PreTrainedModel, kwargs: dict[str, Any]) -> SpeculationConfig | None:
@@ -200,10 +205,14 @@ def speculative_generate(
         make_room(cache, rows)
     # sliding windows go into the tree masks; a static cache's sliding layers become full ones of `rows` rows
     cache = full_length_cache(cache, capacity=rows)
-    forward = compiled_forward(model, cache, generation_config)
+    compiled = compiled_forward(model, cache, generation_config)
+    forward = None if compiled is None else FasterCall(model, compiled, execution_device(model))
     drafter = config.make_drafter(model, call.assistant_model, logits_processor, verifier.child_selection,
                                   call.generator)
     drafter = GuardedDrafter(drafter) if config.guard else drafter
+    if is_static(cache):  # the draft decodes on a static cache too, compiled when the target's forward is
+        drafter.use_static_cache(rows + DRAFT_ROOM, lambda draft, draft_cache: None if forward is None else
+                                 compiled_forward(draft, draft_cache, generation_config))
     stats = SpeculationStats(method=config.method, verifier=verifier.name, plan_source=config.plan_source,
                              compiled=forward is not None, time_plan=plan_seconds)
     result = speculative_loop(

@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..core.attention import AttentionLayout, Masks
-from ..core.tree import TokenTree
+from .attention import AttentionLayout, Masks
+from .tree import TokenTree
 
 
 @dataclass
@@ -59,18 +59,30 @@ def padded_pass(
     device: torch.device,
 ) -> PaddedPass:
     """Inputs of a pass over `tree` (on `device`) padded to `size` nodes, masks `width` keys wide (the cache rows)."""
-    n, pad = len(tree), size - len(tree)
-    if pad < 0 or past + size > width:
-        raise ValueError(f"A {n}-node tree padded to {size} does not fit {width} cache rows after {past} tokens.")
-    nodes = tree.depths + past
-    positions = torch.cat([nodes, torch.full((pad,), past, dtype=nodes.dtype, device=device)])
-    keys = torch.cat([torch.arange(past, device=device), positions,
-                      torch.zeros(width - past - size, dtype=nodes.dtype, device=device)])
-    allowed = torch.zeros(size, width, dtype=torch.bool, device=device)
-    allowed[:n, : past + n] = tree.visibility(past)
-    allowed[n:, past + n : past + size] = torch.eye(pad, dtype=torch.bool, device=device)
-    tokens = torch.cat([tree.tokens, tree.tokens[:1].expand(pad)])
-    return PaddedPass(tokens[None], positions[None], layout.masks(allowed, positions, keys, dtype, device))
+    positions = tree.depths + past
+    keys = torch.cat([torch.arange(past, device=device), positions])
+    return padded_inputs(tree.tokens, positions, tree.visibility(past), keys, size, width, layout, dtype, device)
+
+
+def padded_inputs(
+    tokens: torch.Tensor, positions: torch.Tensor, allowed: torch.Tensor, key_positions: torch.Tensor, size: int,
+    width: int, layout: AttentionLayout, dtype: torch.dtype, device: torch.device,
+) -> PaddedPass:
+    """Inputs of a pass over `q` fed tokens `(q,)` at `positions` `(q,)` padded to `size` rows, masks `width` keys
+    wide: `allowed` `(q, end)` says which of the first `end` cache rows each fed token sees (the fed tokens take the
+    last q of them), `key_positions` `(end,)` those rows' positions. Padding rows repeat the first fed token at its
+    position, each seeing only itself; they are written at rows end, end + 1, ... (the caller drops them)."""
+    (q, end), pad = allowed.shape, size - len(tokens)
+    if pad < 0 or end + pad > width:
+        raise ValueError(f"A pass over {q} tokens padded to {size} does not fit {width} cache rows after {end - q}.")
+    positions = torch.cat([positions, positions[:1].expand(pad)])
+    keys = torch.cat([key_positions.to(positions.dtype), positions[q:],
+                      torch.zeros(width - end - pad, dtype=positions.dtype, device=device)])
+    visible = torch.zeros(size, width, dtype=torch.bool, device=device)
+    visible[:q, :end] = allowed
+    visible[q:, end : end + pad] = torch.eye(pad, dtype=torch.bool, device=device)
+    tokens = torch.cat([tokens, tokens[:1].expand(pad)])
+    return PaddedPass(tokens[None], positions[None], layout.masks(visible, positions, keys, dtype, device))
 
 
 def fit_tree(tree: TokenTree, past: int, deepest: int | None, rows: int | None) -> tuple[TokenTree, list[int] | None]:
