@@ -75,7 +75,7 @@ def full_length_cache(cache: Cache | None, capacity: int | None = None) -> Cache
         raise ValueError("A static cache with only sliding-window layers needs the capacity of its full-length form.")
     for i, layer in enumerate(cache.layers):
         if getattr(layer, "is_sliding", False):
-            cache.layers[i] = _full_static(layer, rows) if static else _full_dynamic(layer)
+            cache.layers[i] = static_copy(layer, rows) if static else _full_dynamic(layer)
     return cache
 
 
@@ -86,8 +86,9 @@ def _full_dynamic(layer) -> DynamicLayer:
     return full
 
 
-def _full_static(layer: StaticLayer, rows: int) -> StaticLayer:
-    """A `StaticLayer` of `rows` rows holding `layer`'s (a sliding one that has not wrapped around yet)."""
+def static_copy(layer: StaticLayer, rows: int) -> StaticLayer:
+    """A full-length `StaticLayer` of `rows` rows holding `layer`'s (a sliding one that has not wrapped around yet, or
+    a full one growing)."""
     full = StaticLayer(max_cache_len=rows)
     if layer.is_initialized:
         length = int(layer.get_seq_length())

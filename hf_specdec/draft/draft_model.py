@@ -27,7 +27,7 @@ import torch
 from torch._dynamo.utils import counters
 from transformers import DynamicCache, PreTrainedModel, StaticCache
 
-from ..accept.kv_cache import full_length_cache, keep_positions, static_capacity
+from ..accept.kv_cache import full_length_cache, keep_positions, static_capacity, static_copy
 from ..core.attention import AttentionLayout
 from ..core.devices import PassClock, execution_device
 from ..core.faster_call import FasterCall
@@ -240,14 +240,7 @@ class DraftModelRunner:
         if rows <= self.shapes.width:
             return
         width = max(rows, 2 * self.shapes.width)
-        grown = full_length_cache(StaticCache(config=self.model.config, max_cache_len=width), capacity=width)
-        for old, new in zip(self.cache.layers, grown.layers):
-            if old.is_initialized:
-                length = int(old.get_seq_length())
-                new.lazy_initialization(old.keys, old.values)
-                new.keys[:, :, :length], new.values[:, :, :length] = old.keys[:, :, :length], old.values[:, :, :length]
-                new.cumulative_length.fill_(length)
-        self.cache = self.model._hf_specdec_static_cache = grown
+        self.cache.layers[:] = [static_copy(layer, width) for layer in self.cache.layers]
         self.shapes = PassShapes(width, self.shapes.sizes)
 
     def _feed_eagerly(self, fresh: list[int]) -> list[int]:
