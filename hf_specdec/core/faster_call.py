@@ -5,8 +5,7 @@ on others (an AVX2-only Zen 3 in float32) inductor makes a pass no faster and a 
 than the eager one. So the first pass of each padded size on a static cache is a trial: after a warm-up pass (which
 compiles), the eager and the compiled call each run the same pass `TRIALS` times, the cache's write length rewound
 between runs, and the faster by the best run (the compiled one only if faster by `MARGIN`) runs that size from then
-on.
-Choices are kept per model and compiled call for the process, as the graphs are. Outputs do not depend on the
+on. Choices are kept per model and compiled call for the process, as the graphs are. Outputs do not depend on the
 choice beyond rounding: both calls compute the same pass.
 """
 
@@ -17,6 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch._dynamo.utils import counters
 from transformers.cache_utils import StaticLayer
 
 # The compiled call must be this much faster in the trial to be kept. On a CPU a trial of alternating passes is off
@@ -68,6 +68,13 @@ class FasterCall:
         self.choice[size] = compiled < eager * (1 - MARGIN)
         self.trials.append((size, eager, compiled))
         return out  # the compiled call's pass: the last one run, whose rows the cache holds
+
+
+def compile_events(call: Callable | None) -> tuple[int, int]:
+    """(graphs dynamo compiled, compile trials `call` ran) so far: a pass that changes either took longer than a
+    pass, so cost models skip its time."""
+    return counters["stats"]["unique_graphs"], len(getattr(call, "trials", ()))
+
 
 def _synchronize(device: torch.device) -> None:
     if device.type == "cuda":

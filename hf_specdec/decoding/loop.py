@@ -20,7 +20,7 @@ from ..core.attention import AttentionLayout
 from ..core.device_copies import DeviceCopies, one_pass
 from ..core.devices import PassClock, compute_devices, execution_device
 from ..core.drafter import Drafter
-from ..core.faster_call import FasterCall
+from ..core.faster_call import FasterCall, compile_events
 from ..core.model_inputs import TokenInputs
 from ..core.pass_shapes import PassShapes, fit_tree, padded_pass
 from ..core.processing import NodeScores, process_tree_scores
@@ -118,7 +118,7 @@ def speculative_loop(
 
         past = input_ids.shape[1] - 1
         tree, kept = fit_positions(drafted, layout, past, target, shapes.rows(past))
-        timed, compiled_before = clock.total, _compiles(forward)
+        timed, compiled_before = clock.total, compile_events(forward)
         clock.start()
         with one_pass(copies):
             output = tree_pass(target, tree, past, cache, layout, dtype, device, token_inputs,
@@ -127,7 +127,7 @@ def speculative_loop(
         clock.stop()
         seconds = clock.total - timed
         stats.time_target_forward += seconds
-        if _compiles(forward) == compiled_before:  # a pass that compiled (or tried both calls) is not a pass's time
+        if compile_events(forward) == compiled_before:  # a compiling pass (or a trial) is not a pass's time
             drafter.observe_target_pass(len(tree), seconds)
         first_step = prefill is not None
         if first_step:  # the first token as plain generate computes it (see _prefill)
@@ -170,12 +170,6 @@ def speculative_loop(
     if streamer is not None:
         streamer.end()
     return LoopResult(sequences=input_ids, records=records, stats=stats)
-
-
-def _compiles(forward: Callable[..., ModelOutput] | None) -> tuple[int, int]:
-    """(graphs dynamo compiled, compile trials `forward` ran) so far: a pass that changes either took longer than
-    a pass."""
-    return counters["stats"]["unique_graphs"], len(getattr(forward, "trials", ()))
 
 
 def _prefill(

@@ -24,13 +24,12 @@ import itertools
 from collections.abc import Callable
 
 import torch
-from torch._dynamo.utils import counters
 from transformers import DynamicCache, PreTrainedModel, StaticCache
 
 from ..accept.kv_cache import full_length_cache, keep_positions, static_capacity, static_copy
 from ..core.attention import AttentionLayout
 from ..core.devices import PassClock, execution_device
-from ..core.faster_call import FasterCall
+from ..core.faster_call import FasterCall, compile_events
 from ..core.model_info import embeddable, fit_vocabulary
 from ..core.model_inputs import TokenInputs, explicit_parameters
 from ..core.pass_shapes import PassShapes, padded_inputs
@@ -144,7 +143,7 @@ class DraftModelRunner:
         """float32 logits, on the draft's device, of one pass over `input_ids` `(len,)` at `positions`: all rows, or
         the last `logits_to_keep` if > 0. A `padded` pass (fixed shapes) runs through `self.call`."""
         self.clock.start()
-        graphs, trials = counters["stats"]["unique_graphs"], len(getattr(self.call, "trials", ()))
+        events = compile_events(self.call)
         device = self.device
         kept = {"logits_to_keep": logits_to_keep} if self.keeps_logits and logits_to_keep else {}
         with torch.no_grad():
@@ -162,8 +161,7 @@ class DraftModelRunner:
         self.clock.stop()
         self.forward_count += 1
         # a pass that compiled or tried its size both ways took more than a pass: cost models skip it
-        self.untimed_passes += (counters["stats"]["unique_graphs"] != graphs
-                                or len(getattr(self.call, "trials", ())) != trials)
+        self.untimed_passes += compile_events(self.call) != events
         return logits
 
     @property
