@@ -20,7 +20,9 @@ Real weights cannot reach the GPU machine, so the models are random, of real sha
   runs compiled only where its first pass measured the compiled call faster), against plain static-cache generate
   compiled the same way;
 - steps: where a step's time goes, per method: target and draft passes timed by forward hooks (host clock and CUDA
-  events), the rest outside them.
+  events), the rest outside them;
+- batches: B = 1...16 random prompts in one batch, greedy, speculative methods against plain batched `generate`
+  (Transformers' assisted generation takes one sequence, so it has no row here), tokens per target step per row.
 Speed phases interleave the methods within each round (`interleaved`): a GPU machine's host changes speed during a
 run, so rows timed one after another compare moments, not methods.
 
@@ -35,6 +37,7 @@ shapes on any device (a check of this script on a CPU before a GPU run).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import json
 import os
@@ -48,6 +51,7 @@ from pathlib import Path
 
 import torch
 import transformers
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from transformers import AutoModelForCausalLM, Qwen2Config
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -80,6 +84,8 @@ SMOKE_TARGET = dict(QWEN_7B, vocab_size=4096, hidden_size=256, intermediate_size
                     num_attention_heads=4, num_key_value_heads=2)
 SMOKE_DRAFT = dict(SMOKE_TARGET, hidden_size=64, intermediate_size=128, num_hidden_layers=2)
 IDS = dict(pad_token_id=0, bos_token_id=1, eos_token_id=2)
+NO_CUDNN = "no_cudnn_sdpa"  # a table entry's switch: the call runs without cuDNN's SDPA kernel
+WITHOUT_CUDNN = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
 class Run:
@@ -104,10 +110,12 @@ class Run:
             torch.cuda.synchronize()
 
     def timed(self, target, ids, new_tokens: int, kwargs: dict):
-        """(output, seconds) of one `generate` call, the device synchronised on both sides."""
+        """(output, seconds) of one `generate` call, the device synchronised on both sides. A table entry with
+        `NO_CUDNN` set runs the whole call with cuDNN's SDPA kernel off (a batch's tree passes do so by themselves)."""
         self.sync()
         start = time.perf_counter()
-        out = generate(target, ids, new_tokens, **call_kwargs(kwargs))
+        with sdpa_kernel(WITHOUT_CUDNN) if kwargs.get(NO_CUDNN) else contextlib.nullcontext():
+            out = generate(target, ids, new_tokens, **call_kwargs(kwargs))
         self.sync()
         return out, time.perf_counter() - start
 
@@ -501,8 +509,9 @@ def interleaved(run: Run, target, table: dict, prompts, new_tokens: int, rounds:
 
 
 def call_kwargs(kwargs: dict) -> dict:
-    """A table entry's `generate` arguments (its `new_tokens` overrides the phase's count; it is not one)."""
-    return {k: v for k, v in kwargs.items() if k != "new_tokens"}
+    """A table entry's `generate` arguments (its `new_tokens` overrides the phase's count, `NO_CUDNN` picks the
+    kernels: neither is one)."""
+    return {k: v for k, v in kwargs.items() if k not in ("new_tokens", NO_CUDNN)}
 
 
 def medians(rows: list[dict], skip=("round",)) -> dict:
@@ -528,7 +537,10 @@ def step_parts(run: Run, target, draft, prompts, new_tokens: int, rounds: int = 
                                     "speculation": ChainConfig(num_draft_tokens=4, guard=False)},
              "chain 8": {"assistant_model": draft, "speculation": ChainConfig(num_draft_tokens=8)},
              "sequoia": {"assistant_model": draft, "speculation": "sequoia"},
-             "specexec": {"assistant_model": draft, "speculation": "specexec"}}
+             "specexec": {"assistant_model": draft, "speculation": "specexec"},
+             # does cuDNN's SDPA slow one sequence's tree passes as it slows a batch's? (core.attention)
+             "sequoia, no cuDNN SDPA": {"assistant_model": draft, "speculation": "sequoia", NO_CUDNN: True},
+             "specexec, no cuDNN SDPA": {"assistant_model": draft, "speculation": "specexec", NO_CUDNN: True}}
     clock = PassClock(target=target, draft=draft)
 
     def measure(name: str, kwargs: dict, ids) -> dict:
@@ -610,6 +622,45 @@ def static_speed(run: Run, target, draft, prompts, new_tokens: int, rounds: int 
             "per_call": rows}
 
 
+def batch_speed(run: Run, target, draft, new_tokens: int, sizes=(1, 2, 4, 8, 16), rounds: int = 2) -> dict:
+    """A batch of B different random prompts (equal length, so no padding) per B: plain batched `generate` and the
+    speculative methods at their defaults, interleaved per B, medians; tokens/s counts every row's new tokens."""
+    generator = torch.Generator().manual_seed(23)
+    vocab = target.config.vocab_size
+
+    def measure(name: str, kwargs: dict, ids) -> dict:
+        out, seconds = run.timed(target, ids, new_tokens, kwargs)
+        rows = ids.shape[0]
+        row = {"tokens_per_second": rows * new_tokens / seconds}
+        stats = getattr(out, "speculation_stats", None)
+        if stats is not None:
+            stats = stats if isinstance(stats, list) else [stats]
+            row["tokens_per_target_step_per_row"] = statistics.mean(
+                s.new_tokens / max(s.target_forwards, 1) for s in stats)
+        return row
+
+    found = {}
+    for size in sizes:
+        if run.left() < 60:
+            found[size] = {"skipped": "deadline"}
+            continue
+        batch = torch.randint(3, vocab, (size, 64), generator=generator).to(run.device)
+        mask = {"attention_mask": torch.ones_like(batch)}  # as a tokenizer returns it
+        table = {"plain (batched)": mask, "plain (batched), no cuDNN SDPA": {**mask, NO_CUDNN: True},
+                 **{name: {"assistant_model": draft, "speculation": name, **mask}
+                    for name in ("chain", "sequoia", "specexec")}}
+        rows = interleaved(run, target, table, [batch], new_tokens, rounds, measure)
+        results = [{"method": name, **medians(r)} for name, r in rows.items()]
+        by_name = {r["method"]: r.get("tokens_per_second") for r in results}
+        for row in results:
+            for ref in ("plain (batched)", "plain (batched), no cuDNN SDPA"):
+                if by_name.get(ref) and row.get("tokens_per_second"):
+                    row[f"vs {ref}"] = round(row["tokens_per_second"] / by_name[ref], 2)
+            print(f"  B={size} {row}", flush=True)
+        found[size] = {"results": results, "per_call": rows}
+    return {"new_tokens": new_tokens, "rounds": rounds, "batches": found}
+
+
 def methods_in_memory(draft) -> dict:
     return {"plain": {}, "assisted (Transformers)": {"assistant_model": draft},
             **{name: {"assistant_model": draft, "speculation": name}
@@ -648,7 +699,7 @@ def main() -> None:
     parser.add_argument("--deadline", type=float, default=480.0, help="Seconds for the whole run.")
     parser.add_argument("--phases", nargs="*",
                         default=["correctness", "syncs", "latency", "overhead", "memory", "static", "steps",
-                                 "offloaded"])
+                                 "batches", "offloaded"])
     parser.add_argument("--explicit", action="store_true",
                         help="In memory, also methods at fixed sizes (chain 8/16 tokens, specexec budgets 16-256).")
     parser.add_argument("--draft-layers", type=int, default=2)
@@ -666,7 +717,7 @@ def main() -> None:
         if phase in args.phases and run.left() > needs:
             print(f"== {phase}", flush=True)
             globals()[phase](run)
-    big = bool({"latency", "overhead", "memory", "steps", "static", "offloaded"} & set(args.phases))
+    big = bool({"latency", "overhead", "memory", "steps", "static", "batches", "offloaded"} & set(args.phases))
     if not big or run.left() < 60:
         return
     print("== models", flush=True)
@@ -709,6 +760,10 @@ def main() -> None:
     if "steps" in args.phases and run.left() > 60:
         print("== step parts", flush=True)
         run.write("steps", {"pair": pair, **step_parts(run, target, draft, prompts, 32 if args.smoke else 64)})
+    if "batches" in args.phases and run.left() > 90:
+        print("== batches", flush=True)
+        run.write("batches", {"pair": pair, **batch_speed(run, target, draft, 32 if args.smoke else 64,
+                                                          (1, 2) if args.smoke else (1, 2, 4, 8, 16))})
     if "offloaded" in args.phases and run.device.type == "cuda" and run.left() > 90:
         print("== offloaded", flush=True)
         try:

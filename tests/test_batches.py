@@ -495,3 +495,50 @@ def hooked_chain_call(target, draft, ids: torch.Tensor, mask: torch.Tensor, hook
         hook.remove()
     assert torch.equal(out.sequences, target.generate(ids, **call))
     return out
+
+
+def test_on_cuda_a_batch_attends_without_cudnn_and_gives_the_settings_back():
+    """cuDNN's SDPA spent 1.45 ms of host time per masked call in a batch on an H100 (core.attention): the batch's
+    passes run without it, and the user's backend settings are theirs again after the call. (No GPU needed: the
+    context only sets PyTorch's backend flags.)"""
+    from hf_specdec.core.attention import batch_attention_kernels
+
+    before = [torch.backends.cuda.cudnn_sdp_enabled(), torch.backends.cuda.flash_sdp_enabled(),
+              torch.backends.cuda.mem_efficient_sdp_enabled(), torch.backends.cuda.math_sdp_enabled()]
+    with batch_attention_kernels(torch.device("cuda", 0)):
+        assert not torch.backends.cuda.cudnn_sdp_enabled()
+        assert torch.backends.cuda.flash_sdp_enabled() and torch.backends.cuda.mem_efficient_sdp_enabled()
+        assert torch.backends.cuda.math_sdp_enabled()
+    with batch_attention_kernels(torch.device("cpu")):
+        assert torch.backends.cuda.cudnn_sdp_enabled() == before[0]  # nothing changes off CUDA
+    assert [torch.backends.cuda.cudnn_sdp_enabled(), torch.backends.cuda.flash_sdp_enabled(),
+            torch.backends.cuda.mem_efficient_sdp_enabled(), torch.backends.cuda.math_sdp_enabled()] == before
+
+
+def test_every_pass_of_a_batch_runs_inside_its_attention_kernels(monkeypatch):
+    import contextlib
+
+    from hf_specdec.integration import batch
+
+    inside, seen = [], []
+
+    @contextlib.contextmanager
+    def recorded(device):
+        seen.append(torch.device(device))
+        inside.append(True)
+        yield
+        inside.pop()
+
+    monkeypatch.setattr(batch, "batch_attention_kernels", recorded)
+    target = tiny_model("llama", 0)
+    draft = near_draft(target)
+    passes = []
+    hooks = [m.register_forward_pre_hook(lambda *_: passes.append(bool(inside))) for m in (target, draft)]
+    ids, mask = padded_batch(3, [0, 2])
+    try:
+        target.generate(ids, attention_mask=mask, assistant_model=draft, speculation="chain", max_new_tokens=8,
+                        do_sample=False)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    assert seen == [torch.device("cpu")] and passes and all(passes)

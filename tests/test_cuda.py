@@ -1,5 +1,6 @@
 """On a CUDA GPU: lossless greedy in float32 for every method and attention kernel, seeded sampling reproducible,
-the sampling verifiers exact with their draws on the device, flash-attention refused.
+the sampling verifiers exact with their draws on the device, flash-attention refused, a static cache with CUDA
+graphs identical to plain static generate.
 
 CI has no GPU; these run on a GPU machine with one command (README, "On a GPU"):
 
@@ -88,3 +89,18 @@ def test_flash_attention_refused_before_any_pass():
     ids = random_prompt(torch.Generator().manual_seed(3), 7).cuda()
     with pytest.raises(ValueError, match="flash_attention_2.*attn_implementation='sdpa'"):
         target.generate(ids, assistant_model=draft, speculation="chain", max_new_tokens=8, do_sample=False)
+
+
+@pytest.mark.parametrize("name", ["chain", "specexec"])
+def test_static_cache_with_cuda_graphs_identical_to_plain_static(name):
+    """On a GPU a static cache makes Transformers compile the forward (inductor, CUDA graphs); the tree passes and the
+    draft's passes (its own static cache) run compiled graphs too, and the tokens stay plain static generate's."""
+    target, draft = cuda_pair()
+    ids = random_prompt(torch.Generator().manual_seed(4), 12).cuda()
+    plain = target.generate(ids, do_sample=False, max_new_tokens=32, cache_implementation="static")
+    for _ in range(2):  # the second call replays the graphs the first one captured
+        out = target.generate(ids, assistant_model=draft, speculation=METHODS[name], do_sample=False,
+                              max_new_tokens=32, cache_implementation="static", return_dict_in_generate=True)
+        stats = out.speculation_stats
+        assert torch.equal(out.sequences, plain), name
+        assert stats.compiled and stats.draft_pass_sizes, stats  # compiled target, draft on its static cache
