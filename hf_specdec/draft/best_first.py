@@ -61,7 +61,6 @@ class LowerTree:
 
     tree: TokenTree
     host: HostTree
-    logits: torch.Tensor  # draft logits of the tree's nodes 1.. (device)
     first_slot: int  # draft-cache slot of the tree's node 1
 
 
@@ -204,9 +203,9 @@ class BestFirstDrafter(DraftModelCounts, Drafter):
                         prefix=input_ids[:, :-1].to(self.runner.device), ids=ids)
         frontier, hangs, passes = [], [0], 0
         while True:
-            ready, lower = self._pass(growth, frontier, hangs, first=passes == 0)
+            ready, logits, lower = self._pass(growth, frontier, hangs, first=passes == 0)
             passes += 1
-            self._grow(growth, ready, lower)
+            self._grow(growth, ready, logits, lower)
             growth.prune(self.budget)
             pool = growth.open_nodes(self.budget, self.max_depth)
             if not pool or growth.nodes[pool[0]].log_rank < self.min_log_rank:
@@ -251,10 +250,11 @@ class BestFirstDrafter(DraftModelCounts, Drafter):
     def _pass(self, growth: Growth, frontier: list[int], hangs: list[int], first: bool):
         """One draft pass over `frontier` and the lower trees off `hangs` (the first pass also syncs the cache).
 
-        Returns the nodes that now have logits (node -> logits row) and, per hanging node, where it stands in its
-        forwarded lower tree.
+        Returns the nodes that now have logits, the pass's logits (one row per such node, then one per forwarded
+        lower node, tree by tree: the rows `_pick` reads, as the pass returned them, uncopied) and, per hanging node,
+        where it stands in its forwarded lower tree.
         """
-        old, f = 0 if first else self.runner.num_nodes, len(frontier)  # the first pass drops earlier node slots
+        old = 0 if first else self.runner.num_nodes  # the first pass drops earlier node slots
         sees_rows = [growth.ancestor_slots(node) for node in frontier]
         tokens = [growth.nodes[node].token for node in frontier]
         depths = [growth.nodes[node].depth for node in frontier]
@@ -288,19 +288,20 @@ class BestFirstDrafter(DraftModelCounts, Drafter):
             self.sizer.observe_draft(k, self.runner.forward_time - spent)
         for i, node in enumerate(frontier):
             growth.nodes[node].slot = old + i
-        ready = {0: root_logits} if first else {}
-        ready.update(zip(frontier, logits[:f]))
+        ready = [0, *frontier] if first else frontier
+        if first:  # the root's row sits just above the nodes' in the pass's output: one copy puts them together
+            logits = torch.cat([root_logits[None], logits])
         lower = {}
-        for hang, tree, at in trees:
-            lower[hang] = LowerAt(LowerTree(tree, tree.host(), logits[at : at + len(tree) - 1], old + at), at=0)
+        for hang, tree, at in trees:  # their rows follow the frontier's, tree by tree, as fed
+            lower[hang] = LowerAt(LowerTree(tree, tree.host(), old + at), at=0)
             self.lower_forwarded += len(tree) - 1
-        return ready, lower
+        return ready, logits, lower
 
-    def _grow(self, growth: Growth, ready: dict[int, torch.Tensor], lower: dict[int, LowerAt]) -> None:
+    def _grow(self, growth: Growth, ready: list[int], logits: torch.Tensor, lower: dict[int, LowerAt]) -> None:
         """Expand every node that has logits; a child matching a forwarded lower node takes over its logits and slot
         (it is confirmed) and is expanded in the next round, down the lower tree. The children of every forwarded
         lower node are chosen up front with those of the pass's nodes: one batch, one read per pass."""
-        rows, picked, below = self._pick(growth, ready, lower)
+        rows, picked, below = self._pick(growth, ready, logits, lower)
         w = self.width
         while rows:
             if self.sizer is not None:
@@ -316,11 +317,12 @@ class BestFirstDrafter(DraftModelCounts, Drafter):
                 picked[node] = below[id(lower[node].lower), lower[node].at]
             rows = confirmed
 
-    def _pick(self, growth: Growth, ready: dict[int, torch.Tensor], lower: dict[int, LowerAt]):
+    def _pick(self, growth: Growth, ready: list[int], logits: torch.Tensor, lower: dict[int, LowerAt]):
         """The `width` best children of every node with logits (`ready`) and of every forwarded lower node, in one
         read: (the ready nodes, their rows by node, the lower nodes' rows by (lower tree, node)). A row holds the
-        children's log-probabilities, their ranks and their tokens."""
-        rows, raw = list(ready), list(ready.values())
+        children's log-probabilities, their ranks and their tokens. `logits`: the ready nodes' rows, then the lower
+        nodes', in `lower`'s order."""
+        rows = list(ready)
         parents, tokens = [n.parent for n in growth.nodes], [n.token for n in growth.nodes]
         at: list[int] = list(rows)  # each row's node in the processors' tree (growth nodes, then the lower nodes)
         keys: list[tuple[int, int]] = []
@@ -331,8 +333,6 @@ class BestFirstDrafter(DraftModelCounts, Drafter):
                 tokens.append(host.tokens[c])
                 at.append(first + c - 1)
                 keys.append((id(place.lower), c))
-            raw.append(place.lower.logits)
-        logits = torch.cat([torch.stack(raw[: len(rows)]), *raw[len(rows) :]])
         tree = None
         if self.logits_processor:
             tree = TokenTree(tokens=torch.tensor(tokens).to(logits.device), parents=torch.tensor(parents).to(
