@@ -27,7 +27,7 @@ Masks = torch.Tensor | dict[str, torch.Tensor]
 # SDPA kernels for batched tree masks on a CUDA GPU: cuDNN's left out. Measured on an H100 (torch 2.11, bf16, a
 # 7B-shaped Qwen2, a batch of 4, benchmarks/gpu-h100/): with it, each masked attention call spent 1.45 ms of host
 # time (1,394 ms over one 64-token call, against 32 ms for 712 calls with one sequence), and the batch ran 0.49x
-# plain; without it 1.25x. PyTorch then picks flash (no mask) or memory-efficient attention (a mask), as before 2.5.
+# plain; without it 1.25x. PyTorch then picks flash (no mask) or memory-efficient attention (a mask).
 TREE_BATCH_KERNELS = ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "MATH")
 
 
