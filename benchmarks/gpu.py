@@ -51,7 +51,6 @@ from pathlib import Path
 
 import torch
 import transformers
-from torch.nn.attention import SDPBackend, sdpa_kernel
 from transformers import AutoModelForCausalLM, Qwen2Config
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -61,6 +60,7 @@ from engine_overhead import ACCEPTANCE, SAMPLING, peaky_model  # noqa: E402
 
 import hf_specdec  # noqa: E402, F401  (installs `speculation=`)
 from hf_specdec import ChainConfig, SequoiaConfig, SpecExecConfig, StagedConfig, TreeConfig  # noqa: E402
+from hf_specdec.core.attention import batch_attention_kernels  # noqa: E402
 from hf_specdec.plan.latency import measure_latency  # noqa: E402
 from hf_specdec.plan.plan_file import pair_placement  # noqa: E402
 from hf_specdec.plan.sequoia import plan_tree  # noqa: E402
@@ -84,8 +84,7 @@ SMOKE_TARGET = dict(QWEN_7B, vocab_size=4096, hidden_size=256, intermediate_size
                     num_attention_heads=4, num_key_value_heads=2)
 SMOKE_DRAFT = dict(SMOKE_TARGET, hidden_size=64, intermediate_size=128, num_hidden_layers=2)
 IDS = dict(pad_token_id=0, bos_token_id=1, eos_token_id=2)
-NO_CUDNN = "no_cudnn_sdpa"  # a table entry's switch: the call runs without cuDNN's SDPA kernel
-WITHOUT_CUDNN = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+NO_CUDNN = "no_cudnn_sdpa"  # a table entry's switch: the whole call runs with the kernels a batch's passes use
 
 
 class Run:
@@ -114,7 +113,7 @@ class Run:
         `NO_CUDNN` set runs the whole call with cuDNN's SDPA kernel off (a batch's tree passes do so by themselves)."""
         self.sync()
         start = time.perf_counter()
-        with sdpa_kernel(WITHOUT_CUDNN) if kwargs.get(NO_CUDNN) else contextlib.nullcontext():
+        with batch_attention_kernels(self.device) if kwargs.get(NO_CUDNN) else contextlib.nullcontext():
             out = generate(target, ids, new_tokens, **call_kwargs(kwargs))
         self.sync()
         return out, time.perf_counter() - start

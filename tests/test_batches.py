@@ -503,16 +503,17 @@ def test_on_cuda_a_batch_attends_without_cudnn_and_gives_the_settings_back():
     context only sets PyTorch's backend flags.)"""
     from hf_specdec.core.attention import batch_attention_kernels
 
-    before = [torch.backends.cuda.cudnn_sdp_enabled(), torch.backends.cuda.flash_sdp_enabled(),
-              torch.backends.cuda.mem_efficient_sdp_enabled(), torch.backends.cuda.math_sdp_enabled()]
+    def flags() -> dict[str, bool]:
+        backends = torch.backends.cuda
+        return {"cudnn": backends.cudnn_sdp_enabled(), "flash": backends.flash_sdp_enabled(),
+                "efficient": backends.mem_efficient_sdp_enabled(), "math": backends.math_sdp_enabled()}
+
+    before = flags()
     with batch_attention_kernels(torch.device("cuda", 0)):
-        assert not torch.backends.cuda.cudnn_sdp_enabled()
-        assert torch.backends.cuda.flash_sdp_enabled() and torch.backends.cuda.mem_efficient_sdp_enabled()
-        assert torch.backends.cuda.math_sdp_enabled()
+        assert flags() == {"cudnn": False, "flash": True, "efficient": True, "math": True}
     with batch_attention_kernels(torch.device("cpu")):
-        assert torch.backends.cuda.cudnn_sdp_enabled() == before[0]  # nothing changes off CUDA
-    assert [torch.backends.cuda.cudnn_sdp_enabled(), torch.backends.cuda.flash_sdp_enabled(),
-            torch.backends.cuda.mem_efficient_sdp_enabled(), torch.backends.cuda.math_sdp_enabled()] == before
+        assert flags() == before  # nothing changes off CUDA
+    assert flags() == before
 
 
 def test_every_pass_of_a_batch_runs_inside_its_attention_kernels(monkeypatch):

@@ -16,6 +16,7 @@ import inspect
 from dataclasses import dataclass
 
 import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from transformers import DynamicCache, PreTrainedModel
 from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer, get_layer_types_and_kwargs
 
@@ -28,7 +29,7 @@ Masks = torch.Tensor | dict[str, torch.Tensor]
 # 7B-shaped Qwen2, a batch of 4, benchmarks/gpu-h100/): with it, each masked attention call spent 1.45 ms of host
 # time (1,394 ms over one 64-token call, against 32 ms for 712 calls with one sequence), and the batch ran 0.49x
 # plain; without it 1.25x. PyTorch then picks flash (no mask) or memory-efficient attention (a mask).
-TREE_BATCH_KERNELS = ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "MATH")
+TREE_BATCH_KERNELS = (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH)
 
 
 @dataclass(frozen=True)
@@ -166,6 +167,4 @@ def batch_attention_kernels(device: torch.device) -> contextlib.AbstractContextM
     user's settings come back after the call); elsewhere whatever PyTorch picks."""
     if torch.device(device).type != "cuda":
         return contextlib.nullcontext()
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    return sdpa_kernel([getattr(SDPBackend, name) for name in TREE_BATCH_KERNELS])
+    return sdpa_kernel(list(TREE_BATCH_KERNELS))
