@@ -41,6 +41,8 @@ METHODS = {
     "chain": {"num_draft_tokens": 4},
     "sequoia": {"plan": plan_tree([0.75, 0.1, 0.05, 0.02], budget=16, max_depth=6)},
     "specexec": {"budget": 16, "max_depth": 8},
+    "tree": {},  # the default shape, sized every step
+    "staged": {"budget": 16, "max_depth": 8},
 }
 
 
@@ -139,7 +141,7 @@ def main() -> None:
     parser.add_argument("--output", type=Path, default=Path("benchmarks/static-compile/results.json"))
     parser.add_argument("--sizes", type=int, nargs="*", default=[1, 8, 16, 32])
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--methods", nargs="*", default=["chain", "sequoia"])
+    parser.add_argument("--methods", nargs="*", default=["chain", "sequoia"], choices=sorted(METHODS))
     parser.add_argument("--prompts", type=int, default=2)
     parser.add_argument("--new-tokens", type=int, default=48)
     parser.add_argument("--skip-passes", action="store_true")

@@ -315,6 +315,24 @@ def test_a_shorter_prompt_reuses_the_graphs_of_a_longer_one():
     assert torch.equal(out.sequences, plain_static(target, short, 24))
 
 
+def test_sizes_compile_past_dynamos_recompile_limit():
+    """Every model's forward is one function to dynamo (Transformers' `can_return_tuple` wrapper), which compiles
+    `recompile_limit` graphs of it and then runs it eagerly: a target and a draft at a few sizes each pass that limit,
+    and each new size still gets its graph."""
+    target = tiny("Llama")
+    config = CompileConfig(backend="eager", dynamic=False)
+    config._compile_all_devices = True
+    ids, n = prompt(), 24
+    torch._dynamo.reset()
+    with torch._dynamo.config.patch(recompile_limit=1):  # (a config module: monkeypatch would delete the entry)
+        out = speculate(target, ids, n, "specexec", cache_implementation="static", compile_config=config)
+        assert torch._dynamo.config.recompile_limit == 1  # the user's setting is back after each warm-up
+    stats = out.speculation_stats
+    sizes = len(stats.tree_pass_sizes) + len(stats.draft_pass_sizes)
+    assert sizes >= 3 and stats.graphs_compiled >= sizes  # one graph per size of each model, none refused
+    assert torch.equal(out.sequences, plain_static(target, ids, n))
+
+
 def test_the_guard_does_not_judge_a_step_that_compiled(monkeypatch):
     """A step whose forward compiled a graph took seconds of compiling, not of decoding: the guard skips it."""
     from torch._dynamo.utils import counters
