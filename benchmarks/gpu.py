@@ -48,9 +48,11 @@ import tempfile
 import time
 import warnings
 from pathlib import Path
+from unittest import mock
 
 import torch
 import transformers
+from torch.nn.attention import SDPBackend
 from transformers import AutoModelForCausalLM, Qwen2Config
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -60,7 +62,8 @@ from engine_overhead import ACCEPTANCE, SAMPLING, peaky_model  # noqa: E402
 
 import hf_specdec  # noqa: E402, F401  (installs `speculation=`)
 from hf_specdec import ChainConfig, SequoiaConfig, SpecExecConfig, StagedConfig, TreeConfig  # noqa: E402
-from hf_specdec.core.attention import batch_attention_kernels  # noqa: E402
+from hf_specdec.core import attention  # noqa: E402
+from hf_specdec.core.attention import tree_attention_kernels  # noqa: E402
 from hf_specdec.plan.latency import measure_latency  # noqa: E402
 from hf_specdec.plan.plan_file import pair_placement  # noqa: E402
 from hf_specdec.plan.sequoia import plan_tree  # noqa: E402
@@ -84,7 +87,9 @@ SMOKE_TARGET = dict(QWEN_7B, vocab_size=4096, hidden_size=256, intermediate_size
                     num_attention_heads=4, num_key_value_heads=2)
 SMOKE_DRAFT = dict(SMOKE_TARGET, hidden_size=64, intermediate_size=128, num_hidden_layers=2)
 IDS = dict(pad_token_id=0, bos_token_id=1, eos_token_id=2)
-NO_CUDNN = "no_cudnn_sdpa"  # a table entry's switch: the whole call runs with the kernels a batch's passes use
+NO_CUDNN = "no_cudnn_sdpa"  # a table entry's switch: the whole call runs with the kernels our tree passes use
+CUDNN_KEPT = "cudnn_sdpa_kept"  # a table entry's switch: our tree passes keep cuDNN's SDPA (as before they left it)
+EVERY_KERNEL = (SDPBackend.FLASH_ATTENTION, SDPBackend.CUDNN_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH)
 
 
 class Run:
@@ -110,10 +115,15 @@ class Run:
 
     def timed(self, target, ids, new_tokens: int, kwargs: dict):
         """(output, seconds) of one `generate` call, the device synchronised on both sides. A table entry with
-        `NO_CUDNN` set runs the whole call with cuDNN's SDPA kernel off (a batch's tree passes do so by themselves)."""
+        `NO_CUDNN` set runs the whole call with cuDNN's SDPA kernel off (our eager tree passes do so by themselves);
+        one with `CUDNN_KEPT` lets our tree passes use it."""
         self.sync()
         start = time.perf_counter()
-        with batch_attention_kernels(self.device) if kwargs.get(NO_CUDNN) else contextlib.nullcontext():
+        with contextlib.ExitStack() as kernels:
+            if kwargs.get(NO_CUDNN):
+                kernels.enter_context(tree_attention_kernels(self.device))
+            if kwargs.get(CUDNN_KEPT):
+                kernels.enter_context(mock.patch.object(attention, "TREE_KERNELS", EVERY_KERNEL))
             out = generate(target, ids, new_tokens, **call_kwargs(kwargs))
         self.sync()
         return out, time.perf_counter() - start
@@ -508,9 +518,9 @@ def interleaved(run: Run, target, table: dict, prompts, new_tokens: int, rounds:
 
 
 def call_kwargs(kwargs: dict) -> dict:
-    """A table entry's `generate` arguments (its `new_tokens` overrides the phase's count, `NO_CUDNN` picks the
-    kernels: neither is one)."""
-    return {k: v for k, v in kwargs.items() if k not in ("new_tokens", NO_CUDNN)}
+    """A table entry's `generate` arguments (its `new_tokens` overrides the phase's count, `NO_CUDNN` and
+    `CUDNN_KEPT` pick the kernels: none is one)."""
+    return {k: v for k, v in kwargs.items() if k not in ("new_tokens", NO_CUDNN, CUDNN_KEPT)}
 
 
 def medians(rows: list[dict], skip=("round",)) -> dict:
@@ -537,9 +547,9 @@ def step_parts(run: Run, target, draft, prompts, new_tokens: int, rounds: int = 
              "chain 8": {"assistant_model": draft, "speculation": ChainConfig(num_draft_tokens=8)},
              "sequoia": {"assistant_model": draft, "speculation": "sequoia"},
              "specexec": {"assistant_model": draft, "speculation": "specexec"},
-             # does cuDNN's SDPA slow one sequence's tree passes as it slows a batch's? (core.attention)
-             "sequoia, no cuDNN SDPA": {"assistant_model": draft, "speculation": "sequoia", NO_CUDNN: True},
-             "specexec, no cuDNN SDPA": {"assistant_model": draft, "speculation": "specexec", NO_CUDNN: True}}
+             # our eager tree passes leave cuDNN's SDPA out (core.attention): the same calls with it kept
+             **{f"{name}, cuDNN kept": {"assistant_model": draft, "speculation": name, CUDNN_KEPT: True}
+                for name in ("chain", "sequoia", "specexec")}}
     clock = PassClock(target=target, draft=draft)
 
     def measure(name: str, kwargs: dict, ids) -> dict:

@@ -497,11 +497,12 @@ def hooked_chain_call(target, draft, ids: torch.Tensor, mask: torch.Tensor, hook
     return out
 
 
-def test_on_cuda_a_batch_attends_without_cudnn_and_gives_the_settings_back():
-    """cuDNN's SDPA spent 1.45 ms of host time per masked call in a batch on an H100 (core.attention): the batch's
-    passes run without it, and the user's backend settings are theirs again after the call. (No GPU needed: the
+def test_on_cuda_tree_passes_attend_without_cudnn_and_give_the_settings_back():
+    """cuDNN's SDPA cost 1.45 ms of host time per masked call in a batch on an H100, and doubled the passes of trees
+    whose sizes change (core.attention): eager tree passes run without it, and the user's backend settings are theirs
+    again after the call. (No GPU needed: the
     context only sets PyTorch's backend flags.)"""
-    from hf_specdec.core.attention import batch_attention_kernels
+    from hf_specdec.core.attention import tree_attention_kernels
 
     def flags() -> dict[str, bool]:
         backends = torch.backends.cuda
@@ -509,17 +510,18 @@ def test_on_cuda_a_batch_attends_without_cudnn_and_gives_the_settings_back():
                 "efficient": backends.mem_efficient_sdp_enabled(), "math": backends.math_sdp_enabled()}
 
     before = flags()
-    with batch_attention_kernels(torch.device("cuda", 0)):
+    with tree_attention_kernels(torch.device("cuda", 0)):
         assert flags() == {"cudnn": False, "flash": True, "efficient": True, "math": True}
-    with batch_attention_kernels(torch.device("cpu")):
+    with tree_attention_kernels(torch.device("cpu")):
         assert flags() == before  # nothing changes off CUDA
     assert flags() == before
 
 
-def test_every_pass_of_a_batch_runs_inside_its_attention_kernels(monkeypatch):
+@pytest.mark.parametrize("rows", [1, 2], ids=["one sequence", "a batch"])
+def test_every_eager_pass_of_a_call_runs_inside_the_tree_kernels(monkeypatch, rows):
     import contextlib
 
-    from hf_specdec.integration import batch
+    from hf_specdec.integration import batch, generate
 
     inside, seen = [], []
 
@@ -530,12 +532,13 @@ def test_every_pass_of_a_batch_runs_inside_its_attention_kernels(monkeypatch):
         yield
         inside.pop()
 
-    monkeypatch.setattr(batch, "batch_attention_kernels", recorded)
+    monkeypatch.setattr(batch, "tree_attention_kernels", recorded)
+    monkeypatch.setattr(generate, "tree_attention_kernels", recorded)
     target = tiny_model("llama", 0)
     draft = near_draft(target)
     passes = []
     hooks = [m.register_forward_pre_hook(lambda *_: passes.append(bool(inside))) for m in (target, draft)]
-    ids, mask = padded_batch(3, [0, 2])
+    ids, mask = padded_batch(3, [0, 2][:rows])
     try:
         target.generate(ids, attention_mask=mask, assistant_model=draft, speculation="chain", max_new_tokens=8,
                         do_sample=False)

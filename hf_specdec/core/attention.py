@@ -25,11 +25,12 @@ from .tree import TokenTree, additive_mask
 FULL, SLIDING = "full_attention", "sliding_attention"
 ROW_MASKED = ("gpt_neo",)  # families that mask attention by cache row on top of the mask they are given
 Masks = torch.Tensor | dict[str, torch.Tensor]
-# SDPA kernels for batched tree masks on a CUDA GPU: cuDNN's left out. Measured on an H100 (torch 2.11, bf16, a
-# 7B-shaped Qwen2, a batch of 4, benchmarks/gpu-h100/): with it, each masked attention call spent 1.45 ms of host
-# time (1,394 ms over one 64-token call, against 32 ms for 712 calls with one sequence), and the batch ran 0.49x
-# plain; without it 1.25x. PyTorch then picks flash (no mask) or memory-efficient attention (a mask).
-TREE_BATCH_KERNELS = (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH)
+# SDPA kernels for tree masks on a CUDA GPU: cuDNN's left out. Measured on an H100 (torch 2.11, bf16, a 7B-shaped
+# Qwen2, eager passes, benchmarks/gpu-h100/): in a batch of 4, each masked attention call with cuDNN spent 1.45 ms
+# of host time (the batch ran 0.49x plain; without it 1.73x); one sequence's `sequoia`, whose tree sizes change every
+# step, spent 69 ms a target pass and 22 ms a draft pass with it against 34 and 3.5 without (24 -> 64 tokens/s).
+# PyTorch then picks flash (no mask) or memory-efficient attention (a mask).
+TREE_KERNELS = (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH)
 
 
 @dataclass(frozen=True)
@@ -162,9 +163,9 @@ def check_supported(model: PreTrainedModel, role: str) -> None:
     raise ValueError(f"The {role} {type(model).__name__} ({family}) cannot be used for speculation: {reason}; {fix}.")
 
 
-def batch_attention_kernels(device: torch.device) -> contextlib.AbstractContextManager:
-    """The SDPA kernels a batch's tree passes run with, for the call only: on CUDA, `TREE_BATCH_KERNELS` (the
-    user's settings come back after the call); elsewhere whatever PyTorch picks."""
+def tree_attention_kernels(device: torch.device) -> contextlib.AbstractContextManager:
+    """The SDPA kernels a call's eager tree passes run with, for the call only: on CUDA, `TREE_KERNELS` (the user's
+    settings come back after the call); elsewhere whatever PyTorch picks."""
     if torch.device(device).type != "cuda":
         return contextlib.nullcontext()
-    return sdpa_kernel(list(TREE_BATCH_KERNELS))
+    return sdpa_kernel(list(TREE_KERNELS))

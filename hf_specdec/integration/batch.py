@@ -20,7 +20,7 @@ from transformers import GenerationConfig, LogitsProcessorList, PreTrainedModel,
 from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria, MaxTimeCriteria
 
 from ..accept.kv_cache import full_length_cache
-from ..core.attention import batch_attention_kernels
+from ..core.attention import tree_attention_kernels
 from ..core.config import PlanRequest, SpeculationConfig
 from ..core.devices import execution_device
 from ..core.model_info import vocab_size
@@ -68,7 +68,7 @@ def decode_batch(
     inputs = {k: v for k, v in model_kwargs.items() if k not in ("attention_mask", "past_key_values")}
     # the cache as plain returns it: column j of row r holds sequences[r, j]'s key/value (zeros after a row's end)
     returns_cache = bool(generation_config.return_dict_in_generate and generation_config.use_cache)
-    with batch_attention_kernels(execution_device(model)):  # cuDNN left out (core.attention)
+    with tree_attention_kernels(execution_device(model)):  # cuDNN left out (core.attention)
         result = batch_speculative_loop(model, input_ids, mask, drafter, verifier, logits_processor,
                                         stopping_criteria, pad_token_id, generator=call.generator, stats=stats,
                                         model_kwargs=inputs, cache=cache, returns_cache=returns_cache)

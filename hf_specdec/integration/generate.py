@@ -9,6 +9,7 @@ on the call's settings merged as `generate` will merge them, before Transformers
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import inspect
@@ -27,6 +28,7 @@ from transformers.generation.utils import GenerationMixin
 from transformers.utils import logging
 
 from ..accept.kv_cache import full_length_cache, is_static, make_room, static_capacity
+from ..core.attention import tree_attention_kernels
 from ..core.config import PlanRequest, SpeculationConfig, make_config
 from ..core.devices import execution_device
 from ..core.faster_call import FasterCall
@@ -215,23 +217,20 @@ def speculative_generate(
                                  compiled_forward(draft, draft_cache, generation_config))
     stats = SpeculationStats(method=config.method, verifier=verifier.name, plan_source=config.plan_source,
                              compiled=forward is not None, time_plan=plan_seconds)
-    result = speculative_loop(
-        model,
-        input_ids,
-        drafter,
-        verifier,
-        cache,
-        logits_processor,
-        stopping_criteria,
-        streamer=call.streamer,
-        generator=call.generator,
-        records=TokenRecords.asked_by(generation_config),
-        stats=stats,
-        model_kwargs={**model_kwargs, "past_key_values": cache},
-        token_inputs=TokenInputs.of(model, input_ids, model_kwargs),
-        ranks=ranks,
-        forward=forward,
-    )
+    # eager tree passes on CUDA run without cuDNN's SDPA (core.attention); compiled ones keep their traced kernels
+    kernels = tree_attention_kernels(execution_device(model)) if forward is None else contextlib.nullcontext()
+    with kernels:
+        result = speculative_loop(
+            model, input_ids, drafter, verifier, cache, logits_processor, stopping_criteria,
+            streamer=call.streamer,
+            generator=call.generator,
+            records=TokenRecords.asked_by(generation_config),
+            stats=stats,
+            model_kwargs={**model_kwargs, "past_key_values": cache},
+            token_inputs=TokenInputs.of(model, input_ids, model_kwargs),
+            ranks=ranks,
+            forward=forward,
+        )
     if not generation_config.return_dict_in_generate:
         return result.sequences
     return SpeculativeDecoderOnlyOutput(
