@@ -335,6 +335,52 @@ def test_the_batch_cost_model_shrinks_shapes_as_the_batch_grows():
         assert nodes == sorted(nodes, reverse=True) and nodes[0] > 2 and nodes[-1] == 1, nodes
 
 
+def test_a_row_of_a_batch_prices_its_share_of_the_pass_within_the_measured_tokens():
+    """Each row drafting its own tree (specexec, staged) prices a pass over n nodes per row as a `rows`-th of what
+    rows * n tokens cost, and only where the curve measured rows * n tokens: on a curve flat up to 128 tokens (a GPU's)
+    a row of 16 grows at most 8 nodes, where the straight line past 128 would have priced 128 nodes per row (2,048
+    tokens) like 8."""
+    from hf_specdec.plan.sizing import row_share
+    from hf_specdec.plan.step_sizing import StepSizer
+
+    profile = HardwareProfile(flat_until(128, 0.020), flat_until(128, 0.003))
+    for rows, largest in ((1, 128), (2, 64), (3, 32), (16, 8), (128, 1), (200, 1)):
+        shared = row_share(profile, rows)
+        assert shared.target.sizes[-1] == largest and shared.draft == profile.draft
+        assert shared.target(largest) == pytest.approx(profile.target(rows * largest) / rows)
+        sizer = StepSizer(shared)
+        assert sizer.max_nodes == largest
+        assert sizer.best_size([0.99] * 200, 0.0)[0] == largest  # a sure draft on a flat curve: as big as it may
+        assert sizer.next_frontier([0.99] * (largest - 1), [0.99] * 32, 0.0) == 0  # and no pass past it
+
+
+def test_a_batch_of_best_first_rows_grows_trees_within_the_measured_pass(monkeypatch):
+    """`specexec` in a batch of 4 on a curve flat up to 128 tokens, with a draft that always agrees: while the 4 rows
+    decode, no row's tree passes 32 nodes (4 x 32 = 128 tokens a pass), yet the trees do grow past a chain's size;
+    the output is plain batched generate's."""
+    from hf_specdec.decoding.batch_loop import RowDrafters
+    from hf_specdec.integration import generate as integration
+
+    profile = HardwareProfile(flat_until(128, 0.010), flat_until(128, 0.001))
+    plan = SimpleNamespace(profile=profile, acceptance=[0.9])
+    monkeypatch.setattr(integration, "plan_for_call", lambda *args, **kwargs: (plan, "curves given here"))
+    sizes, propose = [], RowDrafters.propose
+
+    def seen(self, ids, prefixes, unpadded):
+        trees = propose(self, ids, prefixes, unpadded)
+        sizes.append((len(trees), max(len(tree) for tree in trees)))
+        return trees
+
+    monkeypatch.setattr(RowDrafters, "propose", seen)
+    target = tiny_model("qwen2", 0)
+    ids, mask = padded_batch(4, [0, 2, 4, 1])
+    call = dict(attention_mask=mask, max_new_tokens=24, do_sample=False)
+    out = target.generate(ids, **call, assistant_model=copy.deepcopy(target), speculation="specexec")
+    assert torch.equal(out, target.generate(ids, **call))
+    four = [largest for rows, largest in sizes if rows == 4]
+    assert four and 8 < max(four) <= 32, sizes
+
+
 def test_a_bigger_batch_drafts_shorter_chains_and_each_row_counts_them(monkeypatch):
     """The same chain and curves (a target pass flat up to 8 tokens, then growing; a cheap draft): two rows draft
     the whole 4-node chain (an 8-token pass), four rows one token each (a 4-node chain each would be a 16-token pass,

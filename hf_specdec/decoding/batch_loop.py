@@ -30,6 +30,8 @@ from ..core.processing import NodeScores, process_tree_scores, row_processors
 from ..core.tree import TokenTree
 from ..core.verdict import Verdict, Verifier
 from ..draft.batch_shaped import LockstepShapeDrafter
+from ..plan.sizing import row_share
+from ..plan.step_sizing import StepSizer
 from .batch_cache import FinishedRows
 from .loop import _prefill, _record, _renumbered, fit_positions
 from .stats import SpeculationStats
@@ -42,18 +44,27 @@ class RowDrafters:
     def __init__(self, drafters: list[Drafter]) -> None:
         self.drafters = drafters
         self.active = list(range(len(drafters)))  # the drafter of each batch row still decoding
+        # a drafter sized every step (specexec, staged) prices its tree as one row of the batch (`plan.row_share`)
+        sizers = [getattr(drafter, "sizer", None) for drafter in drafters]
+        self.sized = [(sizer, sizer.profile) for sizer in sizers if isinstance(sizer, StepSizer)]
+        self.sized_rows = 1  # the rows those sizers' curves were last shared among
 
     def propose(self, ids: list[list[int]], prefixes: list[torch.Tensor],
                 unpadded: list[torch.LongTensor]) -> list[TokenTree]:
+        if len(self.active) != self.sized_rows:
+            self.sized_rows = len(self.active)
+            for sizer, single in self.sized:
+                sizer.profile = row_share(single, self.sized_rows)
         return [self.drafters[row].propose(sequence) for row, sequence in zip(self.active, unpadded)]
 
     def accept(self, index: int, input_ids: torch.LongTensor, tree: TokenTree, verdict: Verdict) -> None:
         self.drafters[self.active[index]].accept(input_ids, tree, verdict)
 
     def observe_step(self, sizes: list[int], seconds: float, emitted: list[int]) -> None:
-        """The step's target pass took `seconds`: each row's drafter sees its tree's size and its share."""
-        for row, size in zip(self.active, sizes):
-            self.drafters[row].observe_target_pass(size, seconds / len(sizes))
+        """The step's target pass took `seconds`: each row's drafter sees its share of a pass over every row padded
+        to the largest tree (what its curves, shared among the rows, price)."""
+        for row in self.active:
+            self.drafters[row].observe_target_pass(max(sizes), seconds / len(sizes))
 
     def drop(self, keep: list[int]) -> None:
         self.active = [self.active[index] for index in keep]

@@ -144,3 +144,15 @@ def for_batch(profile: HardwareProfile, rows: int) -> HardwareProfile:
 
     return HardwareProfile(scaled(profile.target), scaled(profile.draft), dict(profile.placement),
                            profile.step_overhead)
+
+
+def row_share(profile: HardwareProfile, rows: int) -> HardwareProfile:
+    """`profile` as one row of a batch of `rows` sees it where every row drafts its own tree (its draft passes its
+    own) and one target pass verifies every row's nodes: a pass over n nodes per row is a pass over rows * n
+    tokens, of which the row pays a `rows`-th. Only the sizes whose rows * n tokens the target's curve measured
+    are kept (n = 1 at least): a step sizer grows no tree past them (`StepSizer.max_nodes`), where the straight
+    line beyond a flat GPU curve would price a batch's 2,048-token pass like a 128-token one."""
+    target = profile.target
+    sizes = tuple(size for size in target.sizes if rows * size <= target.sizes[-1]) or (1,)
+    shared = LatencyCurve(sizes, tuple(float(target(rows * size)) / rows for size in sizes), target.past_length)
+    return HardwareProfile(shared, profile.draft, dict(profile.placement), profile.step_overhead)
