@@ -433,9 +433,11 @@ def test_a_batch_no_tree_pays_for_decodes_plainly(monkeypatch):
     assert "decoded plainly" in out.speculation_stats.plan_source
 
 
-def test_the_batch_guard_turns_whole_steps_plain(monkeypatch):
-    """The measured guard watches the batch's steps as a whole: while it says plain, every row verifies its root
-    alone (no draft pass); then the rows speculate again, the output plain batched generate's throughout."""
+@pytest.mark.parametrize("method", ["chain", "specexec"])
+def test_the_batch_guard_turns_whole_steps_plain(monkeypatch, method):
+    """The measured guard watches the batch's steps as a whole (a lockstep shape's, and rows drafting each their own
+    tree): while it says plain, every row verifies its root alone and no draft pass runs; then the rows speculate
+    again, the output plain batched generate's throughout."""
     import math
 
     from hf_specdec.integration import batch as batch_module
@@ -447,11 +449,19 @@ def test_the_batch_guard_turns_whole_steps_plain(monkeypatch):
     draft = near_draft(target)
     ids, mask = padded_batch(6, [0, 2, 5])
     call = dict(attention_mask=mask, max_new_tokens=NEW, do_sample=False)
-    out = target.generate(ids, **call, assistant_model=draft, speculation="chain", return_dict_in_generate=True)
+    passes = []  # "t" for a target pass, "d" for a draft pass, in order
+    hooks = [model.register_forward_pre_hook(lambda module, args, name=name: passes.append(name))
+             for model, name in ((target, "t"), (draft, "d"))]
+    try:
+        out = target.generate(ids, **call, assistant_model=draft, speculation=method, return_dict_in_generate=True)
+    finally:
+        for hook in hooks:
+            hook.remove()
     assert torch.equal(out.sequences, target.generate(ids, **call))
     for row in out.speculation_stats:
         assert row.tokens_per_step[:5] == [1] * 5 and row.plain_steps >= 5 and max(row.tokens_per_step) > 1
     assert out.speculation_stats[0].draft_forwards > 0
+    assert passes[:6] == ["t"] * 6  # the prompt's pass, then 5 plain steps: no draft pass before the first tree
 
 
 def test_a_batch_plain_step_is_one_token_per_row_for_the_guard():

@@ -30,6 +30,8 @@ from ..core.processing import NodeScores, process_tree_scores, row_processors
 from ..core.tree import TokenTree
 from ..core.verdict import Verdict, Verifier
 from ..draft.batch_shaped import LockstepShapeDrafter
+from ..draft.guarded import root_only
+from ..plan.guard import PlainGuard
 from ..plan.sizing import row_share
 from ..plan.step_sizing import StepSizer
 from .batch_cache import FinishedRows
@@ -41,9 +43,15 @@ class RowDrafters:
     """One `Drafter` per row (any method's: its own draft cache, plan and state), drafting row by row. The batch
     drafter contract `batch_speculative_loop` takes; `draft.batch_shaped.LockstepShapeDrafter` is the other."""
 
-    def __init__(self, drafters: list[Drafter]) -> None:
+    def __init__(self, drafters: list[Drafter], guard: PlainGuard | None = None) -> None:
         self.drafters = drafters
         self.active = list(range(len(drafters)))  # the drafter of each batch row still decoding
+        # the measured guard watches whole steps, every row's drafting and tokens together (a row's own guard
+        # would read the other rows' drafting as the target's time, and plain steps as dear): plain batched steps
+        # while the rows' trees keep losing to them
+        self.guard = guard
+        self._step = (0.0, 0.0, False, 0)  # the last step's start, every drafter's pass time then, plain, rows
+        self._tokens, self._steps = 0, 0  # every row's tokens of the last step; steps proposed
         # a drafter sized every step (specexec, staged) prices its tree as one row of the batch (`plan.row_share`)
         sizers = [getattr(drafter, "sizer", None) for drafter in drafters]
         self.sized = [(sizer, sizer.profile) for sizer in sizers if isinstance(sizer, StepSizer)]
@@ -55,6 +63,16 @@ class RowDrafters:
             self.sized_rows = len(self.active)
             for sizer, single in self.sized:
                 sizer.profile = row_share(single, self.sized_rows)
+        if self.guard is None:
+            return [self.drafters[row].propose(sequence) for row, sequence in zip(self.active, unpadded)]
+        now, drafting = time.perf_counter(), sum(drafter.forward_time for drafter in self.drafters)
+        if self._steps > 1:  # not the first step: the drafters' first passes read every row's prompt
+            began, drafted, plain, rows = self._step
+            self.guard.observe(now - began, self._tokens, plain, drafting - drafted, rows=rows)
+        plain = self.guard.plain_next()
+        self._step, self._tokens, self._steps = (now, drafting, plain, len(self.active)), 0, self._steps + 1
+        if plain:  # every row's root alone; each drafter catches up on its next proposal
+            return [root_only(tokens[-1], sequence.device) for tokens, sequence in zip(ids, unpadded)]
         return [self.drafters[row].propose(sequence) for row, sequence in zip(self.active, unpadded)]
 
     def accept(self, index: int, input_ids: torch.LongTensor, tree: TokenTree, verdict: Verdict) -> None:
@@ -65,6 +83,7 @@ class RowDrafters:
         to the largest tree (what its curves, shared among the rows, price)."""
         for row in self.active:
             self.drafters[row].observe_target_pass(max(sizes), seconds / len(sizes))
+        self._tokens = sum(emitted)
 
     def drop(self, keep: list[int]) -> None:
         self.active = [self.active[index] for index in keep]

@@ -30,7 +30,6 @@ from ..decoding.outputs import SpeculativeDecoderOnlyOutput
 from ..decoding.stats import SpeculationStats
 from ..draft.batch_shaped import LockstepShapeDrafter
 from ..draft.batch_sized import SizedLockstepDrafter
-from ..draft.guarded import GuardedDrafter
 from ..methods.static_shape import StaticShapeConfig
 from ..methods.step_sized import PLAN_BUDGET, online_sizer
 from ..plan.call_pricing import call_pays, saving_per_token
@@ -103,8 +102,8 @@ def batch_drafter(model: PreTrainedModel, rows: int, logits_processor: LogitsPro
     for row in range(rows):  # each row its own draft cache and state
         drafter = config.make_drafter(model, call.assistant_model, processors[row], verifier.child_selection,
                                       call.generator)
-        drafters.append(GuardedDrafter(drafter) if config.guard else drafter)
-    return RowDrafters(drafters)
+        drafters.append(drafter)
+    return RowDrafters(drafters, PlainGuard(measure_plain=True, margin=BATCH_MARGIN) if config.guard else None)
 
 
 def batch_plan_request(config: SpeculationConfig) -> PlanRequest | None:
