@@ -82,7 +82,7 @@ def batch_drafter(model: PreTrainedModel, rows: int, logits_processor: LogitsPro
                   ) -> RowDrafters | LockstepShapeDrafter:
     """A fixed shape (chain, tree, sequoia) is drafted for all rows in lockstep, one draft pass per level: sized every
     step for the batch where it has curves (`batch_sizing`), else the shape whole every step; any other method
-    drafts row by row with a drafter per row."""
+    drafts row by row with a drafter per row, behind one guard for the batch's whole steps (`RowDrafters`)."""
     processors = [row_processors(logits_processor, row, rows) for row in range(rows)]
     if isinstance(config, StaticShapeConfig):
         if not config.guard:  # the shape whole, every step
