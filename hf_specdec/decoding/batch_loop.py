@@ -63,17 +63,19 @@ class RowDrafters:
             self.sized_rows = len(self.active)
             for sizer, single in self.sized:
                 sizer.profile = row_share(single, self.sized_rows)
-        if self.guard is None:
-            return [self.drafters[row].propose(sequence) for row, sequence in zip(self.active, unpadded)]
+        if self.guard is not None and self._plain_step():  # every row's root alone; each drafter catches up later
+            return [root_only(tokens[-1], sequence.device) for tokens, sequence in zip(ids, unpadded)]
+        return [self.drafters[row].propose(sequence) for row, sequence in zip(self.active, unpadded)]
+
+    def _plain_step(self) -> bool:
+        """Hand the guard the last step (whole: every row's drafting and tokens); whether this one runs plain."""
         now, drafting = time.perf_counter(), sum(drafter.forward_time for drafter in self.drafters)
         if self._steps > 1:  # not the first step: the drafters' first passes read every row's prompt
             began, drafted, plain, rows = self._step
             self.guard.observe(now - began, self._tokens, plain, drafting - drafted, rows=rows)
         plain = self.guard.plain_next()
         self._step, self._tokens, self._steps = (now, drafting, plain, len(self.active)), 0, self._steps + 1
-        if plain:  # every row's root alone; each drafter catches up on its next proposal
-            return [root_only(tokens[-1], sequence.device) for tokens, sequence in zip(ids, unpadded)]
-        return [self.drafters[row].propose(sequence) for row, sequence in zip(self.active, unpadded)]
+        return plain
 
     def accept(self, index: int, input_ids: torch.LongTensor, tree: TokenTree, verdict: Verdict) -> None:
         self.drafters[self.active[index]].accept(input_ids, tree, verdict)
