@@ -60,6 +60,7 @@ class AttentionLayout:
 
         `allowed` `(q, kv)` says which cached or new token each query may see (causality, tree ancestry);
         `query_positions` `(q,)` and `key_positions` `(kv,)` are real positions (a tree node's is past + depth).
+        Built where `allowed` is (on the host, a pass's masks cross to `device` in one copy per layer type).
         One `(1, 1, q, kv)` tensor when every layer attends alike, else a dict keyed by layer type.
         """
         out = {}
@@ -70,14 +71,16 @@ class AttentionLayout:
                 visible = allowed & (gap < self.window)
             elif kind != FULL:
                 raise ValueError(f"No tree mask for {kind!r} layers: check_supported() refuses such models.")
-            out[kind] = additive_mask(visible, dtype).to(device or allowed.device)
+            out[kind] = additive_mask(visible, dtype).to(device or allowed.device, non_blocking=True)
         return next(iter(out.values())) if len(out) == 1 else out
 
     def tree_masks(self, tree: TokenTree, past_length: int, dtype: torch.dtype, device: torch.device | None = None):
-        """The mask(s) of a pass over `tree` after `past_length` cached tokens at positions 0 .. past_length - 1."""
-        nodes = tree.depths + past_length
-        keys = torch.cat([torch.arange(past_length, device=tree.device), nodes])
-        return self.masks(tree.visibility(past_length), nodes, keys, dtype, device)
+        """The mask(s) of a pass over `tree` after `past_length` cached tokens at positions 0 .. past_length - 1,
+        built on the host from the tree's host structure and copied once to `device` (default: the tree's)."""
+        host = tree.host()
+        nodes = host.structure()[0] + past_length
+        keys = torch.cat([torch.arange(past_length), nodes])
+        return self.masks(host.visibility(past_length), nodes, keys, dtype, device or tree.device)
 
     def deepest_node(self, past_length: int) -> int | None:
         """The deepest tree node the model can place after `past_length` tokens (None: positions never run out)."""

@@ -41,7 +41,6 @@ def select_children(
     width = max(want_list, default=0)  # known on the host: no device read
     if width == 0 or m == 0:
         return torch.full((m, width if m else 0), -1, dtype=torch.long, device=device)
-    want = torch.tensor(want_list, dtype=torch.long).to(device)
     if mode != "top_k":  # also catches NaN; checked on the device, without waiting for it
         torch._assert_async((probs >= 0).all(), "select_children: sampling modes need non-negative probabilities.")
     if mode == "with_replacement":
@@ -64,8 +63,10 @@ def select_children(
             pad = width - picked.shape[1]
             picked = torch.cat([picked, picked.new_full((m, pad), -1)], dim=1)
             valid = torch.cat([valid, valid.new_zeros((m, pad))], dim=1)
-    valid = valid & (torch.arange(width, device=device) < want[:, None])
-    return torch.where(valid, picked, torch.full_like(picked, -1))
+    if any(want != width for want in want_list):  # rows wanting fewer: their slots past `want` are masked
+        wanted = torch.arange(width) < torch.tensor(want_list, dtype=torch.long)[:, None]  # built on the host
+        valid = valid & wanted.to(device, non_blocking=True)
+    return torch.where(valid, picked, -1)
 
 
 def _random_device(generator: torch.Generator | None, device: torch.device) -> torch.device:

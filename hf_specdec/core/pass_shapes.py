@@ -58,10 +58,12 @@ def padded_pass(
     tree: TokenTree, past: int, size: int, width: int, layout: AttentionLayout, dtype: torch.dtype,
     device: torch.device,
 ) -> PaddedPass:
-    """Inputs of a pass over `tree` (on `device`) padded to `size` nodes, masks `width` keys wide (the cache rows)."""
-    positions = tree.depths + past
-    keys = torch.cat([torch.arange(past, device=device), positions])
-    return padded_inputs(tree.tokens, positions, tree.visibility(past), keys, size, width, layout, dtype, device)
+    """Inputs of a pass over `tree` (on `device`) padded to `size` nodes, masks `width` keys wide (the cache rows);
+    positions and masks built on the host from the tree's host structure."""
+    host = tree.host()
+    positions = host.structure()[0] + past
+    keys = torch.cat([torch.arange(past), positions])
+    return padded_inputs(tree.tokens, positions, host.visibility(past), keys, size, width, layout, dtype, device)
 
 
 def padded_inputs(
@@ -71,18 +73,21 @@ def padded_inputs(
     """Inputs of a pass over `q` fed tokens `(q,)` at `positions` `(q,)` padded to `size` rows, masks `width` keys
     wide: `allowed` `(q, end)` says which of the first `end` cache rows each fed token sees (the fed tokens take the
     last q of them), `key_positions` `(end,)` those rows' positions. Padding rows repeat the first fed token at its
-    position, each seeing only itself; they are written at rows end, end + 1, ... (the caller drops them)."""
+    position, each seeing only itself; they are written at rows end, end + 1, ... (the caller drops them).
+    Positions and masks are built where `allowed` is (the host, for the loop's passes) and cross once."""
     (q, end), pad = allowed.shape, size - len(tokens)
     if pad < 0 or end + pad > width:
         raise ValueError(f"A pass over {q} tokens padded to {size} does not fit {width} cache rows after {end - q}.")
-    positions = torch.cat([positions, positions[:1].expand(pad)])
-    keys = torch.cat([key_positions.to(positions.dtype), positions[q:],
-                      torch.zeros(width - end - pad, dtype=positions.dtype, device=device)])
-    visible = torch.zeros(size, width, dtype=torch.bool, device=device)
+    built = allowed.device
+    positions = torch.cat([positions.to(built), positions[:1].to(built).expand(pad)])
+    keys = torch.cat([key_positions.to(built, positions.dtype), positions[q:],
+                      torch.zeros(width - end - pad, dtype=positions.dtype, device=built)])
+    visible = torch.zeros(size, width, dtype=torch.bool, device=built)
     visible[:q, :end] = allowed
-    visible[q:, end : end + pad] = torch.eye(pad, dtype=torch.bool, device=device)
-    tokens = torch.cat([tokens, tokens[:1].expand(pad)])
-    return PaddedPass(tokens[None], positions[None], layout.masks(visible, positions, keys, dtype, device))
+    visible[q:, end : end + pad] = torch.eye(pad, dtype=torch.bool, device=built)
+    tokens = torch.cat([tokens, tokens[:1].expand(pad)]).to(device, non_blocking=True)
+    return PaddedPass(tokens[None], positions.to(device, non_blocking=True)[None],
+                      layout.masks(visible, positions, keys, dtype, device))
 
 
 def fit_tree(tree: TokenTree, past: int, deepest: int | None, rows: int | None) -> tuple[TokenTree, list[int] | None]:

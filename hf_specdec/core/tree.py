@@ -21,12 +21,39 @@ class HostTree:
 
     parents: list[int]
     tokens: list[int] | None = None
+    _structure: tuple[torch.Tensor, torch.Tensor] | None = field(default=None, repr=False)
 
     def depths(self) -> list[int]:
         depths = [0] * len(self.parents)
         for node in range(1, len(self.parents)):
             depths[node] = depths[self.parents[node]] + 1
         return depths
+
+    def structure(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """`(depths (n,), ancestors (n, n) bool)` as CPU tensors (see `TokenTree.ancestors`), built once.
+
+        Pointer jumping one level per iteration: O(depth) tensor ops, never O(n). Built here, on the host, a GPU
+        tree gets them in two copies instead of O(depth) launches, and masks can be built before any copy.
+        """
+        if self._structure is None:
+            depth_list = self.depths()
+            parents = torch.tensor(self.parents, dtype=torch.long)
+            rows = torch.arange(len(parents))
+            ancestors = torch.eye(len(parents), dtype=torch.bool)
+            current = parents.clone()
+            for _ in range(max(depth_list)):
+                alive = current >= 0
+                ancestors[rows, current.clamp(min=0)] |= alive
+                current = torch.where(alive, parents[current.clamp(min=0)], current)
+            self._structure = torch.tensor(depth_list, dtype=torch.long), ancestors
+        return self._structure
+
+    def visibility(self, past_length: int) -> torch.Tensor:
+        """`TokenTree.visibility` on the host (every node sees the whole past)."""
+        _, ancestors = self.structure()
+        allowed = torch.ones(len(self.parents), past_length + len(self.parents), dtype=torch.bool)
+        allowed[:, past_length:] = ancestors
+        return allowed
 
     def children(self) -> list[list[int]]:
         """Each node's children, in drafting order."""
@@ -116,18 +143,9 @@ class TokenTree:
         return self._ancestors
 
     def _walk_up(self) -> None:
-        # Pointer jumping one level per iteration: O(depth) tensor ops, the depth known on the host (no reads).
-        n = len(self)
-        rows = torch.arange(n, device=self.device)
-        ancestors = torch.eye(n, dtype=torch.bool, device=self.device)
-        depths = torch.zeros(n, dtype=torch.long, device=self.device)
-        current = self.parents.to(self.device, copy=True)
-        for _ in range(self.max_depth):
-            alive = current >= 0
-            ancestors[rows, current.clamp(min=0)] |= alive
-            depths += alive.long()
-            current = torch.where(alive, self.parents[current.clamp(min=0)], current)
-        self._depths, self._ancestors = depths, ancestors
+        depths, ancestors = self.host().structure()  # from the host's parents (read once), then one copy each
+        self._depths = depths.to(self.device, non_blocking=True)
+        self._ancestors = ancestors.to(self.device, non_blocking=True)
 
     def children(self, node: int) -> torch.Tensor:
         """Indices of the children of `node`, in drafting order."""
@@ -188,11 +206,13 @@ class TokenTree:
             tokens = self._host.tokens
             host = HostTree(parents=[new.get(self._host.parents[old], -1) for old in keep],
                             tokens=[tokens[old] for old in keep] if tokens is not None else None)
-        keep = torch.as_tensor(keep, dtype=torch.long).to(self.device)
+        keep = torch.as_tensor(keep, dtype=torch.long).to(self.device, non_blocking=True)
         probs = self.draft_probs[keep] if self.draft_probs is not None else None
         columns = self.draft_columns[keep] if self.draft_columns is not None else None
-        return TokenTree(tokens=self.tokens[keep], parents=renumber_parents(self.parents, keep), draft_probs=probs,
-                         draft_columns=columns, _host=host)
+        parents = (torch.tensor(host.parents, dtype=torch.long).to(self.device, non_blocking=True) if host is not None
+                   else renumber_parents(self.parents, keep))  # known on the host: one copy, no renumbering launches
+        return TokenTree(tokens=self.tokens[keep], parents=parents, draft_probs=probs, draft_columns=columns,
+                         _host=host)
 
     @classmethod
     def from_parents(cls, tokens: list[int] | torch.Tensor, parents: list[int] | torch.Tensor, **kwargs) -> TokenTree:

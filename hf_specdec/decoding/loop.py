@@ -210,8 +210,8 @@ def tree_pass(
     """One target pass over `tree` after `past` cached tokens (logits `(1, n, vocab)`, or more rows when `shapes`
     pads the tree: the first n are the nodes'): each node sees its ancestors (and, in sliding-window layers, only
     keys less than a window behind it) at position past + its depth. `token_inputs` places per-token inputs at the
-    nodes' positions; `pass_outputs` asks for hidden states and attentions too. Masks and position ids are built on
-    the target's device; `forward` (default `target`) runs the pass."""
+    nodes' positions; `pass_outputs` asks for hidden states and attentions too. Masks are built on the host and
+    copied once, position ids on the target's device; `forward` (default `target`) runs the pass."""
     flags = {"output_hidden_states": True, "output_attentions": True} if pass_outputs else {}
     tree = tree.to(device)
     width = shapes.width if shapes is not None else None

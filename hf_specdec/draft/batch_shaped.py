@@ -127,12 +127,13 @@ class LockstepShapeDrafter:
                 level_logits = root_logits[:, None]
             else:
                 p = len(level.parent_list)
-                sees = level.sees.clone()
+                sees = level.sees.to(device)
                 sees[:, forwarded:] |= torch.eye(p, dtype=torch.bool, device=device)
                 allowed = torch.cat([self.rows.valid[:, None, :].expand(batch, p, committed),
                                      sees[None].expand(batch, -1, -1)], dim=2)
                 before = self.clock.total
-                level_logits = self._forward(tokens[:, level.parents].clamp(min=0), root_positions + level.depths,
+                positions = root_positions + level.depths.to(device)
+                level_logits = self._forward(tokens[:, level.parents].clamp(min=0), positions,
                                              additive_mask(allowed, self.model.dtype)[0, 0][:, None])
                 self._level_timed(p, self.clock.total - before)
                 forwarded += p

@@ -271,7 +271,7 @@ class BestFirstDrafter(DraftModelCounts, Drafter):
                 sees_rows.append(above)
                 tokens.append(host.tokens[node])
                 depths.append(depth + growth.nodes[hang].depth)
-            extra.append((at, tree.ancestors[1:, 1:], len(tree) - 1))
+            extra.append((at, host.structure()[1][1:, 1:], len(tree) - 1))  # host: `sees` is built there
             trees.append((hang, tree, at))
         k = len(tokens)
         sees = torch.zeros(k, old + k, dtype=torch.bool)

@@ -113,7 +113,7 @@ class DraftModelRunner:
         self.clock = PassClock(self.device)
         self.committed: list[int] = []  # token id at each committed cache position
         self.num_nodes = 0  # tree-node slots after the committed positions
-        self.node_positions = torch.empty(0, dtype=torch.long, device=self.device)  # position of each tree-node slot
+        self.node_positions = torch.empty(0, dtype=torch.long)  # position of each tree-node slot (host)
         self.forward_count = 0
         self.untimed_passes = 0  # passes that compiled a graph or ran a compile trial (`core.faster_call`)
         self.token_inputs = TokenInputs()  # the call's token types, placed by position (`use_inputs`)
@@ -197,11 +197,12 @@ class DraftModelRunner:
     ) -> tuple[torch.Tensor | None, torch.Tensor]:
         """One pass over `k` tree nodes; with `ids`, first make the committed part equal `ids` in the same pass.
 
-        `tokens`, `depths` are `(k,)` (depth 1 = a child of the root, the last committed token); `sees` is
-        `(k, num_nodes + k)` bool: each node's forwarded ancestors among the earlier slots *and* among this pass's
-        nodes (a node always sees itself). With `ids` (a list, or a tensor read once), earlier slots are dropped
-        first (num_nodes = 0). The nodes take the next k slots. Returns the logits of `ids[-1]` (None without `ids`)
-        and the nodes' logits `(k, vocab)`, on the draft's device.
+        `tokens` is `(k,)` (on any device); `depths` `(k,)` (depth 1 = a child of the root, the last committed token)
+        and `sees` `(k, num_nodes + k)` bool are host tensors: each node's forwarded ancestors among the earlier slots
+        *and* among this pass's nodes (a node always sees itself). Positions and masks are built on the host and
+        cross once. With `ids` (a list, or a tensor read once), earlier slots are dropped first (num_nodes = 0). The
+        nodes take the next k slots. Returns the logits of `ids[-1]` (None without `ids`) and the nodes' logits
+        `(k, vocab)`, on the draft's device.
         """
         ids = ids.tolist() if isinstance(ids, torch.Tensor) else ids
         fresh = self._catch_up(ids) if ids is not None else []
@@ -209,12 +210,14 @@ class DraftModelRunner:
             fresh = self._feed_eagerly(fresh)
         past, old, m = len(self.committed), self.num_nodes, len(fresh)
         device = self.device
-        positions = torch.cat([torch.arange(past, past + m, device=device), past + m - 1 + depths.to(device)])
-        fed = torch.cat([torch.tensor(fresh, dtype=torch.long).to(device), tokens.to(device)])
+        positions = torch.cat([torch.arange(past, past + m), past + m - 1 + depths])  # host
+        fed = tokens.to(device, non_blocking=True)
+        if m:
+            fed = torch.cat([torch.tensor(fresh, dtype=torch.long).to(device, non_blocking=True), fed])
         if k == 0:  # catching up only: a plain causal pass (the model applies any window), the last row's logits
-            logits = self._forward(fed, positions, logits_to_keep=1)
+            logits = self._forward(fed, positions.to(device, non_blocking=True), logits_to_keep=1)
         elif self.shapes.width is not None:  # a static cache: fixed shapes, every row's logits, padding dropped
-            allowed, keys = self._allowed(sees.to(device), m), self._key_positions(positions)
+            allowed, keys = self._allowed(sees, m), self._key_positions(positions)
             size = self.shapes.size(m + k)
             self._make_room(past + old + size)
             padded = padded_inputs(fed, positions, allowed, keys, size, self.shapes.width, self.layout,
@@ -223,9 +226,10 @@ class DraftModelRunner:
                                    attention_mask=padded.masks)[m - 1 if m else 0 : m + k]
             keep_positions(self.cache, past + old + m + k, [])  # the padding rows
         else:
-            mask = self.layout.masks(self._allowed(sees.to(device), m), positions, self._key_positions(positions),
+            mask = self.layout.masks(self._allowed(sees, m), positions, self._key_positions(positions),
                                      self.model.dtype, device)
-            logits = self._forward(fed, positions, logits_to_keep=k + (1 if m else 0), attention_mask=mask)
+            logits = self._forward(fed, positions.to(device, non_blocking=True), logits_to_keep=k + (1 if m else 0),
+                                   attention_mask=mask)
         if ids is not None:
             self.committed = list(ids)
         self.num_nodes = old + k
@@ -254,21 +258,20 @@ class DraftModelRunner:
         return fresh
 
     def _allowed(self, sees: torch.Tensor, m: int) -> torch.Tensor:
-        """`(m + k, past + old + m + k)` bool on the device: which key each fed token sees (the `m` fresh committed
+        """`(m + k, past + old + m + k)` bool on the host: which key each fed token sees (the `m` fresh committed
         tokens causally, the `k` nodes the committed part, the fresh tokens and what `sees` says)."""
         past, old, k = len(self.committed), self.num_nodes, sees.shape[0]
-        device = self.device
-        allowed = torch.zeros(m + k, past + old + m + k, dtype=torch.bool, device=device)
+        allowed = torch.zeros(m + k, past + old + m + k, dtype=torch.bool)
         allowed[:, :past] = True
-        allowed[:m, past : past + m] = torch.ones(m, m, dtype=torch.bool, device=device).tril()  # old == 0 if m > 0
+        allowed[:m, past : past + m] = torch.ones(m, m, dtype=torch.bool).tril()  # old == 0 if m > 0
         allowed[m:, past + old : past + old + m] = True
         allowed[m:, past : past + old] = sees[:, :old]
-        allowed[m:, past + old + m :] = sees[:, old:] | torch.eye(k, dtype=torch.bool, device=device)
+        allowed[m:, past + old + m :] = sees[:, old:] | torch.eye(k, dtype=torch.bool)
         return allowed
 
     def _key_positions(self, positions: torch.Tensor) -> torch.Tensor:
-        """Position of every key of a pass: the committed tokens, the earlier node slots, then the fed tokens."""
-        return torch.cat([torch.arange(len(self.committed), device=self.device), self.node_positions, positions])
+        """Position of every key of a pass (host): the committed tokens, the earlier node slots, then the fed ones."""
+        return torch.cat([torch.arange(len(self.committed)), self.node_positions, positions])
 
     def commit(self, ids: list[int] | torch.Tensor, slots: list[int] | torch.Tensor) -> None:
         """`ids` `(L,)` is the new context; `slots` are the forwarded nodes of its accepted path, root side first.

@@ -6,6 +6,7 @@ The shared drafter of `chain`, `tree` and `sequoia` (whose configs derive from `
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -32,8 +33,43 @@ class ShapeLevel:
     children: torch.Tensor  # their children, parent by parent: child j of parent i takes kids[rows[...], cols[...]]
     rows: torch.Tensor
     cols: torch.Tensor
-    depths: torch.Tensor  # of the parents
-    sees: torch.Tensor  # (parents, forwarded before + parents): each parent's forwarded ancestors, for the pass
+    depths: torch.Tensor  # of the parents (host: a pass's positions and masks are built there)
+    sees: torch.Tensor  # (parents, forwarded before + parents) host: each parent's forwarded ancestors
+
+
+@functools.lru_cache(maxsize=256)
+def planned_shape(shape: tuple[int, ...], device: torch.device
+                  ) -> tuple[HostTree, TokenTree, list[ShapeLevel], list[int]]:
+    """A shape's host tree, its tree on `device` (tokens zero), the levels to expand and the draft-cache slot each
+    node takes when forwarded (-1: never; the root is committed, every other node with children is forwarded in the
+    pass of its level). Built once per shape and device and shared read-only by every call's drafters: a sized
+    drafter meets a few shapes in every call."""
+    host = HostTree(parents=list(shape))
+    depths_host, ancestors_host = host.structure()
+    tree = TokenTree(tokens=torch.zeros(len(shape), dtype=torch.long, device=device),
+                     parents=torch.tensor(shape, dtype=torch.long).to(device), _depths=depths_host.to(device),
+                     _ancestors=ancestors_host.to(device), _host=host)
+    children, depths = host.children(), host.depths()
+    slot_of, forwarded, levels = [-1] * len(shape), [], []
+    for depth in range(max(depths) + 1):
+        parents = [node for node, d in enumerate(depths) if d == depth and children[node]]
+        if not parents:
+            break
+        sees = torch.cat([ancestors_host[parents][:, forwarded],
+                          torch.zeros(len(parents), len(parents), dtype=torch.bool)], dim=1)
+        if depth > 0:
+            for node in parents:
+                slot_of[node] = len(forwarded)
+                forwarded.append(node)
+        rows = [row for row, node in enumerate(parents) for _ in children[node]]
+        cols = [col for node in parents for col in range(len(children[node]))]
+        levels.append(ShapeLevel(
+            parents=torch.tensor(parents, device=device), parent_list=parents,
+            widths=[len(children[node]) for node in parents],
+            children=torch.tensor([c for node in parents for c in children[node]], device=device),
+            rows=torch.tensor(rows, device=device), cols=torch.tensor(cols, device=device),
+            depths=torch.full((len(parents),), depth), sees=sees))
+    return host, tree, levels, slot_of
 
 
 class ModelTreeDrafter(DraftModelCounts, Drafter):
@@ -59,7 +95,6 @@ class ModelTreeDrafter(DraftModelCounts, Drafter):
         self.child_selection = child_selection
         self.generator = generator
         self.sequence = HostSequence()
-        self._shapes: dict[tuple[int, ...], tuple] = {}  # shape -> its device tensors and levels, built once
         self.use_shape(shape)
         self._score_rows: dict[int, torch.Tensor | tuple] = {}  # shape node -> draft scores, or (values, columns)
         self._kept = list(range(len(shape)))  # shape node of each node of the last proposed tree
@@ -70,43 +105,7 @@ class ModelTreeDrafter(DraftModelCounts, Drafter):
 
     def use_shape(self, shape: list[int]) -> None:
         """Draft `shape` from the next step on (what a drafter sized every step switches between)."""
-        key = tuple(shape)
-        if key not in self._shapes:
-            device = self.runner.device
-            self.host_shape = HostTree(parents=list(shape))
-            tree = TokenTree.from_parents(torch.zeros(len(shape), dtype=torch.long), list(shape))
-            self.shape = TokenTree(tokens=tree.tokens.to(device), parents=tree.parents.to(device),
-                                   _depths=tree.depths.to(device), _ancestors=tree.ancestors.to(device),
-                                   _host=self.host_shape)
-            self._shapes[key] = (self.host_shape, self.shape, *self._plan_levels())
-        self.host_shape, self.shape, self.levels, self.slot_of = self._shapes[key]
-
-    def _plan_levels(self) -> tuple[list[ShapeLevel], list[int]]:
-        """The levels to expand, and the draft-cache slot each shape node takes when forwarded (-1: never; the root
-        is committed, every other node with children is forwarded in the pass of its level)."""
-        host, device = self.host_shape, self.runner.device
-        children, depths = host.children(), host.depths()
-        slot_of, forwarded, levels = [-1] * len(host.parents), [], []
-        for depth in range(max(depths) + 1):
-            parents = [node for node, d in enumerate(depths) if d == depth and children[node]]
-            if not parents:
-                break
-            ancestors = self.shape.ancestors[torch.tensor(parents, device=device)]
-            sees = torch.cat([ancestors[:, torch.tensor(forwarded, dtype=torch.long, device=device)],
-                              torch.zeros(len(parents), len(parents), dtype=torch.bool, device=device)], dim=1)
-            if depth > 0:
-                for node in parents:
-                    slot_of[node] = len(forwarded)
-                    forwarded.append(node)
-            rows = [row for row, node in enumerate(parents) for _ in children[node]]
-            cols = [col for node in parents for col in range(len(children[node]))]
-            levels.append(ShapeLevel(
-                parents=torch.tensor(parents, device=device), parent_list=parents,
-                widths=[len(children[node]) for node in parents],
-                children=torch.tensor([c for node in parents for c in children[node]], device=device),
-                rows=torch.tensor(rows, device=device), cols=torch.tensor(cols, device=device),
-                depths=torch.full((len(parents),), depth, device=device), sees=sees))
-        return levels, slot_of
+        self.host_shape, self.shape, self.levels, self.slot_of = planned_shape(tuple(shape), self.runner.device)
 
     def propose(self, input_ids: torch.LongTensor) -> TokenTree:
         shape, n, device = self.shape, len(self.shape), self.runner.device
@@ -127,12 +126,13 @@ class ModelTreeDrafter(DraftModelCounts, Drafter):
             if index > 0 and not self._level_pays(index):
                 break  # deeper nodes stay undrafted (-1) and are pruned
             self._levels_run = index + 1
+            parent_tokens = tokens[level.parents]
             if level.parent_list[0] != 0:  # forward this level's nodes (the root's logits came with the sync)
-                _, logits = self.runner.forward_tree(tokens[level.parents].clamp(min=0), level.depths, level.sees)
+                _, logits = self.runner.forward_tree(parent_tokens.clamp(min=0), level.depths, level.sees)
             else:
                 logits = root_logits[None]
             so_far = TokenTree(tokens=tokens.clamp(min=0), parents=shape.parents, _depths=shape.depths,
-                               _ancestors=shape.ancestors, _host=self.host_shape)
+                               _ancestors=shape.ancestors, _host=self.host_shape) if self.logits_processor else shape
             top = draft_top_scores(self.logits_processor, prefix, so_far, logits, level.parent_list)
             if top is not None:  # after a -inf top-k: the rows' k columns only, never a vocabulary-wide row again
                 scores, columns = top
@@ -153,7 +153,8 @@ class ModelTreeDrafter(DraftModelCounts, Drafter):
                     draft_probs[level.parents] = probs
                 self._score_rows.update(zip(level.parent_list, scores))
                 kids = picked = select_children(probs, level.widths, self.child_selection, self.generator)
-            kids = torch.where(tokens[level.parents, None] >= 0, kids, -1)  # an undrafted node has no children
+            if level.parent_list[0] != 0:  # an undrafted node has no children (the root is always drafted)
+                kids = torch.where(parent_tokens[:, None] >= 0, kids, -1)
             tokens[level.children] = kids[level.rows, level.cols]
             self._level_drafted(level, kids, _log_probs(scores, picked, kids))
         return self._prune(tokens, draft_probs)
@@ -198,7 +199,7 @@ class ModelTreeDrafter(DraftModelCounts, Drafter):
     def _prune(self, tokens: torch.Tensor, draft_probs: torch.Tensor | None) -> TokenTree:
         """Drop nodes that could not be drafted (fewer candidates than the shape wanted, or levels not run)."""
         token_list = self._read_tokens(tokens)
-        host = HostTree(parents=self.host_shape.parents, tokens=token_list)
+        host = HostTree(parents=self.host_shape.parents, tokens=token_list, _structure=self.host_shape.structure())
         columns = self._support[: len(self.shape)] if draft_probs is not None and self._support is not None else None
         tree = TokenTree(tokens=tokens, parents=self.shape.parents, draft_probs=draft_probs, draft_columns=columns,
                          _depths=self.shape.depths, _ancestors=self.shape.ancestors, _host=host)

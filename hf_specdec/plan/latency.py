@@ -8,6 +8,7 @@ with the same additive tree mask and a filled KV cache, and interpolated in betw
 
 from __future__ import annotations
 
+import functools
 import math
 import statistics
 import time
@@ -91,7 +92,13 @@ class LatencyCurve:
 
         A pass over more tokens never costs less, so a measured bump (a page fault, a busy neighbour) is read as
         the cheapest time measured at that size or above: one noisy point must not steer the planners away.
+        A whole number of tokens is read from a per-curve memo (the cost models ask for the same sizes every step).
         """
+        if isinstance(n, (int, np.integer)):
+            return _seconds_at(self, int(n))
+        return self._interpolate(n)
+
+    def _interpolate(self, n: float | np.ndarray) -> float | np.ndarray:
         sizes = np.asarray(self.sizes, float)
         seconds = np.minimum.accumulate(np.asarray(self.seconds, float)[::-1])[::-1]
         value = np.interp(n, sizes, seconds)
@@ -108,6 +115,11 @@ class LatencyCurve:
         data = json_object(data, "A latency curve")
         return cls(tuple(int(s) for s in data["sizes"]), tuple(float(t) for t in data["seconds"]),
                    int(data.get("past_length", 256)))
+
+
+@functools.lru_cache(maxsize=65536)
+def _seconds_at(curve: LatencyCurve, n: int) -> float:
+    return float(curve._interpolate(n))
 
 
 def measure_latency(

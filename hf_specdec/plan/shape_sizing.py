@@ -167,9 +167,10 @@ class ShapeDepths:
         next level matters: one more pass alone may not pay where the two after it do."""
         predicted = np.asarray(values, dtype=float).copy()
         p = np.append(acceptance, 0.0)
-        for node in range(1, len(predicted)):
-            if self.depths[node] > drafted:
-                predicted[node] = predicted[self.parents[node]] * p[min(self.ranks[node], len(p) - 1)]
+        rates = p[np.minimum(self.ranks, len(p) - 1)]
+        for depth in range(drafted + 1, int(self.depths.max()) + 1):  # level by level: parents come first
+            level = self.depths == depth
+            predicted[level] = predicted[self.parents[level]] * rates[level]
         stops = np.arange(drafted, len(self.pass_tokens) + 1)
         within = self.depths[None, :] <= stops[:, None]  # (stops, nodes)
         expected = (within * predicted).sum(1)  # the root's value is 1
@@ -234,8 +235,14 @@ def _dp_shapes(acceptance: tuple[float, ...], max_budget: int, max_depth: int) -
 
 
 def sequoia_menu(acceptance: Sequence[float], max_budget: int, max_depth: int) -> ShapeMenu:
-    """The DP's best tree for every (size, depth) the hardware-aware sizing compares (planned once per vector)."""
-    return ShapeMenu.of(_dp_shapes(tuple(float(p) for p in acceptance), int(max_budget), int(max_depth)))
+    """The DP's best tree for every (size, depth) the hardware-aware sizing compares (planned once per vector, and
+    the menu kept for the calls after: building it costs ~0.1 s of host time, ten steps' worth on a GPU)."""
+    return _sequoia_menu(tuple(float(p) for p in acceptance), int(max_budget), int(max_depth))
+
+
+@functools.lru_cache(maxsize=8)
+def _sequoia_menu(acceptance: tuple[float, ...], max_budget: int, max_depth: int) -> ShapeMenu:
+    return ShapeMenu.of(_dp_shapes(acceptance, max_budget, max_depth))
 
 
 def sub_shapes_menu(widths: Sequence[int]) -> ShapeMenu:

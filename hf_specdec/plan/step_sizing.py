@@ -44,6 +44,16 @@ class OnlineAcceptance:
         self.trials = np.full(bins, prior_weight, dtype=np.float64)
         self.hits = centres.astype(np.float64) * prior_weight
         self.observations = 0
+        self._tables: dict[torch.device, tuple[int, torch.Tensor, torch.Tensor]] = {}  # see `_device_tables`
+
+    def _device_tables(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """`(log rates, edges)` on `device`, copied again only after `update` (one copy a step, not one a call)."""
+        found = self._tables.get(device)
+        if found is None or found[0] != self.observations:
+            found = (self.observations, torch.from_numpy(np.log(self.rates())).to(device, non_blocking=True),
+                     torch.from_numpy(self.edges).to(device, non_blocking=True))
+            self._tables[device] = found
+        return found[1], found[2]
 
     def _bins(self, logq) -> np.ndarray:
         return np.searchsorted(self.edges, np.minimum(np.asarray(logq, dtype=np.float32), 0.0))
@@ -54,8 +64,7 @@ class OnlineAcceptance:
 
     def __call__(self, logq: torch.Tensor) -> torch.Tensor:
         """log f(q) for draft log-probabilities `logq` (any shape, any device; no read); -inf stays -inf."""
-        log_rates = torch.from_numpy(np.log(self.rates())).to(logq.device)
-        edges = torch.from_numpy(self.edges).to(logq.device)
+        log_rates, edges = self._device_tables(logq.device)
         logf = log_rates[torch.bucketize(logq.float().clamp(max=0.0), edges)].to(logq.dtype)
         return torch.where(torch.isfinite(logq), logf, logq)
 
