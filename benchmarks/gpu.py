@@ -550,6 +550,8 @@ def step_parts(run: Run, target, draft, prompts, new_tokens: int, rounds: int = 
              # our eager tree passes leave cuDNN's SDPA out (core.attention): the same calls with it kept
              **{f"{name}, cuDNN kept": {"assistant_model": draft, "speculation": name, CUDNN_KEPT: True}
                 for name in ("chain", "sequoia", "specexec")}}
+    if run.args.only:
+        table = {name: kwargs for name, kwargs in table.items() if name in run.args.only}
     clock = PassClock(target=target, draft=draft)
 
     def measure(name: str, kwargs: dict, ids) -> dict:
@@ -717,6 +719,8 @@ def main() -> None:
                         help="Scale the shared output layer: peaked distributions, as a trained pair has.")
     parser.add_argument("--new-tokens", type=int, default=96)
     parser.add_argument("--smoke", action="store_true", help="Small shapes on any device: a check of this script.")
+    parser.add_argument("--only", nargs="*", default=None,
+                        help="The step-parts phase times only these rows of its table (e.g. plain chain sequoia).")
     args = parser.parse_args()
     if args.replot:
         return replot(args.output)
