@@ -127,7 +127,7 @@ class LockstepShapeDrafter:
                 level_logits = root_logits[:, None]
             else:
                 p = len(level.parent_list)
-                sees = level.sees.to(device)
+                sees = level.sees.to(device, copy=True)  # the level is shared by every call: never written
                 sees[:, forwarded:] |= torch.eye(p, dtype=torch.bool, device=device)
                 allowed = torch.cat([self.rows.valid[:, None, :].expand(batch, p, committed),
                                      sees[None].expand(batch, -1, -1)], dim=2)

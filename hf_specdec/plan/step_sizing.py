@@ -47,7 +47,7 @@ class OnlineAcceptance:
         self._tables: dict[torch.device, tuple[int, torch.Tensor, torch.Tensor]] = {}  # see `_device_tables`
 
     def _device_tables(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        """`(log rates, edges)` on `device`, copied again only after `update` (one copy a step, not one a call)."""
+        """`(log rates, edges)` on `device`, copied again only after `update` (once a step, not at every rating)."""
         found = self._tables.get(device)
         if found is None or found[0] != self.observations:
             found = (self.observations, torch.from_numpy(np.log(self.rates())).to(device, non_blocking=True),
