@@ -16,9 +16,12 @@ from hf_specdec.core.tree import HostTree, TokenTree, additive_mask, renumber_pa
 from hf_specdec.draft.shaped_tree import planned_shape
 from hf_specdec.plan.latency import LatencyCurve
 from hf_specdec.plan.shape_sizing import ShapeDepths, sequoia_menu
+from hf_specdec.plan.shapes import widths_parents
 from hf_specdec.plan.sizing import HardwareProfile
 from hf_specdec.plan.step_sizing import StepSizer
 from hf_specdec.verify.greedy import GreedyVerifier
+from tests.conftest import tiny_model
+from tests.test_batches import near_draft, padded_batch
 
 
 def random_parents(n: int, generator: np.random.Generator) -> list[int]:
@@ -179,3 +182,19 @@ def test_the_sequoia_menu_and_planned_shapes_are_built_once():
     assert levels[1].sees.device.type == "cpu" and levels[1].depths.tolist() == [1]
     assert torch.equal(additive_mask(host.visibility(2), torch.float32), additive_mask(tree.visibility(2),
                                                                                       torch.float32))
+
+
+def test_decoding_never_writes_into_the_shared_shape_levels():
+    """`planned_shape` hands every call the same level tensors: a batch in lockstep and a single sequence draft
+    from them and leave them as built."""
+    target = tiny_model("qwen2", 0)
+    draft = near_draft(target)
+    ids, mask = padded_batch(4, [0, 2])
+    config = {"speculation": "tree", "speculation_config": {"widths": [2, 2], "guard": False}}
+    shape = planned_shape(tuple(widths_parents([2, 2])), torch.device("cpu"))
+    before = [(level.sees.clone(), level.depths.clone()) for level in shape[2]]
+    target.generate(ids, attention_mask=mask, max_new_tokens=12, do_sample=False, assistant_model=draft, **config)
+    target.generate(ids[:1], max_new_tokens=12, do_sample=False, assistant_model=draft, **config)
+    assert planned_shape(tuple(widths_parents([2, 2])), torch.device("cpu")) is shape
+    for level, (sees, depths) in zip(shape[2], before):
+        assert torch.equal(level.sees, sees) and torch.equal(level.depths, depths)
