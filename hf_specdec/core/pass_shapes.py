@@ -79,7 +79,8 @@ def padded_inputs(
     if pad < 0 or end + pad > width:
         raise ValueError(f"A pass over {q} tokens padded to {size} does not fit {width} cache rows after {end - q}.")
     built = allowed.device
-    positions = torch.cat([positions.to(built), positions[:1].to(built).expand(pad)])
+    positions = positions.to(built)
+    positions = torch.cat([positions, positions[:1].expand(pad)])
     keys = torch.cat([key_positions.to(built, positions.dtype), positions[q:],
                       torch.zeros(width - end - pad, dtype=positions.dtype, device=built)])
     visible = torch.zeros(size, width, dtype=torch.bool, device=built)

@@ -167,13 +167,12 @@ class TokenTree:
     def visibility(self, past_length: int, past_visible: torch.Tensor | None = None) -> torch.Tensor:
         """`(n, past_length + n)` bool: True where a node may look.
 
-        Every node sees the whole past (or the positions `past_visible` marks) and its own ancestors.
+        Every node sees the whole past (or the positions `past_visible` marks) and its own ancestors. Built on the
+        host (`HostTree.visibility`) and copied once.
         """
-        n = len(self)
-        allowed = torch.ones(n, past_length + n, dtype=torch.bool, device=self.device)
+        allowed = self.host().visibility(past_length).to(self.device, non_blocking=True)  # a fresh tensor: writable
         if past_visible is not None:
             allowed[:, :past_length] = past_visible
-        allowed[:, past_length:] = self.ancestors
         return allowed
 
     def attention_mask(
