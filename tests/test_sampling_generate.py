@@ -41,6 +41,11 @@ def _processors() -> LogitsProcessorList:
 
 @pytest.fixture(scope="module")
 def models():
+    return sampling_pair()
+
+
+def sampling_pair():
+    """(target, draft) over `VOCAB` tokens, the draft a noisy copy of the target."""
     target = tiny_model("llama", 0, sharpen=6.0, vocab_size=VOCAB, hidden_size=16, intermediate_size=32,
                         num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64)
     draft = copy.deepcopy(target)  # close to the target, not equal: accepts often, rejects sometimes

@@ -45,11 +45,11 @@ def test_the_menu_grows_with_acceptance_and_falls_to_a_plain_step_without_it():
     ranks = RankAcceptance(PRIOR, menu.width)
     choice, _ = menu.best(sizer, ranks)
     assert len(menu.shapes[choice]) > 4  # a cheap draft and a likely first child: a real tree
-    for _ in range(100):  # the target never keeps a drafted child
-        ranks.update([3], [None])
+    for _ in range(100):  # the target never keeps a drafted child, below the root or deeper
+        ranks.update([3, 3], [None, None], [True, False])
     assert menu.best(sizer, ranks)[0] == 0  # the root alone: a plain step
     for _ in range(300):  # acceptance returns
-        ranks.update([3], [0])
+        ranks.update([3, 3], [0, 0], [True, False])
     grown, _ = menu.best(sizer, ranks)
     assert grown != 0 and max(_depths(menu.shapes[grown])) >= 3
 
@@ -66,6 +66,21 @@ def test_expected_tokens_match_the_planner():
         plan = plan_tree(PRIOR, len(shape), max(_depths(shape)) + 1)
         assert value <= plan.expected_tokens + 1e-9  # no shape of that size and depth beats the DP's
     assert expected[0] == 1.0 and expected.max() > 2.0
+
+
+def test_acceptance_below_the_root_is_learned_apart_from_deeper():
+    """Verdicts where the root's first child is kept and deeper ones are not move the two rows apart; the menu
+    prices a shape's first level with one row and the rest with the other."""
+    ranks = RankAcceptance(PRIOR, 3)
+    children = [[1, 2], [3], [], [4], []]  # root -> 1, 2; 1 -> 3 -> 4
+    for _ in range(50):
+        ranks.learn(children, [0, 1], [0])  # 1 kept, 3 not
+    below_root, deeper = ranks.vectors()
+    assert below_root[0] > 0.9 and deeper[0] < 0.2
+    menu = sequoia_menu(PRIOR, 8, 4)
+    chain = menu.shapes.index(next(s for s in menu.shapes if s == [-1, 0, 1]))
+    expected = menu.expected_tokens(np.array([[0.9, 0.0, 0.0], [0.5, 0.0, 0.0]]))[chain]
+    assert expected == pytest.approx(1 + 0.9 + 0.9 * 0.5)
 
 
 def test_sub_shapes_of_the_default_tree_down_to_a_one_token_chain():
@@ -209,6 +224,27 @@ def test_sampling_with_sized_trees_runs_sequoias_verifier(given_curves):
                           temperature=0.7, return_dict_in_generate=True)
     assert out.speculation_stats.verifier == "sequoia" and out.speculation_stats.new_tokens == 24
     assert out.speculation_stats.target_forwards < 24  # trees were drafted and accepted
+
+
+def test_sized_sequoia_samples_exactly(given_curves):
+    """Sized every step, the tree's shape and depth follow the draft's own probabilities (the per-level stop); the
+    first two sampled tokens still follow plain sampling's distribution (chi-square against the exact joint)."""
+    from tests.test_sampling_generate import PROMPT, SAMPLES, SAMPLING, joint_of, sampling_pair
+    from tests.test_sampling_exact import chi_square_pvalue, total_variation
+
+    target, draft = sampling_pair()
+    exact = joint_of(target, PROMPT)
+    torch.manual_seed(4321)
+    counts, drafted = {}, 0
+    for _ in range(SAMPLES):
+        out = target.generate(PROMPT, assistant_model=draft, speculation="sequoia", max_new_tokens=2,
+                              return_dict_in_generate=True, **SAMPLING)
+        key = tuple(out.sequences[0, PROMPT.shape[1]:].tolist())
+        counts[key] = counts.get(key, 0) + 1
+        drafted += out.speculation_stats.drafted_tokens > 0 and out.speculation_stats.target_forwards == 1
+    assert chi_square_pvalue(counts, exact, SAMPLES) > 1e-3
+    assert total_variation({k: c / SAMPLES for k, c in counts.items()}, exact) < 0.2
+    assert drafted > SAMPLES // 10  # sized trees were drafted and accepted
 
 
 def test_shapes_and_plans_given_are_drafted_as_given(given_curves):

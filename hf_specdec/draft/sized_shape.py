@@ -79,7 +79,7 @@ class SizedShapeDrafter(ModelTreeDrafter):
         key = tuple(self.host_shape.parents)
         if key not in self._depths:
             self._depths[key] = ShapeDepths.of(self.host_shape.parents)
-        return self._depths[key].best_stop(values, index, self.ranks.vector(), self.sizer) > index
+        return self._depths[key].best_stop(values, index, self.ranks.vectors(), self.sizer) > index
 
     def _values(self, logq: list[float]) -> list[float]:
         """a(v) per shape node: the chance the target keeps v's path, by the learned f(q) (0 where not drafted)."""
