@@ -78,7 +78,7 @@ def test_acceptance_below_the_root_is_learned_apart_from_deeper():
     below_root, deeper = ranks.vectors()
     assert below_root[0] > 0.9 and deeper[0] < 0.2
     menu = sequoia_menu(PRIOR, 8, 4)
-    chain = menu.shapes.index(next(s for s in menu.shapes if s == [-1, 0, 1]))
+    chain = menu.shapes.index([-1, 0, 1])
     expected = menu.expected_tokens(np.array([[0.9, 0.0, 0.0], [0.5, 0.0, 0.0]]))[chain]
     assert expected == pytest.approx(1 + 0.9 + 0.9 * 0.5)
 
