@@ -75,7 +75,7 @@ def main() -> None:
     downs = {name for _, name in maxima if name.endswith("down_proj")}
     variants = {
         "float32": lambda: draft,
-        "dynamic-int8": lambda: quantize_draft(draft),
+        "dynamic-int8": lambda: quantize_draft(draft, scheme="dynamic-int8"),
         "dynamic-int8, 2 largest-input layers float32": lambda: int8_except(draft, {n for _, n in maxima[:2]}),
         "dynamic-int8, 4 largest-input layers float32": lambda: int8_except(draft, {n for _, n in maxima[:4]}),
         "dynamic-int8, every down_proj float32": lambda: int8_except(draft, downs),

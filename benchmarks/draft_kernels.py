@@ -3,10 +3,10 @@
     nice .venv/bin/python benchmarks/draft_kernels.py --output benchmarks/draft-kernels-zen4
 
 Variants of the embedded draft, all in one process: `quantize_draft`'s schemes ("dynamic-int8": fbgemm int8,
-activations per tensor, today's default; "int4" and "int8-weight-only": aten's fused weight-only CPU kernels, bfloat16
-activations), the draft in the target's dtype prepacked with `hf_specdec.prepack`, torchao's int8 weight-only config
-(with `--torchao`), and one
-scheme with its output layer over the 65,536 most frequent tokens (`--subset-of`). Pass times are interleaved:
+activations per tensor; "int4" and "int8-weight-only": aten's fused weight-only CPU kernels, bfloat16
+activations; "mixed", the default where bfloat16 is native: int4 for narrow passes, int8 for wide ones), the draft
+in the target's dtype prepacked with `hf_specdec.prepack`, torchao's int8 weight-only config (with `--torchao`), and
+one scheme with its output layer over the 65,536 most frequent tokens (`--subset-of`). Pass times are interleaved:
 every round times every variant (and the prepacked target over 1 and 16 tokens) after 256 cached tokens,
 median of 3 passes; the figure is the median over rounds, and draft/target is the ratio within this process.
 Acceptance is counted, not timed (load does not change it), for today's draft and every variant faster than it at
@@ -63,8 +63,8 @@ def build_variants(draft, tokenizer, subset_of: str, subset: int, torchao: bool)
     prepacked = copy.deepcopy(draft).eval()
     packed = prepack(prepacked, measure=False).packed
     dense = f"{str(draft.dtype).removeprefix('torch.')}{'-prepacked' if packed else ''}"
-    variants = {"dynamic-int8": quantize_draft(draft), dense: prepacked}
-    for scheme in ("int4", "int8-weight-only"):
+    variants = {"dynamic-int8": quantize_draft(draft, scheme="dynamic-int8"), dense: prepacked}
+    for scheme in ("int4", "int8-weight-only", "mixed"):
         release_memory()
         variants[scheme] = quantize_draft(draft, scheme=scheme)
     if torchao:

@@ -49,7 +49,7 @@ def dtype_curves(args) -> dict:
         name = str(dtype).removeprefix("torch.")
         pairs = [(f"target 1.5B {name}", target), (f"draft 0.5B {name}", draft)]
         if dtype == torch.float32:
-            pairs.append(("draft 0.5B int8 (dynamic)", quantize_draft(draft)))
+            pairs.append(("draft 0.5B int8 (dynamic)", quantize_draft(draft, scheme="dynamic-int8")))
         for label, model in pairs:
             measure(curves, label, model, args)
         for label, model in pairs[:2]:
@@ -76,7 +76,8 @@ def quantized_curves(args) -> dict:
         measure(curves, f"{route}: {ROUTES[route].description}", target, args)
         del target
     target = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16).eval()
-    measure(curves, "PyTorch dynamic int8 (quantize_draft; not lossless for a target)", quantize_draft(target), args)
+    measure(curves, "PyTorch dynamic int8 (quantize_draft; not lossless for a target)",
+            quantize_draft(target, scheme="dynamic-int8"), args)
     return curves
 
 

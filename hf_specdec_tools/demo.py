@@ -25,7 +25,9 @@ def register_cli(subparsers: argparse._SubParsersAction) -> None:
                         help="auto (default): bfloat16 where the hardware multiplies it natively, else float32.")
     parser.add_argument("--methods", default=DEFAULT_METHODS, help=f"Comma-separated (default {DEFAULT_METHODS}).")
     parser.add_argument("--int8-draft", action=argparse.BooleanOptionalAction, default=None,
-                        help="Draft with an int8 copy of the draft model (default: on a CPU).")
+                        help="Draft with a quantized copy of the draft model (hf_specdec.quantize_draft's default: "
+                        "int4 for narrow passes and int8 for wide ones on a CPU with native bfloat16, else int8; "
+                        "default: on a CPU).")
     parser.add_argument("--prepack", action=argparse.BooleanOptionalAction, default=None,
                         help="Prepack the models' Linear weights for this CPU where that measures faster "
                         "(hf_specdec.prepack; default: on a CPU). Plain generate runs on the same prepared models.")
@@ -75,8 +77,9 @@ def run(args: argparse.Namespace) -> int:
         return 2
     report_loading(loaded.info)
     prompts = tokenize_prompts(loaded.tokenizer, load_prompt_source(f"humaneval:{args.prompts}"))
+    draft_kind = f", draft {loaded.info['draft_quantization']}" if int8_draft else ""
     print(f"{args.prompts} HumanEval prompts x {args.max_new_tokens} new tokens, greedy, {torch.get_num_threads()} "
-          f"threads, {dtype}{', int8 draft' if int8_draft else ''}", flush=True)
+          f"threads, {dtype}{draft_kind}", flush=True)
     settings = BenchSettings(max_new_tokens=args.max_new_tokens)
     results = benchmark(loaded, prompts, strategies, settings, True)
     add_plain_bfloat16_row(results, loaded, prompts, settings, args.plain_bfloat16, dtype, True)

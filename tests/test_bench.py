@@ -404,17 +404,20 @@ def test_quantized_target_auto_times_every_route_and_keeps_the_fastest(tmp_path,
             load_models(str(folder), None, need_draft=False, quantize_target=route, offload=True)
 
 
-def test_draft_vocabulary_restricts_the_loaded_draft(tmp_path):
-    """--draft-vocabulary K: the draft's output layer covers K tokens ranked on the shipped corpus, quantized after."""
+@pytest.mark.parametrize("scheme", ["dynamic-int8", "int4"])
+def test_draft_vocabulary_restricts_the_loaded_draft(tmp_path, scheme):
+    """--draft-vocabulary K: the draft's output layer covers K tokens ranked on the shipped corpus, quantized after
+    with --draft-scheme."""
     from tests.test_entry_points import tiny_tokenizer
 
     folder = tmp_path / "tiny"
     tiny_model("llama", 0).save_pretrained(folder)
     tiny_tokenizer().save_pretrained(folder)
-    loaded = load_models(str(folder), str(folder), dtype=torch.float32, int8_draft=True, draft_vocabulary=8)
+    loaded = load_models(str(folder), str(folder), dtype=torch.float32, int8_draft=True, draft_vocabulary=8,
+                         draft_scheme=scheme)
     kept = loaded.draft.get_output_embeddings().token_ids
     assert len(kept) <= 8 + len(loaded.tokenizer.all_special_ids)
-    assert loaded.info["draft_quantization"] == f"dynamic-int8, vocabulary {len(kept)}"
+    assert loaded.info["draft_quantization"] == f"{scheme}, vocabulary {len(kept)}"
     ids = torch.tensor([[5, 6, 7, 8]])
     out = loaded.target.generate(ids, assistant_model=loaded.draft, speculation="chain", do_sample=False,
                                  max_new_tokens=8)

@@ -67,7 +67,7 @@ def test_prepack_keeps_packing_only_when_it_measures_faster(monkeypatch):
 
 def test_models_that_cannot_be_prepacked_are_left_alone():
     model = tiny_model("llama", 0)
-    quantized = hf_specdec.quantize_draft(copy.deepcopy(model))
+    quantized = hf_specdec.quantize_draft(copy.deepcopy(model), scheme="dynamic-int8")
     assert "no float32/bfloat16 nn.Linear" in can_prepack(quantized)
     report = hf_specdec.prepack(quantized)
     assert not report.packed and not is_prepacked(quantized)

@@ -7,10 +7,12 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+import hf_specdec.draft.quantize as quantize_module
 from hf_specdec import quantize_draft
 from hf_specdec.core.model_info import quantization
 from hf_specdec.draft import weight_only
-from hf_specdec.draft.quantize import is_quantized
+from hf_specdec.draft.quantize import faster_prefix, is_quantized
+from hf_specdec.draft.row_dispatch import RowDispatchLinear, set_narrow_rows
 from hf_specdec.draft.weight_only import Int4Linear, Int8Linear
 from tests.conftest import random_prompt, tiny_model
 
@@ -18,7 +20,7 @@ from tests.conftest import random_prompt, tiny_model
 @pytest.mark.parametrize("method", ["chain", "tree", "specexec", "sequoia"])
 def test_quantized_draft_is_lossless_and_still_accepted(method):
     target = tiny_model("qwen2", 0)
-    draft = quantize_draft(target)
+    draft = quantize_draft(target, scheme="dynamic-int8")
     assert is_quantized(draft) and not is_quantized(target)
     assert type(draft.model.layers[0].mlp.up_proj).__module__.startswith("torch.ao.nn.quantized")
     assert target.model.layers[0].mlp.up_proj.weight.dtype == torch.float32  # the original is untouched
@@ -75,12 +77,12 @@ def test_quantize_a_draft_loaded_from_gguf(tmp_path):
                                        do_sample=False), expected)
 
 
-@pytest.mark.parametrize("scheme", ["int4", "int8-weight-only"])
+@pytest.mark.parametrize("scheme", ["int4", "int8-weight-only", "mixed"])
 def test_weight_only_drafts_are_lossless(scheme):
     """aten's fused weight-only kernels run the draft in bfloat16; the target (float32) still decides every token."""
     target = tiny_model("llama", 0)
     draft = quantize_draft(target, scheme=scheme)
-    kind = Int4Linear if scheme == "int4" else Int8Linear
+    kind = {"int4": Int4Linear, "int8-weight-only": Int8Linear, "mixed": RowDispatchLinear}[scheme]
     assert isinstance(draft.model.layers[0].mlp.up_proj, kind) and quantization(draft) == scheme
     assert type(target.model.layers[0].mlp.up_proj) is torch.nn.Linear  # the original is untouched
     for method, settings in (("chain", None), ("specexec", {"budget": 16, "guard": False})):
@@ -93,22 +95,52 @@ def test_weight_only_drafts_are_lossless(scheme):
 
 
 @pytest.mark.parametrize("bits", [4, 8])
-def test_weight_only_layers_compute_their_dequantized_weights(bits):
-    linear = torch.nn.Linear(256, 48, bias=True)
+@pytest.mark.parametrize("out_features", [48, 41])  # 41: not a multiple of the int4 kernel's row block of 16
+def test_weight_only_layers_compute_their_dequantized_weights(bits, out_features):
+    linear = torch.nn.Linear(256, out_features, bias=True)
     layer = Int4Linear(linear, 64) if bits == 4 else Int8Linear(linear)
     x = torch.randn(2, 5, 256)
     step = (linear.weight.abs().amax() * 2 / (15 if bits == 4 else 254)).item()  # a weight's largest rounding, x2
     bound = step * x.abs().sum(-1, keepdim=True) + 0.02 * linear(x).abs()  # + bfloat16 rounding
     out = layer(x).float()
-    assert out.shape == (2, 5, 48) and bool(((out - linear(x)).abs() <= bound).all())
+    assert out.shape == (2, 5, out_features) and bool(((out - linear(x)).abs() <= bound).all())
     assert not torch.equal(out, linear(x))  # it really is another (low-bit) computation
+
+
+def test_mixed_draft_takes_int4_for_narrow_passes_and_int8_for_wide_ones():
+    """Each layer of a "mixed" draft keeps both copies; a pass of at most `narrow_rows` rows runs the int4 one."""
+    draft = quantize_draft(tiny_model("llama", 0), scheme="mixed")
+    layer = draft.model.layers[0].mlp.up_proj
+    assert isinstance(layer.wide, torch.ao.nn.quantized.dynamic.Linear) and isinstance(layer.narrow, Int4Linear)
+    assert draft.dtype == torch.bfloat16 and 0 <= layer.narrow_rows <= 4  # as measured on this machine
+    set_narrow_rows(draft, 2)
+    x = torch.randn(1, 3, layer.in_features, dtype=torch.bfloat16)
+    for rows, kernel in ((1, layer.narrow), (2, layer.narrow), (3, layer.wide)):
+        expected = kernel(x[:, :rows].float() if kernel is layer.wide else x[:, :rows]).to(torch.bfloat16)
+        assert torch.equal(layer(x[:, :rows]), expected)
+    assert not torch.equal(layer.narrow(x[:, :1]).float(), layer.wide(x[:, :1].float()))  # two kernels really differ
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_auto_scheme_is_mixed_where_bfloat16_is_native(monkeypatch, native):
+    monkeypatch.setattr(quantize_module, "native_bfloat16", lambda cuda: native)
+    draft = quantize_draft(tiny_model("llama", 0))
+    assert quantization(draft) == ("mixed" if native else "dynamic-int8")
+
+
+def test_mixed_threshold_is_the_prefix_where_int4_wins():
+    rows = (1, 2, 3, 4)
+    assert faster_prefix(rows, [1.0, 2.0, 3.0, 4.0], [2.0, 3.0, 3.5, 3.9]) == 3
+    assert faster_prefix(rows, [1.0, 3.0, 1.0, 1.0], [2.0, 2.0, 2.0, 2.0]) == 1  # a loss ends the prefix
+    assert faster_prefix(rows, [2.0, 1.0, 1.0, 1.0], [1.0, 2.0, 2.0, 2.0]) == 0  # never int4 where one row loses
 
 
 def test_unknown_or_unavailable_scheme_is_named(monkeypatch):
     target = tiny_model("llama", 0)
-    with pytest.raises(ValueError, match="Unknown draft quantization scheme 'int3': choose one of dynamic-int8"):
+    with pytest.raises(ValueError, match="Unknown draft quantization scheme 'int3': choose one of auto, dynamic-int8"):
         quantize_draft(target, scheme="int3")
     monkeypatch.setitem(weight_only.KERNELS, 4, ("_weight_int4pack_mm_for_cpu", "_no_such_int4_kernel"))
-    with pytest.raises(RuntimeError, match="no aten._no_such_int4_kernel. Use scheme='dynamic-int8'"):
-        quantize_draft(target, scheme="int4")
+    for scheme in ("int4", "mixed"):
+        with pytest.raises(RuntimeError, match="no aten._no_such_int4_kernel. Use scheme='dynamic-int8'"):
+            quantize_draft(target, scheme=scheme)
     assert type(target.model.layers[0].mlp.up_proj) is torch.nn.Linear and quantization(target) is None

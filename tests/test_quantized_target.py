@@ -110,7 +110,7 @@ def test_pytorch_dynamic_int8_target_is_not_lossless_to_itself():
     from hf_specdec import quantize_draft
 
     float_model = tiny_model("qwen2", 0)
-    target = quantize_draft(float_model)
+    target = quantize_draft(float_model, scheme="dynamic-int8")
     differing = 0
     for seed in range(6):
         ids = random_prompt(torch.Generator().manual_seed(seed), 8)
@@ -130,10 +130,12 @@ def test_unknown_or_missing_routes_are_named(monkeypatch):
 
 
 def test_the_command_line_offers_every_route():
-    from hf_specdec_tools.bench.cli import QUANTIZE_CHOICES
+    from hf_specdec.draft.quantize import SCHEMES
+    from hf_specdec_tools.bench.cli import DRAFT_SCHEMES, QUANTIZE_CHOICES
     from hf_specdec_tools.bench.target_quantization import CHOICES
 
     assert QUANTIZE_CHOICES == CHOICES
+    assert DRAFT_SCHEMES == tuple(SCHEMES)  # and every draft scheme
 
 
 @pytest.mark.parametrize(("settings", "expected"), [

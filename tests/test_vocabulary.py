@@ -58,17 +58,19 @@ def test_transformers_assisted_generation_takes_the_restricted_draft():
     assert torch.equal(target.generate(ids, assistant_model=draft, do_sample=False, max_new_tokens=16), expected)
 
 
-def test_quantized_restricted_draft():
+@pytest.mark.parametrize("scheme", ["dynamic-int8", "int4"])
+def test_quantized_restricted_draft(scheme):
     target = tiny_model("llama", 0)
-    draft = quantize_draft(target, vocabulary=KEEP)
-    assert quantization(draft) == f"dynamic-int8, vocabulary {len(KEEP)}"
+    keep = KEEP[:-1]  # a count that is not a multiple of the int4 kernel's row block (16)
+    draft = quantize_draft(target, vocabulary=keep, scheme=scheme)
+    assert quantization(draft) == f"{scheme}, vocabulary {len(keep)}" and len(keep) % 16
     assert quantization(target) is None and isinstance(target.get_output_embeddings(), torch.nn.Linear)  # untouched
     ids = torch.randint(3, VOCAB, (1, 8), generator=torch.Generator().manual_seed(2))
     out = target.generate(ids, assistant_model=draft, speculation="specexec", do_sample=False, max_new_tokens=16)
     assert torch.equal(out, target.generate(ids, do_sample=False, max_new_tokens=16))
     with pytest.raises(TypeError, match="restrict the vocabulary before quantizing"):
-        restrict_vocabulary(draft, KEEP)
-    names = {plan_filename(target, d, 0.0) for d in (target, quantize_draft(target), draft)}
+        restrict_vocabulary(draft, keep)
+    names = {plan_filename(target, d, 0.0) for d in (target, quantize_draft(target, scheme=scheme), draft)}
     assert len(names) == 3  # each draft's latency curves and plans are saved apart, never over each other
 
 

@@ -15,6 +15,8 @@ from torch import nn
 
 #: group sizes the CPU int4 kernel takes, largest first (fewer scales to read)
 INT4_GROUP_SIZES = (128, 64, 32)
+#: the int4 kernel packs output rows in blocks of this many (a layer of another width is padded with zero rows)
+INT4_ROW_BLOCK = 16
 #: the aten operators each width needs
 KERNELS = {4: ("_weight_int4pack_mm_for_cpu", "_convert_weight_to_int4pack_for_cpu"), 8: ("_weight_int8pack_mm",)}
 
@@ -36,10 +38,12 @@ class Int4Linear(nn.Module):
     def __init__(self, linear: nn.Linear, group_size: int) -> None:
         super().__init__()
         self.in_features, self.out_features, self.group_size = linear.in_features, linear.out_features, group_size
-        weight = linear.weight.detach().float().reshape(self.out_features, -1, group_size)
+        padded = -(-self.out_features // INT4_ROW_BLOCK) * INT4_ROW_BLOCK  # e.g. a vocabulary subset's head
+        weight = torch.nn.functional.pad(linear.weight.detach().float(), (0, 0, 0, padded - self.out_features))
+        weight = weight.reshape(padded, -1, group_size)
         low, high = weight.amin(-1, keepdim=True), weight.amax(-1, keepdim=True)
         scale = (high - low).clamp(min=1e-6) / 15
-        levels = ((weight - low) / scale).round().clamp(0, 15).to(torch.int32).reshape(self.out_features, -1)
+        levels = ((weight - low) / scale).round().clamp(0, 15).to(torch.int32).reshape(padded, -1)
         # the kernel computes (level - 8) * scale + zero, so the zero is the group's minimum shifted by 8 levels
         zero = low + 8 * scale
         self.register_buffer("packed_weight", torch.ops.aten._convert_weight_to_int4pack_for_cpu(levels, 1))
@@ -51,7 +55,7 @@ class Int4Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features).to(torch.bfloat16)
         out = torch.ops.aten._weight_int4pack_mm_for_cpu(rows, self.packed_weight, self.group_size,
-                                                         self.scales_and_zeros)
+                                                         self.scales_and_zeros)[:, :self.out_features]
         out = out if self.bias is None else out + self.bias
         return out.reshape(*x.shape[:-1], self.out_features)
 

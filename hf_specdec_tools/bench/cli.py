@@ -15,6 +15,8 @@ SCHEMA = "hf_specdec.bench/1"
 DTYPES = ("auto", "bfloat16", "float32", "float16")
 #: target_quantization.CHOICES, spelled out so that `--help` imports no model code (a test keeps them equal)
 QUANTIZE_CHOICES = ("none", "auto", "int8", "int8-dynamic")
+#: hf_specdec.draft.quantize.SCHEMES, spelled out for the same reason (the same test keeps them equal)
+DRAFT_SCHEMES = ("dynamic-int8", "int4", "int8-weight-only", "mixed")
 DEFAULT_PROMPTS, QUICK_PROMPTS = "humaneval:8", "humaneval:3"
 DEFAULT_NEW_TOKENS, QUICK_NEW_TOKENS = 128, 48
 #: --quick starts no prompt that would end past this; loading the models and the report take the rest of 10 min
@@ -75,6 +77,11 @@ def register_cli(subparsers: argparse._SubParsersAction) -> argparse.ArgumentPar
                         help="Quantize the draft's Linear layers to int8 (hf_specdec.quantize_draft): a cheaper draft "
                         "on CPUs, same outputs. Transformers' assisted generation gets the same draft. Default: "
                         "off (on with --quick on a CPU).")
+    parser.add_argument("--draft-scheme", choices=("auto", *DRAFT_SCHEMES), default="auto",
+                        help="How --int8-draft quantizes the draft (hf_specdec.quantize_draft's scheme): auto "
+                        "(default: mixed on a CPU with native bfloat16, else dynamic-int8), dynamic-int8, int4 or "
+                        "int8-weight-only (weight-only, bfloat16 activations), mixed (int4 for passes of few rows "
+                        "where it measures faster, dynamic int8 for wider ones).")
     parser.add_argument("--draft-vocabulary", type=int, metavar="K",
                         help="Restrict the draft's output layer to the K tokens most frequent in text disjoint from "
                         "the prompts (hf_specdec.restrict_vocabulary, FR-Spec): cheaper draft passes, same outputs. "
@@ -205,7 +212,7 @@ def run(args: argparse.Namespace) -> int:
             args.target, args.draft, dtype=getattr(torch, dtype_name), need_draft=any(s.uses_draft for s in strategies),
             offload=args.offload, offload_max_memory=args.offload_max_memory, int8_draft=int8_draft,
             prepack=prepack, quantize_target=args.quantize_target, progress=not args.no_progress,
-            remeasure=args.remeasure, draft_vocabulary=args.draft_vocabulary,
+            remeasure=args.remeasure, draft_vocabulary=args.draft_vocabulary, draft_scheme=args.draft_scheme,
         )
     except (ValueError, ImportError) as error:
         return _error(str(error))
@@ -224,7 +231,8 @@ def run(args: argparse.Namespace) -> int:
     results["settings"].update(
         prompts=prompt_spec, dtype=dtype_name, dtype_requested=args.dtype, offload=args.offload,
         offload_max_memory=args.offload_max_memory, threads=args.threads, quick=args.quick, target=args.target,
-        draft=args.draft, int8_draft=int8_draft, draft_vocabulary=args.draft_vocabulary, prepack=prepack,
+        draft=args.draft, int8_draft=int8_draft, draft_scheme=loaded.info["draft_quantization"] if int8_draft else None,
+        draft_vocabulary=args.draft_vocabulary, prepack=prepack,
         quantize_target=args.quantize_target,
         command=" ".join(["hf-specdec", *sys.argv[1:]]) if sys.argv else None,
     )

@@ -15,6 +15,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTra
 
 from hf_specdec.core.model_info import quantization
 from hf_specdec.draft import frequent_tokens, quantize_draft, restrict_vocabulary
+from hf_specdec.draft.quantize import default_scheme
 
 from .machine_choices import machine_key, recall, remember
 from .target_quantization import ROUTES, available_routes, fastest_route, quantization_config
@@ -108,8 +109,10 @@ def load_models(
     progress: bool = True,
     remeasure: bool = False,
     draft_vocabulary: int | None = None,
+    draft_scheme: str = "auto",
 ) -> LoadedModels:
-    """Target, draft (when a strategy needs one; with `int8_draft`, dynamically quantized) and the tokenizer; with
+    """Target, draft (when a strategy needs one; with `int8_draft`, quantized by `quantize_draft` with `draft_scheme`:
+    by default "mixed" on a CPU with native bfloat16, else dynamic int8) and the tokenizer; with
     `prepack`, both models' Linear weights prepacked for this CPU where that measures faster (hf_specdec.prepack);
     with `quantize_target`, the target loaded through that route of `target_quantization.ROUTES`. What the automatic
     choices (`auto` route, prepacking) measured is remembered per machine (`machine_choices`) and reused unless
@@ -137,7 +140,9 @@ def load_models(
     kernels: dict[str, Any] = {}
     counts: dict[str, int] = {}
     target_kernels: dict[str | None, dict[str, Any]] = {}  # per candidate route
-    key = machine_key(f"{target_source}|{draft}|int8={int8_draft}|vocabulary={draft_vocabulary}|offload={offload}",
+    scheme = default_scheme() if draft_scheme == "auto" else draft_scheme
+    quantized = (scheme if scheme != "dynamic-int8" else True) if int8_draft else False
+    key = machine_key(f"{target_source}|{draft}|int8={quantized}|vocabulary={draft_vocabulary}|offload={offload}",
                       dtype)
     known = {} if remeasure or not (prepack or quantize_target == "auto") else (recall(key) or {})
     packed = known.get("prepacked", {})
@@ -177,7 +182,7 @@ def load_models(
 
                 vocabulary = frequent_tokens(tokenizer, vocabulary_corpus(), draft_vocabulary)
             if int8_draft:
-                draft_model = quantize_draft(draft_model, vocabulary=vocabulary)
+                draft_model = quantize_draft(draft_model, vocabulary=vocabulary, scheme=scheme)
             elif vocabulary is not None:
                 restrict_vocabulary(draft_model, vocabulary)
         if prepack and draft_model is not None:
