@@ -58,7 +58,7 @@ def test_transformers_assisted_generation_takes_the_restricted_draft():
     assert torch.equal(target.generate(ids, assistant_model=draft, do_sample=False, max_new_tokens=16), expected)
 
 
-@pytest.mark.parametrize("scheme", ["dynamic-int8", "int4"])
+@pytest.mark.parametrize("scheme", ["dynamic-int8", "int4", "mixed"])
 def test_quantized_restricted_draft(scheme):
     target = tiny_model("llama", 0)
     keep = KEEP[:-1]  # a count that is not a multiple of the int4 kernel's row block (16)
