@@ -49,6 +49,8 @@ def register_cli(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
+    from hf_specdec.core.model_info import quantization
+
     from .bench.cli import add_plain_bfloat16_row, benchmark, report_loading, resolve_dtype
     from .bench.inputs import load_prompt_source, tokenize_prompts
     from .bench.loading import load_models
@@ -77,7 +79,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     report_loading(loaded.info)
     prompts = tokenize_prompts(loaded.tokenizer, load_prompt_source(f"humaneval:{args.prompts}"))
-    draft_kind = f", draft {loaded.info['draft_quantization']}" if int8_draft else ""
+    kind = quantization(loaded.draft) if loaded.draft is not None else None
+    draft_kind = f", draft {kind}" if kind else ""
     print(f"{args.prompts} HumanEval prompts x {args.max_new_tokens} new tokens, greedy, {torch.get_num_threads()} "
           f"threads, {dtype}{draft_kind}", flush=True)
     settings = BenchSettings(max_new_tokens=args.max_new_tokens)
