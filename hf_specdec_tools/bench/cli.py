@@ -74,9 +74,9 @@ def register_cli(subparsers: argparse._SubParsersAction) -> argparse.ArgumentPar
                         help="RAM kept for the offloaded target, e.g. 900MiB (default: half its weight bytes, "
                         "which keeps about a quarter of its layers in RAM).")
     parser.add_argument("--int8-draft", action=argparse.BooleanOptionalAction, default=None,
-                        help="Quantize the draft's Linear layers to int8 (hf_specdec.quantize_draft): a cheaper draft "
-                        "on CPUs, same outputs. Transformers' assisted generation gets the same draft. Default: "
-                        "off (on with --quick on a CPU).")
+                        help="Quantize the draft's Linear layers (hf_specdec.quantize_draft, as --draft-scheme says): "
+                        "a cheaper draft on CPUs, same outputs. Transformers' assisted generation gets the same draft. "
+                        "Default: off (on with --quick on a CPU).")
     parser.add_argument("--draft-scheme", choices=("auto", *DRAFT_SCHEMES), default="auto",
                         help="How --int8-draft quantizes the draft (hf_specdec.quantize_draft's scheme): auto "
                         "(default: mixed on a CPU with native bfloat16, else dynamic-int8), dynamic-int8, int4 or "
