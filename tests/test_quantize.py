@@ -12,7 +12,7 @@ from hf_specdec import quantize_draft
 from hf_specdec.core.model_info import quantization
 from hf_specdec.draft import weight_only
 from hf_specdec.draft.quantize import faster_prefix, is_quantized
-from hf_specdec.draft.row_dispatch import RowDispatchLinear, set_narrow_rows
+from hf_specdec.draft.row_dispatch import RowDispatchLinear, set_narrow_rows, split_by_rows
 from hf_specdec.draft.weight_only import Int4Linear, Int8Linear
 from tests.conftest import random_prompt, tiny_model
 
@@ -126,6 +126,19 @@ def test_auto_scheme_is_mixed_where_bfloat16_is_native(monkeypatch, native):
     monkeypatch.setattr(quantize_module, "native_bfloat16", lambda cuda: native)
     draft = quantize_draft(tiny_model("llama", 0))
     assert quantization(draft) == ("mixed" if native else "dynamic-int8")
+
+
+def test_mixed_layers_without_an_int4_group_size_take_int8_in_a_bfloat16_model():
+    """A width no int4 group divides (40) keeps only the int8 kernel, which still gets float32 activations."""
+    from torch.ao.quantization import quantize_dynamic
+
+    model = torch.nn.Sequential(torch.nn.Linear(40, 64), torch.nn.Linear(64, 8))
+    assert split_by_rows(model, 4) == 1  # only the 64-wide input has an int4 copy
+    quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8, inplace=True)
+    torch.nn.Module.to(model, torch.bfloat16)
+    assert model[0].narrow is None and isinstance(model[1].narrow, Int4Linear)
+    out = model(torch.randn(1, 40, dtype=torch.bfloat16))
+    assert out.shape == (1, 8) and out.dtype == torch.bfloat16
 
 
 def test_mixed_threshold_is_the_prefix_where_int4_wins():

@@ -24,14 +24,15 @@ class RowDispatchLinear(nn.Module):
     """`nn.Linear` as two kernels: `narrow` (int4, bfloat16 activations) for passes of at most `narrow_rows` rows,
     `wide` (the float layer, quantized to dynamic int8 after this wrapper is put in) otherwise."""
 
-    def __init__(self, linear: nn.Linear, group_size: int, narrow_rows: int) -> None:
+    def __init__(self, linear: nn.Linear, group_size: int | None, narrow_rows: int) -> None:
         super().__init__()
         self.in_features, self.out_features, self.narrow_rows = linear.in_features, linear.out_features, narrow_rows
-        self.narrow = Int4Linear(linear, group_size)
+        # no int4 copy where no group size divides the input width: every pass takes the wide kernel
+        self.narrow = None if group_size is None else Int4Linear(linear, group_size)
         self.wide = linear
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.numel() <= self.narrow_rows * self.in_features:
+        if self.narrow is not None and x.numel() <= self.narrow_rows * self.in_features:
             return self.narrow(x).to(x.dtype)
         return self.wide(x.float()).to(x.dtype)
 
@@ -41,13 +42,15 @@ class RowDispatchLinear(nn.Module):
 
 def split_by_rows(model: nn.Module, narrow_rows: int) -> int:
     """Wrap `model`'s plain float `nn.Linear`s in `RowDispatchLinear`s, in place (before quantizing `wide` to int8);
-    returns how many. A layer whose input width no int4 group size divides stays as it is."""
+    returns how many have an int4 copy. Every layer is wrapped, so each int8 layer gets float32 activations even
+    where the model computes in bfloat16 between layers."""
     count = 0
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
-            if type(child) is nn.Linear and (group := int4_group_size(child)) is not None:
+            if type(child) is nn.Linear:
+                group = int4_group_size(child)
                 setattr(parent, name, RowDispatchLinear(child, group, narrow_rows))
-                count += 1
+                count += group is not None
     return count
 
 
