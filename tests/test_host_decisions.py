@@ -79,14 +79,20 @@ def device_greedy_path(tree: TokenTree, scores: torch.Tensor) -> tuple[list[int]
         path.append(node)
 
 
+@pytest.mark.parametrize("stop_early", [True, False])
 @pytest.mark.parametrize("seed", range(30))
-def test_the_greedy_walk_on_the_host_accepts_the_first_drafted_match(seed):
+def test_the_greedy_walk_on_the_host_accepts_the_first_drafted_match(seed, stop_early, monkeypatch):
+    """Both modes (every node's argmax read at once, or the reached nodes' one by one) give the device's verdict;
+    wide rows take the block-maximum argmax, whose ties must resolve as `torch.argmax` does."""
+    monkeypatch.setattr(GreedyVerifier, "stop_early", stop_early)
     rng = np.random.default_rng(seed)
     parents = random_parents(int(rng.integers(1, 25)), rng)
-    vocab = 4  # few tokens: siblings repeat tokens, matches are common
-    tokens = rng.integers(0, vocab, len(parents)).tolist()
+    vocab = 4 if seed % 2 else 20_000  # few tokens: siblings repeat tokens, matches are common
+    tokens = rng.integers(0, 4, len(parents)).tolist()
     tree = TokenTree.from_parents(tokens, parents)
     scores = torch.randn(len(parents), vocab, generator=torch.Generator().manual_seed(seed))
+    if vocab > 4:  # ties at the maximum in the wide rows, the first one among the drafted tokens now and then
+        scores[:, 3] = scores[:, 1] = scores.amax(dim=-1) + float(seed % 3)
     verdict = GreedyVerifier().verify(tree, scores)
     path, bonus = device_greedy_path(tree, scores)
     assert verdict.path == path and verdict.bonus_token == bonus

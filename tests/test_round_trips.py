@@ -30,8 +30,17 @@ SIZED = {"sequoia": SequoiaConfig(), "specexec": SpecExecConfig()}
 
 
 @pytest.mark.parametrize("name", sorted(GREEDY))
-def test_greedy_step_reads_at_most_draft_passes_plus_two(tiny_pair, name):
+def test_greedy_step_reads_at_most_draft_passes_plus_two(tiny_pair, name, monkeypatch):
+    """Greedy verification in its one-read mode, as off the CPU (`GreedyVerifier.stop_early`)."""
+    monkeypatch.setattr(GreedyVerifier, "stop_early", False)
     check_greedy(*tiny_pair, GREEDY[name], name)
+
+
+@pytest.mark.parametrize("name", sorted(GREEDY))
+def test_greedy_walk_on_cpu_reads_once_per_node_it_reaches(tiny_pair, name):
+    """On CPU the greedy walk computes and reads the argmax of each node it reaches: at most the step's draft passes
+    + its emitted tokens (accepted + bonus, one argmax each) + 1 for the stopping check."""
+    check_greedy(*tiny_pair, GREEDY[name], name, per_emitted=True)
 
 
 @pytest.mark.parametrize("name", sorted(SIZED))
@@ -42,10 +51,11 @@ def test_greedy_step_sized_every_step_reads_at_most_draft_passes_plus_two(tiny_p
     from hf_specdec.plan import store
 
     monkeypatch.setattr(store, "user_plan_dir", lambda: tmp_path)
+    monkeypatch.setattr(GreedyVerifier, "stop_early", False)
     check_greedy(*tiny_pair, SIZED[name], name)
 
 
-def check_greedy(target, draft, config, name):
+def check_greedy(target, draft, config, name, per_emitted: bool = False):
     for seed, prompt_length in ((0, 5), (1, 60)):  # the prefix is never copied back: a long prompt costs no more
         ids = random_prompt(torch.Generator().manual_seed(seed), prompt_length)
         expected = target.generate(ids, max_new_tokens=30, do_sample=False)
@@ -56,7 +66,10 @@ def check_greedy(target, draft, config, name):
         first, *steps, last = counts.steps
         assert len(counts.steps) == counts.target_passes > 2
         for step in steps:
-            assert step.reads <= step.draft_passes + 2, (name, [(s.reads, s.draft_passes) for s in counts.steps])
+            bound = step.draft_passes + (1 + step.emitted if per_emitted else 2)
+            assert step.reads <= bound, (name, [(s.reads, s.draft_passes, s.emitted) for s in counts.steps])
+        if per_emitted:
+            return
         assert first.reads <= first.draft_passes + 3  # + the prompt, copied to the host once
         assert last.reads <= last.draft_passes + 2 + GREEDY_DEPTH_LIMIT
 
@@ -119,6 +132,23 @@ def test_greedy_verifier_follows_the_first_drafted_of_repeated_siblings():
     deeper = TokenTree.from_parents([1, 4, 5, 7], [-1, 0, 0, 2])  # now only b matches: its subtree is followed
     verdict = GreedyVerifier().verify(deeper, scores)
     assert verdict.path == [0, 2, 3] and verdict.bonus_token == 3 and verdict.accepted_ranks == [1, 0]
+
+
+def test_greedy_walk_on_cpu_takes_the_argmax_of_the_nodes_it_reaches_only(monkeypatch):
+    """root -> a(5) -> c(7), root -> b(6): the target keeps a, then stops below it; b and c are never argmaxed. In
+    the one-read mode (off the CPU) every row is, at once."""
+    from hf_specdec.verify import greedy
+
+    rows = []
+    monkeypatch.setattr(greedy, "row_argmax", lambda scores: rows.append(len(scores)) or scores.argmax(-1))
+    tree = TokenTree.from_parents([1, 5, 6, 7], [-1, 0, 0, 1])
+    scores = torch.full((4, 10), -1.0)
+    scores[0, 5] = scores[1, 2] = scores[2, 6] = scores[3, 6] = 1.0
+    verdict = GreedyVerifier().verify(tree, scores)
+    assert verdict.path == [0, 1] and verdict.bonus_token == 2 and rows == [1, 1]
+    rows.clear()
+    monkeypatch.setattr(GreedyVerifier, "stop_early", False)
+    assert GreedyVerifier().verify(tree, scores) == verdict and rows == [4]
 
 
 BATCH_PADS = [0, 3, 5, 1]  # left pads of the batch's rows (the first `rows` of them)
