@@ -31,12 +31,9 @@ class GreedyVerifier:
         host = tree.host()
         if host.tokens is None:
             host.tokens = tree.tokens.tolist()
-        reached: dict[int, int] = {}
 
-        def best(node: int) -> int:  # the same argmax as the one-read path, for this node's row only
-            if node not in reached:
-                reached[node] = int(row_argmax(target_scores[node : node + 1])[0])
-            return reached[node]
+        def best(node: int) -> int:  # the same argmax as the one-read path, of this node's row only (asked once)
+            return int(row_argmax(target_scores[node : node + 1])[0])
 
         return walk_down(tree, _argmax_child(host.tokens, best))
 
