@@ -87,8 +87,8 @@ def test_the_greedy_walk_on_the_host_accepts_the_first_drafted_match(seed, stop_
     monkeypatch.setattr(GreedyVerifier, "stop_early", stop_early)
     rng = np.random.default_rng(seed)
     parents = random_parents(int(rng.integers(1, 25)), rng)
-    vocab = 4 if seed % 2 else 20_000  # few tokens: siblings repeat tokens, matches are common
-    tokens = rng.integers(0, 4, len(parents)).tolist()
+    vocab = 4 if seed % 2 else 20_000  # narrow rows, or rows wide enough for the block-maximum argmax
+    tokens = rng.integers(0, 4, len(parents)).tolist()  # few tokens: siblings repeat tokens, matches are common
     tree = TokenTree.from_parents(tokens, parents)
     scores = torch.randn(len(parents), vocab, generator=torch.Generator().manual_seed(seed))
     if vocab > 4:  # ties at the maximum in the wide rows, the first one among the drafted tokens now and then

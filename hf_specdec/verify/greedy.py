@@ -12,7 +12,7 @@ import torch
 from ..core.tree import TokenTree
 from ..core.wide_rows import row_argmax
 from .registry import register_verifier
-from .tree_walk import Verdict, walk_down
+from .tree_walk import Verdict, reads_per_level, walk_down
 
 
 @register_verifier
@@ -25,8 +25,7 @@ class GreedyVerifier:
     stop_early: ClassVar[bool | None] = None
 
     def verify(self, tree: TokenTree, target_scores: torch.Tensor, generator: torch.Generator | None = None) -> Verdict:
-        stop_early = self.stop_early if self.stop_early is not None else target_scores.device.type == "cpu"
-        if not stop_early:
+        if not reads_per_level(self.stop_early, target_scores.device):
             return self.verify_rows([tree], [target_scores])[0]
         host = tree.host()
         if host.tokens is None:

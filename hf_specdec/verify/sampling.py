@@ -18,7 +18,7 @@ import torch
 from ..core.processing import NodeScores
 from ..core.tree import TokenTree
 from .registry import register_verifier
-from .tree_walk import Verdict, walk_down
+from .tree_walk import Verdict, reads_per_level, walk_down
 
 Dist = torch.Tensor | tuple[torch.Tensor, torch.Tensor]  # a distribution: see RandomSource
 
@@ -287,7 +287,7 @@ class TargetSampleVerifier:
         *,
         source: RandomSource | None = None,
     ) -> Verdict:
-        stop_early = self.stop_early if self.stop_early is not None else target_scores.device.type == "cpu"
+        stop_early = reads_per_level(self.stop_early, target_scores.device)
         return TargetWalk(tree, target_scores.device).run(target_scores, source or TorchRandom(generator), stop_early)
 
 

@@ -2,8 +2,16 @@
 
 from __future__ import annotations
 
+import torch
+
 from ..core.tree import TokenTree
 from ..core.verdict import Verdict
+
+
+def reads_per_level(stop_early: bool | None, device: torch.device) -> bool:
+    """A verifier's `stop_early` setting resolved: read after each level of the walk (True) or once (False). None
+    means on a CPU, where a read waits for nothing and a row not needed is work saved."""
+    return stop_early if stop_early is not None else device.type == "cpu"
 
 
 def walk_down(tree: TokenTree, choose) -> Verdict:
