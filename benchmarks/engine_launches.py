@@ -18,11 +18,13 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import json
 import statistics
 import sys
 import traceback
 from pathlib import Path
+from unittest import mock
 
 import torch
 from torch.utils import _pytree as pytree
@@ -34,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu import early_layer_draft, tune_agreement  # noqa: E402
 
 import hf_specdec  # noqa: E402, F401  (installs `speculation=`)
-from hf_specdec.core import wide_rows  # noqa: E402
+from hf_specdec.core import pass_shapes, wide_rows  # noqa: E402
 from hf_specdec.core.devices import cpu_flags, cpu_model  # noqa: E402
 
 #: ops that launch nothing on a GPU: allocation, aliasing and shape bookkeeping
@@ -47,6 +49,9 @@ METHODS = {
     "sequoia": {"assistant": True, "speculation": "sequoia"},
     "specexec": {"assistant": True, "speculation": "specexec"},
     "staged": {"assistant": True, "speculation": "staged"},
+    # the target's tree in the drafted (breadth-first) order, as before `core.pass_shapes.depth_first`
+    **{f"{name}, breadth-first": {"assistant": True, "speculation": name, "breadth_first": True}
+       for name in ("sequoia", "specexec", "staged")},
 }
 
 
@@ -123,13 +128,14 @@ def main() -> None:
     parser.add_argument("--sites", action="store_true", help="Attribute ops to the code that issued them.")
     parser.add_argument("--methods", nargs="*", default=list(METHODS))
     parser.add_argument("--cpu-paths", action="store_true",
-                        help="Keep the CPU-only block argmax/top-k (core.wide_rows); by default rows take torch's "
-                             "own ops, as on a GPU.")
+                        help="Keep the CPU-only paths (core.wide_rows' block argmax/top-k, the drafted tree order); "
+                             "by default rows take torch's own ops and the target its tree depth first, as on a GPU.")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = parser.parse_args()
     device = torch.device(args.device)
     if not args.cpu_paths:
         wide_rows.WIDE = sys.maxsize  # every row takes torch's argmax/topk: the path a GPU takes
+        pass_shapes.DEPTH_FIRST = True  # the target's tree depth first, as off the CPU
     torch.set_num_threads(1)
     target, draft, tuned = pair(device)
     generator = torch.Generator().manual_seed(5)
@@ -146,6 +152,9 @@ def main() -> None:
             kwargs["assistant_model"] = draft
         if "speculation" in spec:
             kwargs["speculation"] = spec["speculation"]
+        order = (mock.patch.object(pass_shapes, "DEPTH_FIRST", False)
+                 if spec.get("breadth_first") else contextlib.nullcontext())
+        order.__enter__()
         target.generate(prompts[0], **kwargs)  # warm-up: plans, latency curves, first-call work
         per_step, sites, names = [], collections.Counter(), collections.Counter()
         for ids in prompts:
@@ -160,6 +169,7 @@ def main() -> None:
             names.update({op: count / steps for op, count in counter.ops_by_name.items()})
             if counter.sites is not None:
                 sites.update({where: count / steps for where, count in counter.sites.items()})
+        order.__exit__(None, None, None)
         row = {"method": name, "launches_per_step": statistics.median(per_step),
                "top_ops": {op: round(n / len(prompts), 1) for op, n in names.most_common(12)}}
         if counter.sites is not None:

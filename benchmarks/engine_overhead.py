@@ -183,6 +183,13 @@ def before_21g() -> contextlib.AbstractContextManager:
     return mock.patch.object(wide_rows, "_blocks", lambda rows: None)
 
 
+def depth_first() -> contextlib.AbstractContextManager:
+    """The target's tree handed over depth first, as off the CPU (`core.pass_shapes.DEPTH_FIRST`)."""
+    from hf_specdec.core import pass_shapes
+
+    return mock.patch.object(pass_shapes, "DEPTH_FIRST", True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--output", type=Path, default=Path("benchmarks/engine-overhead/results.json"))
@@ -200,6 +207,8 @@ def main() -> None:
                         help="Also run each speculative method on the engine before branch issue21f, interleaved.")
     parser.add_argument("--compare-before-21g", action="store_true",
                         help="Also run each speculative method with torch's argmax/top-k over whole rows, interleaved.")
+    parser.add_argument("--compare-depth-first", action="store_true",
+                        help="Also run each speculative method with the target's tree depth first, interleaved.")
     parser.add_argument("--top-p", type=float, default=SAMPLING["top_p"],
                         help="top_p of the sampled runs (1.0: none, as the real-pair bench samples: T=0.7, top-k 50).")
     args = parser.parse_args()
@@ -230,6 +239,8 @@ def main() -> None:
                 variants[f"{name} (before 21f)"] = before_21f
             if args.compare_before_21g and "speculation" in kwargs:
                 variants[f"{name} (before 21g)"] = before_21g
+            if args.compare_depth_first and "speculation" in kwargs:
+                variants[f"{name} (depth-first)"] = depth_first
             runs: dict[str, list[dict]] = {variant: [] for variant in variants}
             for prompt in prompts:  # interleaved: every variant sees each prompt back to back
                 for variant, context in variants.items():

@@ -62,7 +62,7 @@ from engine_overhead import ACCEPTANCE, SAMPLING, peaky_model  # noqa: E402
 
 import hf_specdec  # noqa: E402, F401  (installs `speculation=`)
 from hf_specdec import ChainConfig, SequoiaConfig, SpecExecConfig, StagedConfig, TreeConfig  # noqa: E402
-from hf_specdec.core import attention  # noqa: E402
+from hf_specdec.core import attention, pass_shapes  # noqa: E402
 from hf_specdec.core.attention import tree_attention_kernels  # noqa: E402
 from hf_specdec.plan.latency import measure_latency  # noqa: E402
 from hf_specdec.plan.plan_file import pair_placement  # noqa: E402
@@ -89,6 +89,7 @@ SMOKE_DRAFT = dict(SMOKE_TARGET, hidden_size=64, intermediate_size=128, num_hidd
 IDS = dict(pad_token_id=0, bos_token_id=1, eos_token_id=2)
 NO_CUDNN = "no_cudnn_sdpa"  # a table entry's switch: the whole call runs with the kernels our tree passes use
 CUDNN_KEPT = "cudnn_sdpa_kept"  # a table entry's switch: our tree passes keep cuDNN's SDPA (as before they left it)
+BREADTH_FIRST = "breadth_first"  # a table entry's switch: the target gets the drafted order (before depth_first)
 EVERY_KERNEL = (SDPBackend.FLASH_ATTENTION, SDPBackend.CUDNN_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH)
 
 
@@ -116,7 +117,8 @@ class Run:
     def timed(self, target, ids, new_tokens: int, kwargs: dict):
         """(output, seconds) of one `generate` call, the device synchronised on both sides. A table entry with
         `NO_CUDNN` set runs the whole call with cuDNN's SDPA kernel off (our eager tree passes do so by themselves);
-        one with `CUDNN_KEPT` lets our tree passes use it."""
+        one with `CUDNN_KEPT` lets our tree passes use it; one with `BREADTH_FIRST` hands the target the drafted
+        order."""
         self.sync()
         start = time.perf_counter()
         with contextlib.ExitStack() as kernels:
@@ -124,6 +126,8 @@ class Run:
                 kernels.enter_context(tree_attention_kernels(self.device))
             if kwargs.get(CUDNN_KEPT):
                 kernels.enter_context(mock.patch.object(attention, "TREE_KERNELS", EVERY_KERNEL))
+            if kwargs.get(BREADTH_FIRST):
+                kernels.enter_context(mock.patch.object(pass_shapes, "DEPTH_FIRST", False))
             out = generate(target, ids, new_tokens, **call_kwargs(kwargs))
         self.sync()
         return out, time.perf_counter() - start
@@ -520,7 +524,7 @@ def interleaved(run: Run, target, table: dict, prompts, new_tokens: int, rounds:
 def call_kwargs(kwargs: dict) -> dict:
     """A table entry's `generate` arguments (its `new_tokens` overrides the phase's count, `NO_CUDNN` and
     `CUDNN_KEPT` pick the kernels: none is one)."""
-    return {k: v for k, v in kwargs.items() if k not in ("new_tokens", NO_CUDNN, CUDNN_KEPT)}
+    return {k: v for k, v in kwargs.items() if k not in ("new_tokens", NO_CUDNN, CUDNN_KEPT, BREADTH_FIRST)}
 
 
 def medians(rows: list[dict], skip=("round",)) -> dict:
@@ -549,7 +553,11 @@ def step_parts(run: Run, target, draft, prompts, new_tokens: int, rounds: int = 
              "specexec": {"assistant_model": draft, "speculation": "specexec"},
              # our eager tree passes leave cuDNN's SDPA out (core.attention): the same calls with it kept
              **{f"{name}, cuDNN kept": {"assistant_model": draft, "speculation": name, CUDNN_KEPT: True}
-                for name in ("chain", "sequoia", "specexec")}}
+                for name in ("chain", "sequoia", "specexec")},
+             # the target's tree in the drafted (breadth-first) order: the cache compaction moves rows more often
+             **{f"{name}, breadth-first": {"assistant_model": draft, "speculation": name, BREADTH_FIRST: True}
+                for name in ("sequoia", "specexec", "staged")},
+             "staged": {"assistant_model": draft, "speculation": "staged"}}
     if run.args.only:
         table = {name: kwargs for name, kwargs in table.items() if name in run.args.only}
     clock = PassClock(target=target, draft=draft)
@@ -718,6 +726,7 @@ def main() -> None:
     parser.add_argument("--sharpen", type=float, default=1.0,
                         help="Scale the shared output layer: peaked distributions, as a trained pair has.")
     parser.add_argument("--new-tokens", type=int, default=96)
+    parser.add_argument("--rounds", type=int, default=3, help="Rounds of the steps phase (methods interleaved).")
     parser.add_argument("--smoke", action="store_true", help="Small shapes on any device: a check of this script.")
     parser.add_argument("--only", nargs="*", default=None,
                         help="The step-parts phase times only these rows of its table (e.g. plain chain sequoia).")
@@ -772,7 +781,8 @@ def main() -> None:
         run.write("static", {"pair": pair, **static_speed(run, target, draft, prompts, 32 if args.smoke else 64)})
     if "steps" in args.phases and run.left() > 60:
         print("== step parts", flush=True)
-        run.write("steps", {"pair": pair, **step_parts(run, target, draft, prompts, 32 if args.smoke else 64)})
+        run.write("steps", {"pair": pair, **step_parts(run, target, draft, prompts, 32 if args.smoke else 64,
+                                                        args.rounds)})
     if "batches" in args.phases and run.left() > 90:
         print("== batches", flush=True)
         run.write("batches", {"pair": pair, **batch_speed(run, target, draft, 32 if args.smoke else 64,

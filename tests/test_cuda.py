@@ -14,6 +14,8 @@ from collections import defaultdict
 import pytest
 import torch
 
+from hf_specdec.accept.kv_cache import keep_positions
+from hf_specdec.decoding import loop
 from hf_specdec.verify import SequoiaVerifier, SpecInferVerifier
 from tests.conftest import random_prompt, tiny_model
 from tests.test_round_trips import GREEDY as METHODS  # the five methods at fixed shapes
@@ -104,3 +106,21 @@ def test_static_cache_with_cuda_graphs_identical_to_plain_static(name):
         stats = out.speculation_stats
         assert torch.equal(out.sequences, plain), name
         assert stats.compiled and stats.draft_pass_sizes, stats  # compiled target, draft on its static cache
+
+
+@pytest.mark.parametrize("name", ["tree", "sequoia", "specexec"])
+def test_first_child_paths_kept_in_place_on_the_gpu(name, monkeypatch):
+    """On a GPU the target gets its tree depth first (`core.pass_shapes.depth_first`): with the target as its own
+    draft every accepted path follows first children, and the compaction cuts the cache without moving a row."""
+    target, calls = cuda_pair()[0], []
+
+    def recording(cache, start, kept):
+        calls.append((start, list(kept)))
+        return keep_positions(cache, start, kept)
+
+    monkeypatch.setattr(loop, "keep_positions", recording)
+    ids = random_prompt(torch.Generator().manual_seed(3), 9).cuda()
+    out = target.generate(ids, assistant_model=target, speculation=METHODS[name], do_sample=False, max_new_tokens=24)
+    assert torch.equal(out, target.generate(ids, do_sample=False, max_new_tokens=24))
+    assert any(len(kept) > 2 for _, kept in calls)
+    assert all(kept == list(range(start, start + len(kept))) for start, kept in calls)

@@ -21,6 +21,7 @@ import pytest
 import torch
 
 from hf_specdec.core.child_selection import select_children
+from hf_specdec.core.pass_shapes import depth_first
 from hf_specdec.core.tree import TokenTree
 from hf_specdec.verify import VERIFIERS, SequoiaVerifier, SpecInferVerifier, TargetSampleVerifier, TorchRandom
 
@@ -272,6 +273,24 @@ def test_exact_distribution(verifier_cls, shape, case_name):
     assert total_variation(got, want) < 1e-6
     first = lambda d: {k: sum(w for s, w in d.items() if s[0] == k) for k in range(vocab)}  # noqa: E731
     assert total_variation(first(got), first(want)) < 1e-6
+
+
+def to_depth_first_tree(case: Case, nested) -> tuple[TokenTree, torch.Tensor]:
+    """`to_token_tree`'s tree as the loop hands it to a target off the CPU: depth first (`core.pass_shapes`)."""
+    tree, scores = to_token_tree(case, nested)
+    ordered, kept = depth_first(tree, None, torch.device("cuda"))  # the device only names where the target runs
+    return ordered, scores if kept is None else scores[kept]
+
+
+@pytest.mark.parametrize("verifier_cls", [SequoiaVerifier, SpecInferVerifier, *TARGET_SAMPLING])
+@pytest.mark.parametrize("case_name,shape",
+                         [("sparse", "irregular"), ("very_sparse", "irregular"), ("sparse", "widths22")])
+def test_exact_distribution_depth_first(verifier_cls, shape, case_name):
+    spec, vocab = SHAPES[shape], 4
+    case = CASES[case_name](vocab)
+    length = depth(spec) + 1
+    got, _ = speculative_joint(case, spec, verifier_cls(), length, build=to_depth_first_tree)
+    assert total_variation(got, target_joint(case, case.prompt, length)) < 1e-6
 
 
 def test_exact_with_mismatched_supports():

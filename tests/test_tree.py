@@ -9,6 +9,8 @@ from hypothesis import strategies as st
 from transformers import DynamicCache
 
 from hf_specdec import TokenTree
+from hf_specdec.core import pass_shapes
+from hf_specdec.core.pass_shapes import depth_first
 from tests.conftest import VOCAB, tiny_model
 
 
@@ -75,3 +77,33 @@ def _model(arch: str) -> torch.nn.Module:
     if arch not in _MODELS:
         _MODELS[arch] = tiny_model(arch, 0)
     return _MODELS[arch]
+
+
+@given(random_trees())
+def test_depth_first_keeps_parents_first_and_first_child_paths_consecutive(tree: TokenTree):
+    ordered, kept = depth_first(tree, None, torch.device("cuda"))  # a device only names where the target runs
+    host, old = ordered.host(tokens=True), tree.host(tokens=True)
+    kept = kept if kept is not None else list(range(len(tree)))
+    assert sorted(kept) == list(range(len(tree))) and kept[0] == 0
+    assert host.tokens == [old.tokens[node] for node in kept]
+    assert torch.equal(ordered.tokens, tree.tokens[kept])
+    place = {node: i for i, node in enumerate(kept)}
+    assert host.parents == [-1] + [place[old.parents[node]] for node in kept[1:]]  # same edges, parents first
+    for children in old.children():  # siblings keep their drafting order
+        assert [place[child] for child in children] == sorted(place[child] for child in children)
+    node, places = 0, [0]  # the path taking the first child at every level: places 0, 1, 2, ...
+    while old.children()[node]:
+        node = old.children()[node][0]
+        places.append(place[node])
+    assert places == list(range(len(places)))
+
+
+def test_depth_first_off_the_cpu_only(monkeypatch):
+    tree = TokenTree.from_parents([7, 8, 9, 10], [-1, 0, 0, 1])  # breadth first: 0 -> 1 -> 3 is not consecutive
+    assert depth_first(tree, None, torch.device("cpu")) == (tree, None)
+    assert depth_first(tree, None, torch.device("cuda"))[1] == [0, 1, 3, 2]
+    assert depth_first(tree, [0, 1, 2, 5], torch.device("cuda"))[1] == [0, 1, 5, 2]  # composed with a level cut
+    monkeypatch.setattr(pass_shapes, "DEPTH_FIRST", True)
+    assert depth_first(tree, None, torch.device("cpu"))[0].host().parents == [-1, 0, 1, 0]
+    monkeypatch.setattr(pass_shapes, "DEPTH_FIRST", False)
+    assert depth_first(tree, None, torch.device("cuda")) == (tree, None)

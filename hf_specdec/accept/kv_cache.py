@@ -110,19 +110,26 @@ def keep_positions(cache: Cache, start: int, kept: torch.Tensor | list[int]) -> 
     """
     kept = kept.tolist() if isinstance(kept, torch.Tensor) else list(kept)
     end = start + len(kept)
-    contiguous = kept == list(range(start, end))  # decided on the host: no device read
+    # Decided on the host, no device read: rows already in place stay; the rest either is one run of consecutive
+    # rows not overlapping its destination (one slice copy per tensor) or takes an index (a gather and a copy).
+    placed = next((i for i, position in enumerate(kept) if position != start + i), len(kept))
+    moved = kept[placed:]
+    run = bool(moved) and moved == list(range(moved[0], moved[0] + len(moved))) and moved[0] >= end
     index: dict[torch.device, torch.Tensor] = {}  # one compaction index per device, shared by every layer there
     for layer in cache.layers:
         if getattr(layer, "is_sliding", False):
             raise TypeError("keep_positions needs full-length cache layers: build the cache with full_length_cache().")
         if not getattr(layer, "is_initialized", True) or layer.keys is None or layer.keys.numel() == 0:
             continue
-        if not contiguous:
+        if run:
+            layer.keys[:, :, start + placed : end] = layer.keys[:, :, moved[0] : moved[-1] + 1]
+            layer.values[:, :, start + placed : end] = layer.values[:, :, moved[0] : moved[-1] + 1]
+        elif moved:
             device = layer.keys.device
             if device not in index:
-                index[device] = torch.tensor(kept, dtype=torch.long).to(device, non_blocking=True)
-            layer.keys[:, :, start:end] = layer.keys[:, :, index[device]]
-            layer.values[:, :, start:end] = layer.values[:, :, index[device]]
+                index[device] = torch.tensor(moved, dtype=torch.long).to(device, non_blocking=True)
+            layer.keys[:, :, start + placed : end] = layer.keys[:, :, index[device]]
+            layer.values[:, :, start + placed : end] = layer.values[:, :, index[device]]
         if isinstance(layer, StaticLayer):  # the buffers stay where they are: only the write length moves
             layer.cumulative_length.fill_(end)
             continue

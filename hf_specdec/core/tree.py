@@ -1,8 +1,9 @@
 """The TokenTree value: drafted tokens, their parents and everything attention needs.
 
-Nodes are stored in breadth-first order (a parent always comes before its children) and node 0
-is the root: the last token already accepted, whose logits propose the first drafted level.
-Siblings keep their drafting order, which verifiers rely on (the first-drafted child is tried first).
+Drafters store nodes in breadth-first order; off the CPU the loop hands the target and the verifier a depth-first
+one (`core.pass_shapes.depth_first`). Both keep a parent before its children, all that is relied on, and node 0 is
+the root: the last token already accepted, whose logits propose the first drafted level. Siblings keep their
+drafting order, which verifiers rely on (the first-drafted child is tried first).
 Everything is built with tensor ops whose count grows with depth, never with the node count,
 so trees of thousands of nodes stay cheap.
 """
@@ -62,6 +63,16 @@ class HostTree:
             out[self.parents[node]].append(node)
         return out
 
+    def depth_first(self) -> list[int]:
+        """The nodes in depth-first preorder, siblings in drafting order: every first-child path from the root is a
+        run of consecutive places, and parents still come before their children."""
+        children, order, stack = self.children(), [], [0]
+        while stack:
+            node = stack.pop()
+            order.append(node)
+            stack.extend(reversed(children[node]))
+        return order
+
 
 @dataclass
 class TokenTree:
@@ -92,7 +103,7 @@ class TokenTree:
         if parents[0] != -1:
             raise ValueError("TokenTree node 0 must be the root (parent -1).")
         if any(not 0 <= parent < node for node, parent in enumerate(parents[1:], 1)):
-            raise ValueError("TokenTree nodes must be in breadth-first order: 0 <= parents[i] < i for i > 0.")
+            raise ValueError("TokenTree nodes must come after their parents: 0 <= parents[i] < i for i > 0.")
 
     def to(self, device: torch.device) -> TokenTree:
         """This tree on `device` (itself when already there), its host copy and cached structure kept."""
@@ -197,8 +208,8 @@ class TokenTree:
         return out
 
     def select(self, keep: torch.Tensor | list[int]) -> TokenTree:
-        """The nodes `keep` (sorted indices, root included, closed under taking parents), renumbered. Given as a list,
-        the host copy follows without a read."""
+        """The nodes `keep` (root first, closed under taking parents, each after its parent), renumbered in that
+        order. Given as a list, the host copy follows without a read."""
         host = None
         if isinstance(keep, list) and self._host is not None:
             new = {old: i for i, old in enumerate(keep)}

@@ -22,7 +22,7 @@ from ..core.devices import PassClock, compute_devices, execution_device
 from ..core.drafter import Drafter
 from ..core.faster_call import FasterCall, compile_events
 from ..core.model_inputs import TokenInputs
-from ..core.pass_shapes import PassShapes, fit_tree, padded_pass
+from ..core.pass_shapes import PassShapes, depth_first, fit_tree, padded_pass
 from ..core.processing import NodeScores, process_tree_scores
 from ..core.ranks import Ranks
 from ..core.tree import TokenTree
@@ -117,7 +117,7 @@ def speculative_loop(
         t1 = time.perf_counter()
 
         past = input_ids.shape[1] - 1
-        tree, kept = fit_positions(drafted, layout, past, target, shapes.rows(past))
+        tree, kept = depth_first(*fit_positions(drafted, layout, past, target, shapes.rows(past)), device)
         timed, compiled_before = clock.total, compile_events(forward)
         clock.start()
         with one_pass(copies):
