@@ -3,7 +3,8 @@
     .venv/bin/python benchmarks/draft_schemes.py 0 humaneval 8 chain,sequoia,specexec,staged [int8 mixed]
 
 Arguments: temperature (0: greedy), prompt set (humaneval or code), prompts, methods; then the `quantize_draft`
-schemes to compare (default dynamic-int8 and mixed). The embedded pair in bfloat16 with the target prepacked; each
+schemes to compare (default dynamic-int8 and mixed); a scheme written `mixed:model-forward` is that draft run
+through the model's own forward (no `draft/lean_pass.py`). The embedded pair in bfloat16 with the target prepacked; each
 prompt runs plain, then every method with every draft, in an order reversed on every other prompt; 64 new tokens,
 `torch.manual_seed(prompt index)` before each call. Prints per prompt (tokens/s, tokens per step) and, per method and
 draft, the median and the lowest speedup over plain, mean tokens per step and mean ms per draft pass. A first call of
@@ -13,16 +14,19 @@ each variant on the first prompt is a warm-up (plans looked up, latency measured
 from __future__ import annotations
 
 import collections
+import contextlib
 import statistics
 import sys
 import time
 import warnings
+from unittest import mock
 
 import torch
 
 import hf_specdec  # noqa: F401  (installs `speculation=`)
 from hf_specdec import prepack, quantize_draft
 from hf_specdec.core.devices import cpu_flags, cpu_model
+from hf_specdec.draft import lean_pass
 from hf_specdec.draft.row_dispatch import RowDispatchLinear
 from hf_specdec_tools import models
 from hf_specdec_tools.prompts import code_prompts, humaneval_prompts
@@ -37,10 +41,13 @@ def main() -> None:
     print(f"machine: {cpu_model()}, flags {cpu_flags()}, torch {torch.__version__}, {torch.get_num_threads()} threads")
     target, draft, tokenizer = models.load_default_pair(dtype=torch.bfloat16, progress=False)
     prepack(target)
-    drafts = {}
+    drafts, built = {}, {}
     for scheme in schemes:
         start = time.perf_counter()
-        drafts[scheme] = quantize_draft(draft, scheme=NAMES.get(scheme, scheme))
+        base = scheme.partition(":")[0]
+        if base not in built:
+            built[base] = quantize_draft(draft, scheme=NAMES.get(base, base))
+        drafts[scheme] = built[base]
         narrow = next((m.narrow_rows for m in drafts[scheme].modules() if isinstance(m, RowDispatchLinear)), None)
         print(f"{scheme} built in {time.perf_counter() - start:.1f} s" + (f"; int4 up to {narrow} rows" if narrow
                                                                            is not None else ""), flush=True)
@@ -53,8 +60,10 @@ def main() -> None:
         torch.manual_seed(seed)
         method, _, scheme = name.partition("/")
         extra = {} if name == "plain" else {"assistant_model": drafts[scheme], "speculation": method}
+        wrapped = scheme.endswith(":model-forward")
         start = time.perf_counter()
-        out = target.generate(ids, max_new_tokens=64, return_dict_in_generate=True, **extra, **sampling)
+        with mock.patch.object(lean_pass, "SUPPORTED", ()) if wrapped else contextlib.nullcontext():
+            out = target.generate(ids, max_new_tokens=64, return_dict_in_generate=True, **extra, **sampling)
         seconds = time.perf_counter() - start
         stats = getattr(out, "speculation_stats", None)
         per_pass = 1000 * stats.time_draft_forward / stats.draft_forwards if stats and stats.draft_forwards else 0.0

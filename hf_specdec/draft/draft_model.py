@@ -35,6 +35,7 @@ from ..core.model_inputs import TokenInputs, explicit_parameters
 from ..core.pass_shapes import PassShapes, padded_inputs
 from ..core.tree import TokenTree
 from ..core.verdict import Verdict
+from .lean_pass import LeanPass
 
 EAGER_CATCH_UP = 4  # on a static cache, at most this many fresh tokens join a padded pass (more: an eager pass first)
 
@@ -120,6 +121,7 @@ class DraftModelRunner:
         self.keeps_logits = "logits_to_keep" in explicit_parameters(model)  # else the runner slices them itself
         self.shapes = PassShapes()  # a dynamic cache: passes keep their own shapes
         self.call: Callable = model  # what runs the padded passes on a static cache (a compiled call, or the model)
+        self.lean = LeanPass.of(model, self.layout.layer_types)  # masked eager passes without the wrapper, or None
 
     def use_static_cache(self, rows: int, compiled: Callable[[PreTrainedModel, StaticCache], Callable | None]) -> None:
         """Decode on a static cache of at least `rows` rows from here on (the draft's own, kept on the model between
@@ -146,17 +148,24 @@ class DraftModelRunner:
         events = compile_events(self.call)
         device = self.device
         kept = {"logits_to_keep": logits_to_keep} if self.keeps_logits and logits_to_keep else {}
+        ids = embeddable(input_ids.to(device), self.input_rows)[None]
+        position_ids = self.layout.model_positions(positions)[None]
+        extra = self.token_inputs.at(positions, device)
         with torch.no_grad():
-            out = (self.call if padded else self.model)(
-                input_ids=embeddable(input_ids.to(device), self.input_rows)[None],
-                position_ids=self.layout.model_positions(positions)[None],
-                past_key_values=self.cache,
-                use_cache=True,
-                **self.token_inputs.at(positions, device),
-                **{name: _to(value, device) for name, value in kwargs.items()},
-                **kept,
-            )
-        logits = out.logits[0, -logits_to_keep:] if logits_to_keep else out.logits[0]
+            if self.lean is not None and not padded and not extra and list(kwargs) == ["attention_mask"]:
+                logits = self.lean(ids, position_ids, _to(kwargs["attention_mask"], device), self.cache,
+                                   logits_to_keep)[0]
+            else:
+                out = (self.call if padded else self.model)(
+                    input_ids=ids,
+                    position_ids=position_ids,
+                    past_key_values=self.cache,
+                    use_cache=True,
+                    **extra,
+                    **{name: _to(value, device) for name, value in kwargs.items()},
+                    **kept,
+                )
+                logits = out.logits[0, -logits_to_keep:] if logits_to_keep else out.logits[0]
         logits = fit_vocabulary(logits.float(), self.vocab)
         self.clock.stop()
         self.forward_count += 1

@@ -1,0 +1,91 @@
+"""The draft's pass through the model's forward against `draft/lean_pass.py`, per rows fed, on the embedded pair.
+
+    .venv/bin/python benchmarks/lean_pass.py --output benchmarks/lean-pass-zen4
+
+The draft is what `quantize_draft` returns here (its default scheme for this CPU), the target the embedded 1.5B in
+bfloat16, prepacked. After 256 cached tokens, each round times, one after another, a draft pass over 1, 2, 4 and 8
+rows both ways and the target's one-row pass, all with a 4-D additive mask and explicit positions as the engine
+calls them (the cache cut back after each pass); the figure is the median over rounds. Writes results.json (machine,
+settings, every figure) and prints a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+import warnings
+from pathlib import Path
+
+import torch
+from transformers import DynamicCache
+
+from hf_specdec import prepack, quantize_draft
+from hf_specdec.accept.kv_cache import crop
+from hf_specdec.core.attention import AttentionLayout
+from hf_specdec.core.devices import cpu_flags, cpu_model
+from hf_specdec.draft.lean_pass import LeanPass
+from hf_specdec_tools import models
+
+PAST = 256
+ROWS = (1, 2, 4, 8)
+
+
+def timed(call, cache) -> float:
+    start = time.perf_counter()
+    with torch.no_grad():
+        call()
+    seconds = time.perf_counter() - start
+    crop(cache, PAST)
+    return seconds
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--output", type=Path, required=True)
+    parser.add_argument("--rounds", type=int, default=9)
+    args = parser.parse_args()
+    warnings.filterwarnings("ignore")
+    target, draft, _ = models.load_default_pair(dtype=torch.bfloat16, progress=False)
+    prepack(target)
+    draft = quantize_draft(draft)
+    lean = LeanPass.of(draft, AttentionLayout.of(draft).layer_types)
+    ids = torch.randint(3, 5000, (1, PAST + max(ROWS)), generator=torch.Generator().manual_seed(0))
+    caches = {"draft": DynamicCache(), "target": DynamicCache()}
+    with torch.no_grad():
+        draft(input_ids=ids[:, :PAST], past_key_values=caches["draft"], use_cache=True)
+        target(input_ids=ids[:, :PAST], past_key_values=caches["target"], use_cache=True)
+
+    def inputs(n: int) -> dict:
+        return {"input_ids": ids[:, PAST : PAST + n], "position_ids": torch.arange(PAST, PAST + n)[None],
+                "attention_mask": torch.zeros(1, 1, n, PAST + n, dtype=torch.bfloat16)}
+
+    calls = {}
+    for n in ROWS:
+        calls[f"draft, model forward, {n} rows"] = (lambda n=n: draft(**inputs(n), past_key_values=caches["draft"],
+                                                                      use_cache=True, logits_to_keep=n), "draft")
+        calls[f"draft, lean pass, {n} rows"] = (lambda n=n: lean(*inputs(n).values(), caches["draft"], n), "draft")
+    calls["target, 1 row"] = (lambda: target(**inputs(1), past_key_values=caches["target"], use_cache=True,
+                                             logits_to_keep=1), "target")
+    for call, cache in calls.values():  # warm-up
+        timed(call, caches[cache])
+    times: dict[str, list[float]] = {name: [] for name in calls}
+    for _ in range(args.rounds):
+        for name, (call, cache) in calls.items():
+            times[name].append(1e3 * timed(call, caches[cache]))
+    ms = {name: round(statistics.median(values), 2) for name, values in times.items()}
+    target_ms = ms["target, 1 row"]
+    for name, value in ms.items():
+        print(f"{name:32s} {value:7.2f} ms   {value / target_ms:.3f} of the target's one-row pass")
+    args.output.mkdir(parents=True, exist_ok=True)
+    (args.output / "results.json").write_text(json.dumps({
+        "machine": {"cpu": cpu_model(), "flags": cpu_flags(), "torch": torch.__version__,
+                    "threads": torch.get_num_threads()},
+        "settings": {"past": PAST, "rounds": args.rounds, "draft": "quantize_draft(draft) (its default scheme here)",
+                     "target": "bfloat16, prepacked"},
+        "median_ms": ms, "all_ms": times}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
