@@ -74,5 +74,23 @@ def test_runner_tree_pass_takes_the_lean_pass_and_matches_the_model(monkeypatch)
             runner.lean = None
         runner.sync([5, 9, 11, 4])
         results.append(runner.forward_tree(tokens, depths, sees, [5, 9, 11, 4, 7])[1])
-    assert calls == [4]  # the lean runner's tree pass (one fresh token and three nodes); the catch-up is causal
+    assert calls == [4, 4]  # the lean runner's catch-up (four tokens) and tree pass (one fresh token, three nodes)
     torch.testing.assert_close(results[0], results[1], atol=2e-5, rtol=1e-4)
+
+
+def test_long_catch_ups_keep_the_models_causal_pass(monkeypatch):
+    calls = []
+
+    class Counted(LeanPass):
+        def __call__(self, *args):
+            calls.append(args[0].shape[1])
+            return super().__call__(*args)
+
+    monkeypatch.setattr(draft_model, "LeanPass", Counted)
+    model = tiny_model("llama", 0)
+    runner, plain = DraftModelRunner(model), DraftModelRunner(model)
+    plain.lean = None
+    prompt = list(range(3, 3 + draft_model.LEAN_CATCH_UP + 2))
+    torch.testing.assert_close(runner.sync(prompt), plain.sync(prompt))  # 17 fresh tokens: the model's own pass
+    torch.testing.assert_close(runner.sync(prompt + [9, 10]), plain.sync(prompt + [9, 10]), atol=2e-5, rtol=1e-4)
+    assert calls == [2]  # the short catch-up only

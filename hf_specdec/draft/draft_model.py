@@ -37,6 +37,7 @@ from ..core.tree import TokenTree
 from ..core.verdict import Verdict
 from .lean_pass import LeanPass
 
+LEAN_CATCH_UP = 16  # a catch-up over at most this many tokens takes the lean pass with a mask (longer: causal)
 EAGER_CATCH_UP = 4  # on a static cache, at most this many fresh tokens join a padded pass (more: an eager pass first)
 
 
@@ -223,8 +224,14 @@ class DraftModelRunner:
         fed = tokens.to(device, non_blocking=True)
         if m:
             fed = torch.cat([torch.tensor(fresh, dtype=torch.long).to(device, non_blocking=True), fed])
-        if k == 0:  # catching up only: a plain causal pass (the model applies any window), the last row's logits
+        if k == 0 and (self.lean is None or m > LEAN_CATCH_UP or self.shapes.width is not None):
+            # catching up only: a plain causal pass (the model applies any window), the last row's logits
             logits = self._forward(fed, positions.to(device, non_blocking=True), logits_to_keep=1)
+        elif k == 0:  # a short catch-up (a step's bonus token) through the lean pass, under its causal mask
+            mask = self.layout.masks(self._allowed(sees, m), positions, self._key_positions(positions),
+                                     self.model.dtype, device)
+            logits = self._forward(fed, positions.to(device, non_blocking=True), logits_to_keep=1,
+                                   attention_mask=mask)
         elif self.shapes.width is not None:  # a static cache: fixed shapes, every row's logits, padding dropped
             allowed, keys = self._allowed(sees, m), self._key_positions(positions)
             size = self.shapes.size(m + k)
