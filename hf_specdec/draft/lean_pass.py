@@ -1,8 +1,8 @@
 """A draft's masked pass without Transformers' model wrapper, for drafts built of Llama-shaped decoder layers.
 
 Why: a draft runs several passes a step, each over a few rows, so what a pass costs besides its matmuls counts. On
-a 2-core Zen 4 the 0.5B Qwen2 draft (int4/int8, "mixed") took 26.4 ms over one row through the model's forward and
-24.6 ms through this one; 37.0 against 32.8 ms over four (same process, 256 cached tokens): the wrapper's Python,
+a 2-core Zen 4 the 0.5B Qwen2 draft (int4/int8, "mixed") took 27.3 ms over one row through the model's forward and
+25.5 ms through this one; 39.6 against 35.7 ms over four (`benchmarks/lean_pass.py`): the wrapper's Python,
 its mask and output bookkeeping, and an RMSNorm spelled in eight ops where `F.rms_norm` is one. On a GPU each op
 saved is a kernel launch. Only drafts run it: the target's passes stay Transformers' own, so every token is still
 decided on exactly the logits plain `generate` computes, and a draft whose logits differ in their last bits only
@@ -11,8 +11,9 @@ proposes differently, never wrongly.
 The pass is the decoder of Llama, Qwen2 and Mistral: embed; per layer RMSNorm, q/k/v projections, rotary positions,
 the cache's update, attention under the given additive mask (query heads packed per key/value head), the output
 projection, RMSNorm and the gated MLP, each with its residual; the final norm and the output layer over the kept
-rows. The modules are the model's own (a quantized draft's Linear replacements included). Anything else (another
-family, a rotary scheme these classes do not use, accelerate's hooks, per-token inputs) keeps the model's forward.
+rows. The modules are the model's own (a quantized draft's Linear replacements included; the rotary module computes
+whatever scaling the config asks). Anything else (another family, accelerate's hooks, per-token inputs, a static
+cache's padded passes) keeps the model's forward.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ class LeanPass:
         self.model, self.layer_types = model, layer_types
         config = model.config
         self.hidden, self.eps = config.hidden_size, config.rms_norm_eps
+        self.groups = config.num_attention_heads // config.num_key_value_heads  # query heads per key/value head
 
     @classmethod
     def of(cls, model: PreTrainedModel, layer_types: tuple[str, ...]) -> LeanPass | None:
@@ -58,12 +60,12 @@ class LeanPass:
         x = body.embed_tokens(input_ids)
         cos, sin = body.rotary_emb(x, position_ids)
         cos, sin = cos[:, None], sin[:, None]  # broadcast over heads
-        packed: dict[str, torch.Tensor] = {}
+        # each key/value head's query heads become one block of rows, so keys are never repeated: the mask per block
+        masks = attention_mask if isinstance(attention_mask, dict) else dict.fromkeys(self.layer_types, attention_mask)
+        packed = {kind: mask if n == 1 else mask.repeat(1, 1, self.groups, 1) for kind, mask in masks.items()}
         for index, layer in enumerate(body.layers):
-            kind = self.layer_types[index]
-            mask = attention_mask[kind] if isinstance(attention_mask, dict) else attention_mask
-            x = x + self._attention(layer.self_attn, self._norm(x, layer.input_layernorm), cos, sin, mask, cache,
-                                    index, n, packed, kind)
+            h = self._norm(x, layer.input_layernorm)
+            x = x + self._attention(layer.self_attn, h, cos, sin, packed[self.layer_types[index]], cache, index)
             h = self._norm(x, layer.post_attention_layernorm)
             mlp = layer.mlp
             x = x + mlp.down_proj(mlp.act_fn(mlp.gate_proj(h)) * mlp.up_proj(h))
@@ -73,21 +75,17 @@ class LeanPass:
     def _norm(self, x: torch.Tensor, norm: torch.nn.Module) -> torch.Tensor:
         return F.rms_norm(x, (self.hidden,), norm.weight, self.eps)
 
-    @staticmethod
-    def _attention(attention, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor,
-                   cache: Cache, index: int, n: int, packed: dict[str, torch.Tensor], kind: str) -> torch.Tensor:
-        head = attention.head_dim
+    def _attention(self, attention, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor,
+                   cache: Cache, index: int) -> torch.Tensor:
+        n, head = h.shape[1], attention.head_dim
         query = attention.q_proj(h).view(1, n, -1, head).transpose(1, 2)
         key = attention.k_proj(h).view(1, n, -1, head).transpose(1, 2)
         value = attention.v_proj(h).view(1, n, -1, head).transpose(1, 2)
         query, key = _rotate(query, cos, sin), _rotate(key, cos, sin)
         key, value = cache.update(key, value, index)
         heads, kv_heads = query.shape[1], key.shape[1]
-        groups = heads // kv_heads
-        if kind not in packed:  # each key/value head's query heads as one block of rows: no repeated keys
-            packed[kind] = mask if groups == 1 or n == 1 else mask.repeat(1, 1, groups, 1)
-        out = F.scaled_dot_product_attention(query.reshape(1, kv_heads, groups * n, head), key, value,
-                                             attn_mask=packed[kind], scale=attention.scaling)
+        out = F.scaled_dot_product_attention(query.reshape(1, kv_heads, self.groups * n, head), key, value,
+                                             attn_mask=mask, scale=attention.scaling)
         return attention.o_proj(out.reshape(1, heads, n, head).transpose(1, 2).reshape(1, n, heads * head))
 
 
