@@ -51,7 +51,22 @@ def test_lean_pass_equals_the_model_on_a_tree(name: str, keep: int):
 def test_drafts_of_other_families_keep_their_forward():
     gpt2 = build(transformers.GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, n_positions=128))
     assert DraftModelRunner(gpt2).lean is None
-    assert DraftModelRunner(tiny_model("llama", 0)).lean is not None
+    llama = tiny_model("llama", 0)
+    assert DraftModelRunner(llama).lean is not None
+    llama.forward = llama.forward  # a forward the user wrapped (here: bound to the instance)
+    assert DraftModelRunner(llama).lean is None
+
+
+def test_forward_hooks_see_every_lean_pass():
+    """Hooks on the draft (profilers, benchmarks' pass clocks) see a lean pass as one call of the model; the model's
+    own forward is back afterwards."""
+    model, seen = tiny_model("qwen2", 0), []
+    model.register_forward_pre_hook(lambda module, args, kwargs: seen.append(kwargs["input_ids"].shape[1]),
+                                    with_kwargs=True)
+    runner = DraftModelRunner(model)
+    runner.sync([5, 9, 11, 4])
+    runner.forward_tree(torch.tensor([12, 13]), torch.tensor([1, 2]), torch.tensor([[True, False], [True, True]]))
+    assert seen == [4, 2] and "forward" not in vars(model)
 
 
 def test_runner_tree_pass_takes_the_lean_pass_and_matches_the_model(monkeypatch):
