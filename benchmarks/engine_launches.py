@@ -154,22 +154,21 @@ def main() -> None:
             kwargs["speculation"] = spec["speculation"]
         order = (mock.patch.object(pass_shapes, "DEPTH_FIRST", False)
                  if spec.get("breadth_first") else contextlib.nullcontext())
-        order.__enter__()
-        target.generate(prompts[0], **kwargs)  # warm-up: plans, latency curves, first-call work
-        per_step, sites, names = [], collections.Counter(), collections.Counter()
-        for ids in prompts:
-            counter.ops, passes["target"] = 0, 0
-            counter.ops_by_name.clear()
-            if counter.sites is not None:
-                counter.sites.clear()
-            with counter, torch.no_grad():
-                target.generate(ids, **kwargs)
-            steps = max(passes["target"] - 1, 1)
-            per_step.append(counter.ops / steps)
-            names.update({op: count / steps for op, count in counter.ops_by_name.items()})
-            if counter.sites is not None:
-                sites.update({where: count / steps for where, count in counter.sites.items()})
-        order.__exit__(None, None, None)
+        with order:
+            target.generate(prompts[0], **kwargs)  # warm-up: plans, latency curves, first-call work
+            per_step, sites, names = [], collections.Counter(), collections.Counter()
+            for ids in prompts:
+                counter.ops, passes["target"] = 0, 0
+                counter.ops_by_name.clear()
+                if counter.sites is not None:
+                    counter.sites.clear()
+                with counter, torch.no_grad():
+                    target.generate(ids, **kwargs)
+                steps = max(passes["target"] - 1, 1)
+                per_step.append(counter.ops / steps)
+                names.update({op: count / steps for op, count in counter.ops_by_name.items()})
+                if counter.sites is not None:
+                    sites.update({where: count / steps for where, count in counter.sites.items()})
         row = {"method": name, "launches_per_step": statistics.median(per_step),
                "top_ops": {op: round(n / len(prompts), 1) for op, n in names.most_common(12)}}
         if counter.sites is not None:

@@ -69,12 +69,10 @@ def test_forward_hooks_see_every_lean_pass():
     assert seen == [4, 2] and "forward" not in vars(model)
 
 
-def test_runner_tree_pass_takes_the_lean_pass_and_matches_the_model(monkeypatch):
-    """Through the runner: node logits of a tree pass with and without the lean pass are the same."""
-    model = tiny_model("qwen2", 1)
-    tokens, depths = torch.tensor([12, 13, 14]), torch.tensor([1, 1, 2])
-    sees = torch.tensor([[True, False, False], [False, True, False], [True, False, True]])
-    calls = []
+@pytest.fixture
+def lean_calls(monkeypatch) -> list[int]:
+    """The rows of every lean pass runners built from here on make."""
+    calls: list[int] = []
 
     class Counted(LeanPass):
         def __call__(self, *args):
@@ -82,6 +80,14 @@ def test_runner_tree_pass_takes_the_lean_pass_and_matches_the_model(monkeypatch)
             return super().__call__(*args)
 
     monkeypatch.setattr(draft_model, "LeanPass", Counted)
+    return calls
+
+
+def test_runner_tree_pass_takes_the_lean_pass_and_matches_the_model(lean_calls):
+    """Through the runner: node logits of a tree pass with and without the lean pass are the same."""
+    model = tiny_model("qwen2", 1)
+    tokens, depths = torch.tensor([12, 13, 14]), torch.tensor([1, 1, 2])
+    sees = torch.tensor([[True, False, False], [False, True, False], [True, False, True]])
     results = []
     for lean in (True, False):
         runner = DraftModelRunner(model)
@@ -89,23 +95,15 @@ def test_runner_tree_pass_takes_the_lean_pass_and_matches_the_model(monkeypatch)
             runner.lean = None
         runner.sync([5, 9, 11, 4])
         results.append(runner.forward_tree(tokens, depths, sees, [5, 9, 11, 4, 7])[1])
-    assert calls == [4, 4]  # the lean runner's catch-up (four tokens) and tree pass (one fresh token, three nodes)
+    assert lean_calls == [4, 4]  # the lean runner's catch-up (four tokens) and tree pass (one fresh token, three nodes)
     torch.testing.assert_close(results[0], results[1], atol=2e-5, rtol=1e-4)
 
 
-def test_long_catch_ups_keep_the_models_causal_pass(monkeypatch):
-    calls = []
-
-    class Counted(LeanPass):
-        def __call__(self, *args):
-            calls.append(args[0].shape[1])
-            return super().__call__(*args)
-
-    monkeypatch.setattr(draft_model, "LeanPass", Counted)
+def test_long_catch_ups_keep_the_models_causal_pass(lean_calls):
     model = tiny_model("llama", 0)
     runner, plain = DraftModelRunner(model), DraftModelRunner(model)
     plain.lean = None
     prompt = list(range(3, 3 + draft_model.LEAN_CATCH_UP + 2))
-    torch.testing.assert_close(runner.sync(prompt), plain.sync(prompt))  # 17 fresh tokens: the model's own pass
+    torch.testing.assert_close(runner.sync(prompt), plain.sync(prompt))  # 18 fresh tokens: the model's own pass
     torch.testing.assert_close(runner.sync(prompt + [9, 10]), plain.sync(prompt + [9, 10]), atol=2e-5, rtol=1e-4)
-    assert calls == [2]  # the short catch-up only
+    assert lean_calls == [2]  # the short catch-up only
