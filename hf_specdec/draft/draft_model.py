@@ -227,11 +227,6 @@ class DraftModelRunner:
         if k == 0 and (self.lean is None or m > LEAN_CATCH_UP or self.shapes.width is not None):
             # catching up only: a plain causal pass (the model applies any window), the last row's logits
             logits = self._forward(fed, positions.to(device, non_blocking=True), logits_to_keep=1)
-        elif k == 0:  # a short catch-up (a step's bonus token) through the lean pass, under its causal mask
-            mask = self.layout.masks(self._allowed(sees, m), positions, self._key_positions(positions),
-                                     self.model.dtype, device)
-            logits = self._forward(fed, positions.to(device, non_blocking=True), logits_to_keep=1,
-                                   attention_mask=mask)
         elif self.shapes.width is not None:  # a static cache: fixed shapes, every row's logits, padding dropped
             allowed, keys = self._allowed(sees, m), self._key_positions(positions)
             size = self.shapes.size(m + k)
@@ -241,7 +236,7 @@ class DraftModelRunner:
             logits = self._forward(padded.tokens[0], padded.positions[0], padded=True,
                                    attention_mask=padded.masks)[m - 1 if m else 0 : m + k]
             keep_positions(self.cache, past + old + m + k, [])  # the padding rows
-        else:
+        else:  # tree nodes, or a short catch-up (a step's bonus token) for the lean pass: under the mask built here
             mask = self.layout.masks(self._allowed(sees, m), positions, self._key_positions(positions),
                                      self.model.dtype, device)
             logits = self._forward(fed, positions.to(device, non_blocking=True), logits_to_keep=k + (1 if m else 0),
