@@ -64,6 +64,7 @@ import hf_specdec  # noqa: E402, F401  (installs `speculation=`)
 from hf_specdec import ChainConfig, SequoiaConfig, SpecExecConfig, StagedConfig, TreeConfig  # noqa: E402
 from hf_specdec.core import attention, pass_shapes  # noqa: E402
 from hf_specdec.core.attention import tree_attention_kernels  # noqa: E402
+from hf_specdec.draft import lean_pass  # noqa: E402
 from hf_specdec.plan.latency import measure_latency  # noqa: E402
 from hf_specdec.plan.plan_file import pair_placement  # noqa: E402
 from hf_specdec.plan.sequoia import plan_tree  # noqa: E402
@@ -90,6 +91,7 @@ IDS = dict(pad_token_id=0, bos_token_id=1, eos_token_id=2)
 NO_CUDNN = "no_cudnn_sdpa"  # a table entry's switch: the whole call runs with the kernels our tree passes use
 CUDNN_KEPT = "cudnn_sdpa_kept"  # a table entry's switch: our tree passes keep cuDNN's SDPA (as before they left it)
 BREADTH_FIRST = "breadth_first"  # a table entry's switch: the target gets the drafted order (before depth_first)
+MODEL_FORWARD = "draft_model_forward"  # a table entry's switch: the draft runs its model's forward (no lean pass)
 EVERY_KERNEL = (SDPBackend.FLASH_ATTENTION, SDPBackend.CUDNN_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH)
 
 
@@ -118,7 +120,7 @@ class Run:
         """(output, seconds) of one `generate` call, the device synchronised on both sides. A table entry with
         `NO_CUDNN` set runs the whole call with cuDNN's SDPA kernel off (our eager tree passes do so by themselves);
         one with `CUDNN_KEPT` lets our tree passes use it; one with `BREADTH_FIRST` hands the target the drafted
-        order."""
+        order; one with `MODEL_FORWARD` runs the draft through its model's forward (before `draft/lean_pass.py`)."""
         self.sync()
         start = time.perf_counter()
         with contextlib.ExitStack() as kernels:
@@ -128,6 +130,8 @@ class Run:
                 kernels.enter_context(mock.patch.object(attention, "TREE_KERNELS", EVERY_KERNEL))
             if kwargs.get(BREADTH_FIRST):
                 kernels.enter_context(mock.patch.object(pass_shapes, "DEPTH_FIRST", False))
+            if kwargs.get(MODEL_FORWARD):
+                kernels.enter_context(mock.patch.object(lean_pass, "SUPPORTED", ()))
             out = generate(target, ids, new_tokens, **call_kwargs(kwargs))
         self.sync()
         return out, time.perf_counter() - start
@@ -524,7 +528,8 @@ def interleaved(run: Run, target, table: dict, prompts, new_tokens: int, rounds:
 def call_kwargs(kwargs: dict) -> dict:
     """A table entry's `generate` arguments (its `new_tokens` overrides the phase's count, `NO_CUDNN` and
     `CUDNN_KEPT` pick the kernels: none is one)."""
-    return {k: v for k, v in kwargs.items() if k not in ("new_tokens", NO_CUDNN, CUDNN_KEPT, BREADTH_FIRST)}
+    return {k: v for k, v in kwargs.items() if k not in ("new_tokens", NO_CUDNN, CUDNN_KEPT, BREADTH_FIRST,
+                                                       MODEL_FORWARD)}
 
 
 def medians(rows: list[dict], skip=("round",)) -> dict:
@@ -557,6 +562,9 @@ def step_parts(run: Run, target, draft, prompts, new_tokens: int, rounds: int = 
              # the target's tree in the drafted (breadth-first) order: the cache compaction moves rows more often
              **{f"{name}, breadth-first": {"assistant_model": draft, "speculation": name, BREADTH_FIRST: True}
                 for name in ("sequoia", "specexec", "staged")},
+             # the draft through its model's own forward, not the lean pass (`draft/lean_pass.py`)
+             **{f"{name}, model forward": {"assistant_model": draft, "speculation": name, MODEL_FORWARD: True}
+                for name in ("chain", "sequoia", "specexec")},
              "staged": {"assistant_model": draft, "speculation": "staged"}}
     if run.args.only:
         table = {name: kwargs for name, kwargs in table.items() if name in run.args.only}

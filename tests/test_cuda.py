@@ -18,6 +18,8 @@ from hf_specdec.accept.kv_cache import keep_positions
 from hf_specdec.decoding import loop
 from hf_specdec.verify import SequoiaVerifier, SpecInferVerifier
 from tests.conftest import random_prompt, tiny_model
+from tests.test_lean_pass import PAIRS as LEAN_FAMILIES
+from tests.test_lean_pass import assert_lean_pass_equals_the_model
 from tests.test_round_trips import GREEDY as METHODS  # the five methods at fixed shapes
 from tests.test_sampling_exact import (
     TARGET_SAMPLING,
@@ -124,3 +126,13 @@ def test_first_child_paths_kept_in_place_on_the_gpu(name, monkeypatch):
     assert torch.equal(out, target.generate(ids, do_sample=False, max_new_tokens=24))
     assert any(len(kept) > 2 for _, kept in calls)
     assert all(kept == list(range(start, start + len(kept))) for start, kept in calls)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("name", sorted(LEAN_FAMILIES))
+def test_lean_draft_pass_equals_the_model_on_the_gpu(name, dtype):
+    """The draft's lean pass (`draft/lean_pass.py`) on CUDA: the model's own logits and cache writes on a tree, in
+    float32 to rounding and in bfloat16 to its precision (the fused `F.rms_norm` rounds once, not per op)."""
+    model = LEAN_FAMILIES[name]().to("cuda", dtype)
+    tolerance = dict(atol=2e-5, rtol=1e-4) if dtype == torch.float32 else dict(atol=3e-2, rtol=3e-2)
+    assert_lean_pass_equals_the_model(model, 0, **tolerance)

@@ -24,28 +24,34 @@ PAIRS = {
 }
 
 
-@pytest.mark.parametrize("name", sorted(PAIRS))
-@pytest.mark.parametrize("keep", [0, 3])
-def test_lean_pass_equals_the_model_on_a_tree(name: str, keep: int):
-    model = PAIRS[name]()
+def assert_lean_pass_equals_the_model(model: torch.nn.Module, keep: int, **tolerance) -> None:
+    """On `model`'s device and dtype: the lean pass's logits and cache writes are the model's own, on a tree after a
+    cached prefix."""
+    device, dtype = model.device, model.dtype
     layout = AttentionLayout.of(model)
     lean = LeanPass.of(model, layout.layer_types)
     assert lean is not None
-    prefix = torch.tensor([[5, 9, 11, 4, 7, 3]])
-    tree = TokenTree.from_parents([7, 12, 13, 14, 15, 16], [-1, 0, 0, 1, 1, 3])
+    prefix = torch.tensor([[5, 9, 11, 4, 7, 3]], device=device)
+    tree = TokenTree.from_parents([7, 12, 13, 14, 15, 16], [-1, 0, 0, 1, 1, 3]).to(device)
     past = prefix.shape[1] - 1
     caches = [DynamicCache(), DynamicCache()]
     with torch.no_grad():
         for cache in caches:
             model(prefix[:, :past], past_key_values=cache, use_cache=True)
-        masks = layout.tree_masks(tree, past, torch.float32)
+        masks = layout.tree_masks(tree, past, dtype)
         theirs = model(input_ids=tree.tokens[None], position_ids=tree.position_ids(past), attention_mask=masks,
                        past_key_values=caches[0], use_cache=True).logits
         ours = lean(tree.tokens[None], tree.position_ids(past), masks, caches[1], keep)
-    torch.testing.assert_close(ours, theirs[:, -keep:] if keep else theirs, atol=2e-5, rtol=1e-4)
+    torch.testing.assert_close(ours, theirs[:, -keep:] if keep else theirs, **tolerance)
     for a, b in zip(caches[0].layers, caches[1].layers):
-        torch.testing.assert_close(a.keys, b.keys)
-        torch.testing.assert_close(a.values, b.values)
+        torch.testing.assert_close(a.keys, b.keys, **tolerance)
+        torch.testing.assert_close(a.values, b.values, **tolerance)
+
+
+@pytest.mark.parametrize("name", sorted(PAIRS))
+@pytest.mark.parametrize("keep", [0, 3])
+def test_lean_pass_equals_the_model_on_a_tree(name: str, keep: int):
+    assert_lean_pass_equals_the_model(PAIRS[name](), keep, atol=2e-5, rtol=1e-4)
 
 
 def test_drafts_of_other_families_keep_their_forward():
@@ -107,3 +113,4 @@ def test_long_catch_ups_keep_the_models_causal_pass(lean_calls):
     torch.testing.assert_close(runner.sync(prompt), plain.sync(prompt))  # 18 fresh tokens: the model's own pass
     torch.testing.assert_close(runner.sync(prompt + [9, 10]), plain.sync(prompt + [9, 10]), atol=2e-5, rtol=1e-4)
     assert lean_calls == [2]  # the short catch-up only
+
