@@ -4,11 +4,14 @@
 
 Arguments: temperature (0: greedy), prompt set (humaneval or code), prompts, methods; then the `quantize_draft`
 schemes to compare (default dynamic-int8 and mixed); a scheme written `mixed:model-forward` is that draft run
-through the model's own forward (no `draft/lean_pass.py`). The embedded pair in bfloat16 with the target prepacked; each
-prompt runs plain, then every method with every draft, in an order reversed on every other prompt; 64 new tokens,
-`torch.manual_seed(prompt index)` before each call. Prints per prompt (tokens/s, tokens per step) and, per method and
-draft, the median and the lowest speedup over plain, mean tokens per step and mean ms per draft pass. A first call of
-each variant on the first prompt is a warm-up (plans looked up, latency measured) and is not counted.
+through the model's own forward (no `draft/lean_pass.py`), `mixed:unfused` through the lean pass without its fused
+int4 calls (`draft/fused_int4.py`); `mixed@16384` is that draft with its output layer over
+the 16,384 tokens most frequent in `vocabulary_corpus()` (text disjoint from the prompts; `frequent_tokens`). The
+embedded pair in bfloat16 with the target prepacked; each prompt runs plain, then every method with every draft, in
+an order reversed on every other prompt; 64 new tokens, `torch.manual_seed(prompt index)` before each call. Prints
+per prompt (tokens/s, tokens per step) and, per method and draft, the median and the lowest speedup over plain, mean
+tokens per step and mean ms per draft pass. A first call of each variant on the first prompt is a warm-up (plans
+looked up, latency measured) and is not counted.
 """
 
 from __future__ import annotations
@@ -24,12 +27,12 @@ from unittest import mock
 import torch
 
 import hf_specdec  # noqa: F401  (installs `speculation=`)
-from hf_specdec import prepack, quantize_draft
+from hf_specdec import frequent_tokens, prepack, quantize_draft
 from hf_specdec.core.devices import cpu_flags, cpu_model
 from hf_specdec.draft import lean_pass
 from hf_specdec.draft.row_dispatch import RowDispatchLinear
 from hf_specdec_tools import models
-from hf_specdec_tools.prompts import code_prompts, humaneval_prompts
+from hf_specdec_tools.prompts import code_prompts, humaneval_prompts, vocabulary_corpus
 
 NAMES = {"int8": "dynamic-int8"}
 
@@ -46,7 +49,9 @@ def main() -> None:
         start = time.perf_counter()
         base = scheme.partition(":")[0]
         if base not in built:
-            built[base] = quantize_draft(draft, scheme=NAMES.get(base, base))
+            name, _, size = base.partition("@")
+            vocabulary = frequent_tokens(tokenizer, vocabulary_corpus(), int(size)) if size else None
+            built[base] = quantize_draft(draft, vocabulary=vocabulary, scheme=NAMES.get(name, name))
         drafts[scheme] = built[base]
         narrow = next((m.narrow_rows for m in drafts[scheme].modules() if isinstance(m, RowDispatchLinear)), None)
         print(f"{scheme} built in {time.perf_counter() - start:.1f} s" + (f"; int4 up to {narrow} rows" if narrow
@@ -60,9 +65,13 @@ def main() -> None:
         torch.manual_seed(seed)
         method, _, scheme = name.partition("/")
         extra = {} if name == "plain" else {"assistant_model": drafts[scheme], "speculation": method}
-        wrapped = scheme.endswith(":model-forward")
+        variant = scheme.partition(":")[2]
         start = time.perf_counter()
-        with mock.patch.object(lean_pass, "SUPPORTED", ()) if wrapped else contextlib.nullcontext():
+        with contextlib.ExitStack() as switches:
+            if variant == "model-forward":
+                switches.enter_context(mock.patch.object(lean_pass, "SUPPORTED", ()))
+            if variant == "unfused":
+                switches.enter_context(mock.patch.object(lean_pass.FusedInt4, "of", lambda linears: None))
             out = target.generate(ids, max_new_tokens=64, return_dict_in_generate=True, **extra, **sampling)
         seconds = time.perf_counter() - start
         stats = getattr(out, "speculation_stats", None)

@@ -1,12 +1,15 @@
 """The draft's pass through the model's forward against `draft/lean_pass.py`, per rows fed, on the embedded pair.
 
     .venv/bin/python benchmarks/lean_pass.py --output benchmarks/lean-pass-zen4
+    .venv/bin/python benchmarks/lean_pass.py --vocabulary 16384 32768 --output benchmarks/lean-pass-zen4/fused
 
 The draft is what `quantize_draft` returns here (its default scheme for this CPU), the target the embedded 1.5B in
 bfloat16, prepacked. After 256 cached tokens, each round times, one after another, a draft pass over 1, 2, 4 and 8
 rows both ways and the target's one-row pass, all with a 4-D additive mask and explicit positions as the engine
-calls them (the cache cut back after each pass); the figure is the median over rounds. Writes results.json (machine,
-settings, every figure) and prints a table.
+calls them (the cache cut back after each pass); the figure is the median over rounds. The lean pass also runs
+without its fused int4 calls (`draft/fused_int4.py`: each projection its own call), and, with `--vocabulary K`, on a
+draft whose output layer covers the K tokens most frequent in `vocabulary_corpus()` (`frequent_tokens`). Writes
+results.json (machine, settings, every figure) and prints a table.
 """
 
 from __future__ import annotations
@@ -17,16 +20,19 @@ import statistics
 import time
 import warnings
 from pathlib import Path
+from unittest import mock
 
 import torch
 from transformers import DynamicCache
 
-from hf_specdec import prepack, quantize_draft
+from hf_specdec import frequent_tokens, prepack, quantize_draft
 from hf_specdec.accept.kv_cache import crop
 from hf_specdec.core.attention import AttentionLayout
 from hf_specdec.core.devices import cpu_flags, cpu_model
+from hf_specdec.draft import lean_pass
 from hf_specdec.draft.lean_pass import LeanPass
 from hf_specdec_tools import models
+from hf_specdec_tools.prompts import vocabulary_corpus
 
 PAST = 256
 ROWS = (1, 2, 4, 8)
@@ -45,17 +51,27 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--output", type=Path, required=True)
     parser.add_argument("--rounds", type=int, default=9)
+    parser.add_argument("--vocabulary", type=int, nargs="*", default=[], metavar="K",
+                        help="Also time the lean pass of drafts with their output layer over K tokens.")
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
-    target, draft, _ = models.load_default_pair(dtype=torch.bfloat16, progress=False)
+    target, base, tokenizer = models.load_default_pair(dtype=torch.bfloat16, progress=False)
     prepack(target)
-    draft = quantize_draft(draft)
-    lean = LeanPass.of(draft, AttentionLayout.of(draft).layer_types)
+    draft = quantize_draft(base)
+    layers = AttentionLayout.of(draft).layer_types
+    lean = LeanPass.of(draft, layers)
+    with mock.patch.object(lean_pass.FusedInt4, "of", lambda linears: None):
+        unfused = LeanPass.of(draft, layers)
+    subsets = {k: quantize_draft(base, vocabulary=frequent_tokens(tokenizer, vocabulary_corpus(), k))
+               for k in args.vocabulary}
     ids = torch.randint(3, 5000, (1, PAST + max(ROWS)), generator=torch.Generator().manual_seed(0))
-    caches = {"draft": DynamicCache(), "target": DynamicCache()}
+    caches = {"draft": DynamicCache(), "target": DynamicCache(), **{k: DynamicCache() for k in subsets}}
     with torch.no_grad():
         draft(input_ids=ids[:, :PAST], past_key_values=caches["draft"], use_cache=True)
         target(input_ids=ids[:, :PAST], past_key_values=caches["target"], use_cache=True)
+        for k, subset in subsets.items():
+            subset(input_ids=ids[:, :PAST], past_key_values=caches[k], use_cache=True)
+    subset_passes = {k: LeanPass.of(subset, layers) for k, subset in subsets.items()}
 
     def inputs(n: int) -> dict:
         return {"input_ids": ids[:, PAST : PAST + n], "position_ids": torch.arange(PAST, PAST + n)[None],
@@ -66,6 +82,11 @@ def main() -> None:
         calls[f"draft, model forward, {n} rows"] = (lambda n=n: draft(**inputs(n), past_key_values=caches["draft"],
                                                                       use_cache=True, logits_to_keep=n), "draft")
         calls[f"draft, lean pass, {n} rows"] = (lambda n=n: lean(*inputs(n).values(), caches["draft"], n), "draft")
+        calls[f"draft, lean pass unfused, {n} rows"] = (
+            lambda n=n: unfused(*inputs(n).values(), caches["draft"], n), "draft")
+        for k, run in subset_passes.items():
+            calls[f"draft over {k} tokens, lean pass, {n} rows"] = (
+                lambda n=n, k=k, run=run: run(*inputs(n).values(), caches[k], n), k)
     calls["target, 1 row"] = (lambda: target(**inputs(1), past_key_values=caches["target"], use_cache=True,
                                              logits_to_keep=1), "target")
     for call, cache in calls.values():  # warm-up
@@ -77,12 +98,13 @@ def main() -> None:
     ms = {name: round(statistics.median(values), 2) for name, values in times.items()}
     target_ms = ms["target, 1 row"]
     for name, value in ms.items():
-        print(f"{name:32s} {value:7.2f} ms   {value / target_ms:.3f} of the target's one-row pass")
+        print(f"{name:48s} {value:7.2f} ms   {value / target_ms:.3f} of the target's one-row pass")
     args.output.mkdir(parents=True, exist_ok=True)
     (args.output / "results.json").write_text(json.dumps({
         "machine": {"cpu": cpu_model(), "flags": cpu_flags(), "torch": torch.__version__,
                     "threads": torch.get_num_threads()},
         "settings": {"past": PAST, "rounds": args.rounds, "draft": "quantize_draft(draft) (its default scheme here)",
+                     "vocabulary": args.vocabulary,
                      "target": "bfloat16, prepacked"},
         "median_ms": ms, "all_ms": times}, indent=1))
 

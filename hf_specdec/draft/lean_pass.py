@@ -8,8 +8,9 @@ saved is a kernel launch. Only drafts run it: the target's passes stay Transform
 decided on exactly the logits plain `generate` computes, and a draft whose logits differ in their last bits only
 proposes differently, never wrongly.
 
-The pass is the decoder of Llama, Qwen2 and Mistral: embed; per layer RMSNorm, q/k/v projections, rotary positions,
-the cache's update, attention under the given additive mask (query heads packed per key/value head), the output
+The pass is the decoder of Llama, Qwen2 and Mistral: embed; per layer RMSNorm, q/k/v projections (one int4 call for
+the three where the draft is int4, `fused_int4.py`; the same for gate/up), rotary positions (query and key heads in
+one go), the cache's update, attention under the given additive mask (query heads packed per key/value head), the output
 projection, RMSNorm and the gated MLP, each with its residual; the final norm and the output layer over the kept
 rows. The modules are the model's own (a quantized draft's Linear replacements included; the rotary module computes
 whatever scaling the config asks). Anything else (another family, accelerate's hooks, per-token inputs, a static
@@ -23,6 +24,7 @@ import torch.nn.functional as F
 from transformers import Cache, PreTrainedModel
 
 from ..core.attention import Masks
+from .fused_int4 import FusedInt4
 
 #: model classes whose decoder layers this pass reproduces (norm, attention, MLP and residuals in the same order)
 SUPPORTED = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM")
@@ -37,6 +39,11 @@ class LeanPass:
         config = model.config
         self.hidden, self.eps = config.hidden_size, config.rms_norm_eps
         self.groups = config.num_attention_heads // config.num_key_value_heads  # query heads per key/value head
+        # int4 drafts: each layer's query/key/value and gate/up as one call where their int4 copies run (or None)
+        layers = model.model.layers
+        self.qkv = [FusedInt4.of([layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj])
+                    for layer in layers]
+        self.gate_up = [FusedInt4.of([layer.mlp.gate_proj, layer.mlp.up_proj]) for layer in layers]
 
     @classmethod
     def of(cls, model: PreTrainedModel, layer_types: tuple[str, ...]) -> LeanPass | None:
@@ -73,7 +80,7 @@ class LeanPass:
         body, n = self.model.model, input_ids.shape[1]
         x = body.embed_tokens(input_ids)
         cos, sin = body.rotary_emb(x, position_ids)
-        cos, sin = cos[:, None], sin[:, None]  # broadcast over heads
+        cos, sin = cos[:, :, None], sin[:, :, None]  # (1, n, 1, head_dim): broadcast over heads, before transposing
         # each key/value head's query heads become one block of rows, so keys are never repeated: the mask per block
         masks = attention_mask if isinstance(attention_mask, dict) else dict.fromkeys(self.layer_types, attention_mask)
         packed = {kind: mask if n == 1 else mask.repeat(1, 1, self.groups, 1) for kind, mask in masks.items()}
@@ -82,8 +89,12 @@ class LeanPass:
             x = x + self._attention(layer.self_attn, h, cos, sin, packed[self.layer_types[index]],
                                     past_key_values, index)
             h = self._norm(x, layer.post_attention_layernorm)
-            mlp = layer.mlp
-            x = x + mlp.down_proj(mlp.act_fn(mlp.gate_proj(h)) * mlp.up_proj(h))
+            mlp, fused = layer.mlp, self.gate_up[index]
+            if fused is not None and fused.takes(h):
+                gate, up = fused(h).split(fused.widths, dim=-1)
+            else:
+                gate, up = mlp.gate_proj(h), mlp.up_proj(h)
+            x = x + mlp.down_proj(mlp.act_fn(gate) * up)
         x = self._norm(x[:, -logits_to_keep:] if logits_to_keep else x, body.norm)
         return self.model.lm_head(x)
 
@@ -92,13 +103,18 @@ class LeanPass:
 
     def _attention(self, attention, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor,
                    cache: Cache, index: int) -> torch.Tensor:
-        n, head = h.shape[1], attention.head_dim
-        query = attention.q_proj(h).view(1, n, -1, head).transpose(1, 2)
-        key = attention.k_proj(h).view(1, n, -1, head).transpose(1, 2)
-        value = attention.v_proj(h).view(1, n, -1, head).transpose(1, 2)
-        query, key = _rotate(query, cos, sin), _rotate(key, cos, sin)
-        key, value = cache.update(key, value, index)
-        heads, kv_heads = query.shape[1], key.shape[1]
+        n, head, fused = h.shape[1], attention.head_dim, self.qkv[index]
+        if fused is not None and fused.takes(h):  # one call; its query and key columns side by side
+            out = fused(h)
+            qk, value = out.split([out.shape[-1] - fused.widths[2], fused.widths[2]], dim=-1)
+        else:
+            qk, value = torch.cat([attention.q_proj(h), attention.k_proj(h)], -1), attention.v_proj(h)
+        kv_heads = value.shape[-1] // head
+        heads = qk.shape[-1] // head - kv_heads
+        # rotary positions on query and key heads in one go, as (1, n, heads, head_dim) rows
+        rotated = _rotate(qk.view(1, n, heads + kv_heads, head), cos, sin).transpose(1, 2)
+        query, key = rotated[:, :heads], rotated[:, heads:]
+        key, value = cache.update(key, value.view(1, n, kv_heads, head).transpose(1, 2), index)
         out = F.scaled_dot_product_attention(query.reshape(1, kv_heads, self.groups * n, head), key, value,
                                              attn_mask=mask, scale=attention.scaling)
         return attention.o_proj(out.reshape(1, heads, n, head).transpose(1, 2).reshape(1, n, heads * head))
