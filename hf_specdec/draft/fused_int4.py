@@ -13,6 +13,7 @@ then read their rows from the stacked buffer (views), so the weights are not hel
 from __future__ import annotations
 
 import weakref
+from itertools import accumulate
 
 import torch
 from torch import nn
@@ -77,7 +78,7 @@ class FusedInt4:
 
     def _holds(self, linears: list[nn.Module], parts: list[Int4Linear]) -> bool:
         """Whether `parts` still read their rows from this stack (not replaced or moved since it was built)."""
-        starts = torch.tensor([0, *self.widths]).cumsum(0).tolist()
+        starts = accumulate(self.widths, initial=0)
         base, step = self.packed.data_ptr(), self.packed.stride(0) * self.packed.element_size()
         return linears == self.linears and all(
             part.packed_weight.data_ptr() == base + start * step for part, start in zip(parts, starts))
