@@ -149,7 +149,7 @@ def test_fused_int4_holds_the_weights_once_and_is_built_once():
     attention = draft.model.layers[1].self_attn
     parts = [attention.q_proj, attention.k_proj, attention.v_proj]
     fused = FusedInt4.of(parts)
-    storage = fused.packed.untyped_storage().data_ptr()
+    storage = fused.stack.packed_weight.untyped_storage().data_ptr()
     assert all(part.packed_weight.untyped_storage().data_ptr() == storage for part in parts)  # views of the stack
     assert FusedInt4.of(parts) is fused  # a later runner reuses it
     attention.k_proj.packed_weight = attention.k_proj.packed_weight.clone()  # a part changed since: built again

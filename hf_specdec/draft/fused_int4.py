@@ -35,15 +35,9 @@ class FusedInt4:
 
     def __init__(self, linears: list[nn.Module], parts: list[Int4Linear]) -> None:
         self.linears, self.widths = linears, [part.out_features for part in parts]
-        self.group_size = parts[0].group_size
-        self.packed = torch.cat([part.packed_weight for part in parts])
-        self.scales_and_zeros = torch.cat([part.scales_and_zeros for part in parts], dim=1).contiguous()
-        biases = [part.bias for part in parts]
-        self.bias = None if biases[0] is None else torch.cat([bias.detach() for bias in biases])
-        start = 0
-        for part, width in zip(parts, self.widths):  # each part reads its rows of the stacked weight
-            part.packed_weight = self.packed[start : start + width]
-            start += width
+        self.stack = Int4Linear.stacked(parts)
+        for part, view in zip(parts, self.stack.packed_weight.split(self.widths)):  # each part reads its stack rows
+            part.packed_weight = view
 
     @classmethod
     def of(cls, linears: list[nn.Module]) -> FusedInt4 | None:
@@ -69,7 +63,7 @@ class FusedInt4:
             expected = torch.cat([part(probe) for part in parts], dim=-1)
             built = cls(linears, parts)
             if not torch.equal(built(probe), expected):  # a packed layout other than the one measured: stay apart
-                for part, view in zip(parts, built.packed.split(built.widths)):
+                for part, view in zip(parts, built.stack.packed_weight.split(built.widths)):
                     part.packed_weight = view.clone()
                 _REFUSED.add(linears[0])
                 return None
@@ -79,7 +73,8 @@ class FusedInt4:
     def _holds(self, linears: list[nn.Module], parts: list[Int4Linear]) -> bool:
         """Whether `parts` still read their rows from this stack (not replaced or moved since it was built)."""
         starts = accumulate(self.widths, initial=0)
-        base, step = self.packed.data_ptr(), self.packed.stride(0) * self.packed.element_size()
+        packed = self.stack.packed_weight
+        base, step = packed.data_ptr(), packed.stride(0) * packed.element_size()
         return linears == self.linears and all(
             part.packed_weight.data_ptr() == base + start * step for part, start in zip(parts, starts))
 
@@ -90,7 +85,4 @@ class FusedInt4:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """The layers' outputs side by side along the last dimension, in their order."""
-        rows = x.reshape(-1, x.shape[-1]).to(torch.bfloat16)
-        out = torch.ops.aten._weight_int4pack_mm_for_cpu(rows, self.packed, self.group_size, self.scales_and_zeros)
-        out = out if self.bias is None else out + self.bias
-        return out.to(x.dtype).reshape(*x.shape[:-1], -1)
+        return self.stack(x).to(x.dtype)

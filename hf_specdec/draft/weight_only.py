@@ -52,6 +52,20 @@ class Int4Linear(nn.Module):
         self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach().to(torch.bfloat16),
                                                                   requires_grad=False)
 
+    @classmethod
+    def stacked(cls, parts: list[Int4Linear]) -> Int4Linear:
+        """One layer computing `parts` (same input width and group size, no padding rows inside) side by side: their
+        packed weights and scales stacked along the output rows (`fused_int4.py` says when that is the same)."""
+        stack = cls.__new__(cls)
+        nn.Module.__init__(stack)
+        stack.in_features, stack.group_size = parts[0].in_features, parts[0].group_size
+        stack.out_features = sum(part.out_features for part in parts)
+        stack.register_buffer("packed_weight", torch.cat([part.packed_weight for part in parts]))
+        stack.register_buffer("scales_and_zeros", torch.cat([part.scales_and_zeros for part in parts], 1).contiguous())
+        biases = [part.bias for part in parts]
+        stack.bias = None if biases[0] is None else nn.Parameter(torch.cat(biases).detach(), requires_grad=False)
+        return stack
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features).to(torch.bfloat16)
         out = torch.ops.aten._weight_int4pack_mm_for_cpu(rows, self.packed_weight, self.group_size,
