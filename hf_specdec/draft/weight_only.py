@@ -15,7 +15,8 @@ from torch import nn
 
 #: group sizes the CPU int4 kernel takes, largest first (fewer scales to read)
 INT4_GROUP_SIZES = (128, 64, 32)
-#: the int4 kernel packs output rows in blocks of this many (a layer of another width is padded with zero rows)
+#: the int4 kernel takes output widths in multiples of this many (a layer of another width is padded with zero rows);
+#: it packs whole blocks of 64 rows and a last block of any such multiple (`fused_int4.INT4_PACK_BLOCK`)
 INT4_ROW_BLOCK = 16
 #: the aten operators each width needs
 KERNELS = {4: ("_weight_int4pack_mm_for_cpu", "_convert_weight_to_int4pack_for_cpu"), 8: ("_weight_int8pack_mm",)}
