@@ -84,13 +84,15 @@ class LeanPass:
         # each key/value head's query heads become one block of rows, so keys are never repeated: the mask per block
         masks = attention_mask if isinstance(attention_mask, dict) else dict.fromkeys(self.layer_types, attention_mask)
         packed = {kind: mask if n == 1 else mask.repeat(1, 1, self.groups, 1) for kind, mask in masks.items()}
+        # whether this pass's rows run on the int4 copies (every layer's input is as wide): decided once per pass
+        fuse = next((fused.takes(x) for fused in self.qkv + self.gate_up if fused is not None), False)
         for index, layer in enumerate(body.layers):
             h = self._norm(x, layer.input_layernorm)
             x = x + self._attention(layer.self_attn, h, cos, sin, packed[self.layer_types[index]],
-                                    past_key_values, index)
+                                    past_key_values, index, fuse)
             h = self._norm(x, layer.post_attention_layernorm)
             mlp, fused = layer.mlp, self.gate_up[index]
-            if fused is not None and fused.takes(h):
+            if fuse and fused is not None:
                 gate, up = fused(h).split(fused.widths, dim=-1)
             else:
                 gate, up = mlp.gate_proj(h), mlp.up_proj(h)
@@ -102,9 +104,9 @@ class LeanPass:
         return F.rms_norm(x, (self.hidden,), norm.weight, self.eps)
 
     def _attention(self, attention, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor,
-                   cache: Cache, index: int) -> torch.Tensor:
+                   cache: Cache, index: int, fuse: bool) -> torch.Tensor:
         n, head, fused = h.shape[1], attention.head_dim, self.qkv[index]
-        if fused is not None and fused.takes(h):  # one call; its query and key columns side by side
+        if fuse and fused is not None:  # one call; its query and key columns side by side
             out = fused(h)
             qk, value = out.split([out.shape[-1] - fused.widths[2], fused.widths[2]], dim=-1)
         else:
