@@ -64,6 +64,7 @@ import hf_specdec  # noqa: E402, F401  (installs `speculation=`)
 from hf_specdec import ChainConfig, SequoiaConfig, SpecExecConfig, StagedConfig, TreeConfig  # noqa: E402
 from hf_specdec.core import attention, pass_shapes  # noqa: E402
 from hf_specdec.core.attention import tree_attention_kernels  # noqa: E402
+from hf_specdec.decoding import loop  # noqa: E402
 from hf_specdec.draft import lean_pass  # noqa: E402
 from hf_specdec.plan.latency import measure_latency  # noqa: E402
 from hf_specdec.plan.plan_file import pair_placement  # noqa: E402
@@ -92,6 +93,7 @@ NO_CUDNN = "no_cudnn_sdpa"  # a table entry's switch: the whole call runs with t
 CUDNN_KEPT = "cudnn_sdpa_kept"  # a table entry's switch: our tree passes keep cuDNN's SDPA (as before they left it)
 BREADTH_FIRST = "breadth_first"  # a table entry's switch: the target gets the drafted order (before depth_first)
 MODEL_FORWARD = "draft_model_forward"  # a table entry's switch: the draft runs its model's forward (no lean pass)
+TARGET_FORWARD = "target_model_forward"  # a table entry's switch: the target's tree passes run its model's forward
 EVERY_KERNEL = (SDPBackend.FLASH_ATTENTION, SDPBackend.CUDNN_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH)
 
 
@@ -120,7 +122,8 @@ class Run:
         """(output, seconds) of one `generate` call, the device synchronised on both sides. A table entry with
         `NO_CUDNN` set runs the whole call with cuDNN's SDPA kernel off (our eager tree passes do so by themselves);
         one with `CUDNN_KEPT` lets our tree passes use it; one with `BREADTH_FIRST` hands the target the drafted
-        order; one with `MODEL_FORWARD` runs the draft through its model's forward (before `draft/lean_pass.py`)."""
+        order; one with `MODEL_FORWARD` runs the draft through its model's forward (before `draft/lean_pass.py`);
+        one with `TARGET_FORWARD` the target's tree passes (before `decoding.loop.lean_target`)."""
         self.sync()
         start = time.perf_counter()
         with contextlib.ExitStack() as kernels:
@@ -132,6 +135,8 @@ class Run:
                 kernels.enter_context(mock.patch.object(pass_shapes, "DEPTH_FIRST", False))
             if kwargs.get(MODEL_FORWARD):
                 kernels.enter_context(mock.patch.object(lean_pass, "SUPPORTED", ()))
+            if kwargs.get(TARGET_FORWARD):
+                kernels.enter_context(mock.patch.object(loop, "LEAN_TARGET", False))
             out = generate(target, ids, new_tokens, **call_kwargs(kwargs))
         self.sync()
         return out, time.perf_counter() - start
@@ -529,7 +534,7 @@ def call_kwargs(kwargs: dict) -> dict:
     """A table entry's `generate` arguments (its `new_tokens` overrides the phase's count, `NO_CUDNN` and
     `CUDNN_KEPT` pick the kernels: none is one)."""
     return {k: v for k, v in kwargs.items() if k not in ("new_tokens", NO_CUDNN, CUDNN_KEPT, BREADTH_FIRST,
-                                                       MODEL_FORWARD)}
+                                                       MODEL_FORWARD, TARGET_FORWARD)}
 
 
 def medians(rows: list[dict], skip=("round",)) -> dict:
@@ -565,6 +570,9 @@ def step_parts(run: Run, target, draft, prompts, new_tokens: int, rounds: int = 
              # the draft through its model's own forward, not the lean pass (`draft/lean_pass.py`)
              **{f"{name}, model forward": {"assistant_model": draft, "speculation": name, MODEL_FORWARD: True}
                 for name in ("chain", "sequoia", "specexec")},
+             # the target's tree passes through its model's own forward, not the lean pass (`decoding.loop.lean_target`)
+             **{f"{name}, target forward": {"assistant_model": draft, "speculation": name, TARGET_FORWARD: True}
+                for name in ("chain", "sequoia", "specexec", "staged")},
              "staged": {"assistant_model": draft, "speculation": "staged"}}
     if run.args.only:
         table = {name: kwargs for name, kwargs in table.items() if name in run.args.only}

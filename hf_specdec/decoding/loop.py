@@ -12,7 +12,7 @@ import torch
 from torch._dynamo.utils import counters
 from transformers import Cache, LogitsProcessorList, PreTrainedModel, StoppingCriteriaList
 from transformers.generation.streamers import BaseStreamer
-from transformers.modeling_outputs import ModelOutput
+from transformers.modeling_outputs import CausalLMOutputWithPast, ModelOutput
 
 from ..accept.emit import BlockStops, block_scores, emit
 from ..accept.kv_cache import cache_length, crop, is_static, keep_positions, layer_rows
@@ -27,8 +27,13 @@ from ..core.processing import NodeScores, process_tree_scores
 from ..core.ranks import Ranks
 from ..core.tree import TokenTree
 from ..core.verdict import Verdict, Verifier
+from ..draft.lean_pass import LeanPass
 from .outputs import TokenRecords
 from .stats import SpeculationStats
+
+#: whether the target's eager tree passes take the lean pass where it computes the model's function
+#: (`lean_target`); None: off the CPU only, where a pass's host time is mostly launches (see `lean_target`)
+LEAN_TARGET: bool | None = None
 
 
 @dataclass
@@ -110,6 +115,7 @@ def speculative_loop(
     copies = DeviceCopies.of(target)  # a target split over devices: its mask placed once per device and pass
     ranks = ranks or Ranks.of(target)
     shapes = PassShapes(cache.layers[0].max_cache_len if is_static(cache) else None, stats.tree_pass_sizes)
+    lean = lean_target(target, layout, forward, shapes, records.wants_pass_outputs, token_inputs, copies, ranks)
     graphs = counters["stats"]["unique_graphs"]  # what dynamo compiled before this call
     while not finished:
         t0 = time.perf_counter()
@@ -122,7 +128,7 @@ def speculative_loop(
         clock.start()
         with one_pass(copies):
             output = tree_pass(target, tree, past, cache, layout, dtype, device, token_inputs,
-                               records.wants_pass_outputs, shapes, forward)
+                               records.wants_pass_outputs, shapes, forward, lean)
         logits = output.logits[0, : len(tree)]
         clock.stop()
         seconds = clock.total - timed
@@ -206,12 +212,14 @@ def tree_pass(
     pass_outputs: bool = False,
     shapes: PassShapes | None = None,
     forward: Callable[..., ModelOutput] | None = None,
+    lean: LeanPass | None = None,
 ) -> ModelOutput:
     """One target pass over `tree` after `past` cached tokens (logits `(1, n, vocab)`, or more rows when `shapes`
     pads the tree: the first n are the nodes'): each node sees its ancestors (and, in sliding-window layers, only
     keys less than a window behind it) at position past + its depth. `token_inputs` places per-token inputs at the
     nodes' positions; `pass_outputs` asks for hidden states and attentions too. Masks are built on the host and
-    copied once, position ids on the target's device; `forward` (default `target`) runs the pass."""
+    copied once, position ids on the target's device; `forward` (default `target`) runs the pass, or `lean` where
+    the pass is eager, unpadded and needs the logits only."""
     flags = {"output_hidden_states": True, "output_attentions": True} if pass_outputs else {}
     tree = tree.to(device)
     width = shapes.width if shapes is not None else None
@@ -222,6 +230,8 @@ def tree_pass(
         padded = padded_pass(tree, past, shapes.size(len(tree)), width, layout, dtype, device)
         tokens, positions, masks = padded.tokens, padded.positions, padded.masks
     extra = token_inputs.at(positions, device) if token_inputs is not None and token_inputs.prompt else {}
+    if lean is not None and width is None and not extra and not flags:
+        return CausalLMOutputWithPast(logits=lean(tokens.to(device), positions.to(device), masks, cache))
     return (forward or target)(
         input_ids=tokens.to(device),
         attention_mask=masks,
@@ -232,6 +242,32 @@ def tree_pass(
         **extra,
         **flags,
     )
+
+
+def lean_target(
+    target: PreTrainedModel,
+    layout: AttentionLayout,
+    forward: Callable[..., ModelOutput] | None,
+    shapes: PassShapes,
+    pass_outputs: bool,
+    token_inputs: TokenInputs,
+    copies: DeviceCopies | None,
+    ranks: Ranks,
+) -> LeanPass | None:
+    """The lean pass (`draft.lean_pass`) for the target's tree passes, or None where they keep its forward.
+
+    Why: on a GPU an eager pass of a 7B target is bound by its host time (about 20 ms over one token on an H200,
+    where its matmuls take a few), and most of that is the wrapper's Python and ops the lean pass does not run. It
+    computes the model's function (tested against the forward to float32 rounding, as a tree pass's other shapes
+    already differ from plain's single-row passes in their last bits) for an sdpa target on one device, in one
+    process, with nothing but token ids asked of the pass: a compiled or padded call, hidden states or attentions
+    to return, per-token inputs, another attention or a split target keep the forward.
+    """
+    use = LEAN_TARGET if LEAN_TARGET is not None else execution_device(target).type != "cpu"
+    if (not use or forward is not None or shapes.width is not None or pass_outputs or token_inputs.prompt
+            or copies is not None or ranks.shared or target.config._attn_implementation != "sdpa"):
+        return None
+    return LeanPass.of(target, layout.layer_types)
 
 
 def fit_positions(

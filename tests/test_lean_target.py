@@ -1,0 +1,93 @@
+"""The target's tree passes through the lean pass (`decoding.loop.lean_target`): what plain `generate` gives, and
+only where the pass needs nothing but the logits. Off the CPU the loop takes it by itself; here it is switched on."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hf_specdec.core.attention import AttentionLayout
+from hf_specdec.core.model_inputs import TokenInputs
+from hf_specdec.core.pass_shapes import PassShapes
+from hf_specdec.core.ranks import Ranks
+from hf_specdec.decoding import loop
+from hf_specdec.draft.lean_pass import LeanPass
+from tests.test_lean_pass import PAIRS  # Llama-shaped families, a sliding-window layer and one key/value head
+from tests.test_round_trips import GREEDY  # the methods at fixed shapes
+from tests.tiny import tiny_model
+
+IDS = torch.tensor([[5, 9, 11, 4, 7, 3, 21, 8]])
+
+
+@pytest.fixture
+def lean_target_calls(monkeypatch) -> list[int]:
+    """Switch the lean target pass on (this is a CPU); the rows of every pass it runs."""
+    calls: list[int] = []
+
+    class Counted(LeanPass):
+        def __call__(self, *args):
+            calls.append(args[0].shape[1])
+            return super().__call__(*args)
+
+    monkeypatch.setattr(loop, "LEAN_TARGET", True)
+    monkeypatch.setattr(loop, "LeanPass", Counted)
+    return calls
+
+
+@pytest.mark.parametrize("method", sorted(GREEDY))
+@pytest.mark.parametrize("family", sorted(PAIRS))
+@pytest.mark.parametrize("draft_seed", [0, 1])  # the target's own weights (long accepted paths), another model
+def test_greedy_with_the_lean_target_pass_is_plain_generate(family, method, draft_seed, lean_target_calls):
+    target = PAIRS[family]()
+    draft = PAIRS[family]() if draft_seed == 0 else tiny_model("llama", draft_seed)
+    plain = target.generate(IDS, do_sample=False, max_new_tokens=24)
+    out = target.generate(IDS, assistant_model=draft, speculation=GREEDY[method], do_sample=False, max_new_tokens=24)
+    assert torch.equal(out, plain)
+    assert lean_target_calls and max(lean_target_calls) > 1  # the tree passes took it
+
+
+@pytest.mark.parametrize("method", ["sequoia", "specexec"])  # a draft-sampling and a target-sampling verifier
+def test_sampling_with_the_lean_target_pass_draws_what_the_forward_draws(method, monkeypatch):
+    """Same seed, same tokens: in float32 the lean pass's logits differ from the forward's in their last bits at
+    most, which moves a draw only when its uniform falls within that of a boundary."""
+    target, draft = tiny_model("qwen2", 0), tiny_model("qwen2", 1)
+    outs = []
+    for lean in (True, False):
+        monkeypatch.setattr(loop, "LEAN_TARGET", lean)
+        torch.manual_seed(3)
+        outs.append(target.generate(IDS, assistant_model=draft, speculation=method, do_sample=True, temperature=0.8,
+                                    max_new_tokens=32))
+    assert torch.equal(outs[0], outs[1])
+
+
+def test_passes_that_need_more_than_logits_keep_the_forward(monkeypatch):
+    target = tiny_model("qwen2", 0)
+    layout = AttentionLayout.of(target)
+    dynamic, static = PassShapes(None, set()), PassShapes(64, set())
+    one = Ranks.of(target)
+
+    def lean(model=target, forward=None, shapes=dynamic, outputs=False):
+        return loop.lean_target(model, layout, forward, shapes, outputs, TokenInputs(), None, one)
+
+    assert lean() is None  # a CPU: the forward by default
+    monkeypatch.setattr(loop, "LEAN_TARGET", True)
+    assert isinstance(lean(), LeanPass)
+    assert lean(forward=target.__call__) is None  # a compiled call
+    assert lean(shapes=static) is None  # padded passes on a static cache
+    assert lean(outputs=True) is None  # hidden states or attentions to return
+    assert lean(model=_eager(tiny_model("qwen2", 0))) is None
+    monkeypatch.setattr(loop, "LEAN_TARGET", False)
+    assert lean() is None
+
+
+def _eager(model: torch.nn.Module) -> torch.nn.Module:
+    model.config._attn_implementation = "eager"  # the user asked for eager attention: theirs
+    return model
+
+
+def test_hidden_states_asked_for_keep_the_forward(lean_target_calls):
+    target, draft = tiny_model("qwen2", 0), tiny_model("qwen2", 1)
+    plain = target.generate(IDS, do_sample=False, max_new_tokens=12)
+    out = target.generate(IDS, assistant_model=draft, speculation="sequoia", do_sample=False, max_new_tokens=12,
+                          return_dict_in_generate=True, output_hidden_states=True)
+    assert torch.equal(out.sequences, plain) and lean_target_calls == []
