@@ -39,9 +39,12 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
+import cProfile
+import io
 import json
 import os
 import platform
+import pstats
 import statistics
 import sys
 import tempfile
@@ -617,6 +620,16 @@ def step_parts(run: Run, target, draft, prompts, new_tokens: int, rounds: int = 
             with torch.profiler.profile(activities=activities) as profile:
                 generate(target, prompts[0], new_tokens, **call_kwargs(table[name]))
             profiles[name] = profile.key_averages().table(sort_by="self_cpu_time_total", row_limit=25)
+    for name in ("sequoia", "specexec"):  # the Python around the ops: where the engine's host time goes
+        if any("round" in row for row in rows.get(name, [])) and run.left() > 30:
+            profiler = cProfile.Profile()
+            with profiler:
+                generate(target, prompts[0], new_tokens, **call_kwargs(table[name]))
+            for order in ("tottime", "cumulative"):
+                text = io.StringIO()
+                pstats.Stats(profiler, stream=text).sort_stats(order).print_stats(
+                    *(("hf_specdec", 70) if order == "cumulative" else (50,)))
+                profiles[f"{name}, cProfile by {order}"] = text.getvalue()
     return {"new_tokens": new_tokens, "prompts": len(prompts), "rounds": rounds, "results": results,
             "per_call": rows, "profiles": profiles}
 

@@ -6,12 +6,14 @@ from __future__ import annotations
 import pytest
 import torch
 
+from hf_specdec import SequoiaConfig, SpecExecConfig
 from hf_specdec.core.attention import AttentionLayout
 from hf_specdec.core.model_inputs import TokenInputs
 from hf_specdec.core.pass_shapes import PassShapes
 from hf_specdec.core.ranks import Ranks
 from hf_specdec.decoding import loop
 from hf_specdec.draft.lean_pass import LeanPass
+from hf_specdec.plan.sequoia import plan_tree
 from tests.test_lean_pass import PAIRS  # Llama-shaped families, a sliding-window layer and one key/value head
 from tests.test_round_trips import GREEDY  # the methods at fixed shapes
 from tests.tiny import tiny_model
@@ -46,7 +48,13 @@ def test_greedy_with_the_lean_target_pass_is_plain_generate(family, method, draf
     assert lean_target_calls and max(lean_target_calls) > 1  # the tree passes took it
 
 
-@pytest.mark.parametrize("method", ["sequoia", "specexec"])  # a draft-sampling and a target-sampling verifier
+#: fixed shapes, every step drafted (no timing-driven choice between calls): a draft-sampling and a target-sampling
+#: verifier
+FIXED = {"sequoia": SequoiaConfig(plan=plan_tree([0.6, 0.2, 0.1, 0.05], 32, 6), guard=False),
+         "specexec": SpecExecConfig(budget=32, max_depth=6, width=4, guard=False)}
+
+
+@pytest.mark.parametrize("method", sorted(FIXED))
 def test_sampling_with_the_lean_target_pass_draws_what_the_forward_draws(method, monkeypatch):
     """Same seed, same tokens: in float32 the lean pass's logits differ from the forward's in their last bits at
     most, which moves a draw only when its uniform falls within that of a boundary."""
@@ -55,8 +63,8 @@ def test_sampling_with_the_lean_target_pass_draws_what_the_forward_draws(method,
     for lean in (True, False):
         monkeypatch.setattr(loop, "LEAN_TARGET", lean)
         torch.manual_seed(3)
-        outs.append(target.generate(IDS, assistant_model=draft, speculation=method, do_sample=True, temperature=0.8,
-                                    max_new_tokens=32))
+        outs.append(target.generate(IDS, assistant_model=draft, speculation=FIXED[method], do_sample=True,
+                                    temperature=0.8, max_new_tokens=32))
     assert torch.equal(outs[0], outs[1])
 
 
