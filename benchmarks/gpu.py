@@ -696,7 +696,12 @@ def batch_speed(run: Run, target, draft, new_tokens: int, sizes=(1, 2, 4, 8, 16)
         mask = {"attention_mask": torch.ones_like(batch)}  # as a tokenizer returns it
         table = {"plain (batched)": mask, "plain (batched), no cuDNN SDPA": {**mask, NO_CUDNN: True},
                  **{name: {"assistant_model": draft, "speculation": name, **mask}
-                    for name in ("chain", "sequoia", "specexec")}}
+                    for name in ("chain", "sequoia", "specexec")},
+                 # the target's tree passes through its forward, not the lean pass (`decoding.loop.lean_target`)
+                 **{f"{name}, target forward": {"assistant_model": draft, "speculation": name, TARGET_FORWARD: True,
+                                                **mask} for name in ("chain", "sequoia")}}
+        if run.args.only:
+            table = {name: kwargs for name, kwargs in table.items() if name in run.args.only}
         rows = interleaved(run, target, table, [batch], new_tokens, rounds, measure)
         results = [{"method": name, **medians(r)} for name, r in rows.items()]
         by_name = {r["method"]: r.get("tokens_per_second") for r in results}
@@ -758,7 +763,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="Rounds of the steps phase (methods interleaved).")
     parser.add_argument("--smoke", action="store_true", help="Small shapes on any device: a check of this script.")
     parser.add_argument("--only", nargs="*", default=None,
-                        help="The step-parts phase times only these rows of its table (e.g. plain chain sequoia).")
+                        help="The step-parts and batches phases time only these rows of their tables (e.g. plain "
+                             "chain sequoia).")
+    parser.add_argument("--batch-sizes", type=int, nargs="*", default=[1, 2, 4, 8, 16])
     args = parser.parse_args()
     if args.replot:
         return replot(args.output)
@@ -815,7 +822,7 @@ def main() -> None:
     if "batches" in args.phases and run.left() > 90:
         print("== batches", flush=True)
         run.write("batches", {"pair": pair, **batch_speed(run, target, draft, 32 if args.smoke else 64,
-                                                          (1, 2) if args.smoke else (1, 2, 4, 8, 16))})
+                                                          (1, 2) if args.smoke else tuple(args.batch_sizes))})
     if "offloaded" in args.phases and run.device.type == "cuda" and run.left() > 90:
         print("== offloaded", flush=True)
         try:

@@ -2,13 +2,16 @@
 
     .venv/bin/python benchmarks/lean_pass.py --output benchmarks/lean-pass-zen4
     .venv/bin/python benchmarks/lean_pass.py --vocabulary 16384 32768 --output benchmarks/lean-pass-zen4/fused
+    .venv/bin/python benchmarks/lean_pass.py --target-rows 1 8 32 --output benchmarks/lean-pass-zen4/target
 
 The draft is what `quantize_draft` returns here (its default scheme for this CPU), the target the embedded 1.5B in
 bfloat16, prepacked. After 256 cached tokens, each round times, one after another, a draft pass over 1, 2, 4 and 8
 rows both ways and the target's one-row pass, all with a 4-D additive mask and explicit positions as the engine
 calls them (the cache cut back after each pass); the figure is the median over rounds. The lean pass also runs
 without its fused int4 calls (`draft/fused_int4.py`: each projection its own call), and, with `--vocabulary K`, on a
-draft whose output layer covers the K tokens most frequent in `vocabulary_corpus()` (`frequent_tokens`). Writes
+draft whose output layer covers the K tokens most frequent in `vocabulary_corpus()` (`frequent_tokens`), and, with
+`--target-rows N`, the target's tree pass over N rows (all rows' logits) through its forward and the lean pass
+(which the loop takes for the target off the CPU only: `decoding.loop.lean_target`). Writes
 results.json (machine, settings, every figure) and prints a table.
 """
 
@@ -53,6 +56,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--vocabulary", type=int, nargs="*", default=[], metavar="K",
                         help="Also time the lean pass of drafts with their output layer over K tokens.")
+    parser.add_argument("--target-rows", type=int, nargs="*", default=[], metavar="N",
+                        help="Also time the target's tree pass over N rows through its forward and the lean pass.")
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
     target, base, tokenizer = models.load_default_pair(dtype=torch.bfloat16, progress=False)
@@ -64,7 +69,8 @@ def main() -> None:
         unfused = LeanPass.of(draft, layers)
     subsets = {k: quantize_draft(base, vocabulary=frequent_tokens(tokenizer, vocabulary_corpus(), k))
                for k in args.vocabulary}
-    ids = torch.randint(3, 5000, (1, PAST + max(ROWS)), generator=torch.Generator().manual_seed(0))
+    ids = torch.randint(3, 5000, (1, PAST + max(ROWS + tuple(args.target_rows))),
+                        generator=torch.Generator().manual_seed(0))
     caches = {"draft": DynamicCache(), "target": DynamicCache(), **{k: DynamicCache() for k in subsets}}
     with torch.no_grad():
         draft(input_ids=ids[:, :PAST], past_key_values=caches["draft"], use_cache=True)
@@ -89,6 +95,12 @@ def main() -> None:
                 lambda n=n, k=k, run=run: run(*inputs(n).values(), caches[k], n), k)
     calls["target, 1 row"] = (lambda: target(**inputs(1), past_key_values=caches["target"], use_cache=True,
                                              logits_to_keep=1), "target")
+    target_lean = LeanPass.of(target, AttentionLayout.of(target).layer_types)
+    for n in args.target_rows:  # tree passes: every row's logits, through the forward and the lean pass
+        calls[f"target, model forward, {n} rows"] = (
+            lambda n=n: target(**inputs(n), past_key_values=caches["target"], use_cache=True), "target")
+        calls[f"target, lean pass, {n} rows"] = (
+            lambda n=n: target_lean(*inputs(n).values(), caches["target"], 0), "target")
     for call, cache in calls.values():  # warm-up
         timed(call, caches[cache])
     times: dict[str, list[float]] = {name: [] for name in calls}

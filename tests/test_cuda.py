@@ -1,6 +1,6 @@
 """On a CUDA GPU: lossless greedy in float32 for every method and attention kernel, seeded sampling reproducible,
 the sampling verifiers exact with their draws on the device, flash-attention refused, a static cache with CUDA
-graphs identical to plain static generate.
+graphs identical to plain static generate, a padded batch identical to plain batched generate.
 
 CI has no GPU; these run on a GPU machine with one command (README, "On a GPU"):
 
@@ -18,6 +18,7 @@ from hf_specdec.accept.kv_cache import keep_positions
 from hf_specdec.decoding import loop
 from hf_specdec.verify import SequoiaVerifier, SpecInferVerifier
 from tests.conftest import random_prompt, tiny_model
+from tests.test_batches import kwargs_for, near_draft, padded_batch
 from tests.test_lean_pass import PAIRS as LEAN_FAMILIES
 from tests.test_lean_pass import assert_lean_pass_equals_the_model
 from tests.test_round_trips import GREEDY as METHODS  # the five methods at fixed shapes
@@ -51,6 +52,23 @@ def test_greedy_float32_identical_to_plain(name, attn):
         assert out.sequences.device.type == "cuda"
         assert torch.equal(out.sequences, plain), (name, attn, seed)
         assert out.speculation_stats.draft_forwards > 0  # the draft ran: the trees were verified on the GPU
+
+
+@pytest.mark.parametrize("name", ["chain", "sequoia", "specexec"])
+def test_greedy_float32_batch_identical_to_plain_batched(name, monkeypatch):
+    """A left-padded batch, each row's tree passes on the GPU through the lean target pass (the loop's default
+    off the CPU): every row's tokens are plain batched generate's."""
+    calls, run = [], loop.LeanPass.__call__
+    monkeypatch.setattr(loop.LeanPass, "__call__", lambda self, *args: calls.append(args[0].shape) or run(self, *args))
+    target = tiny_model("llama", 0)
+    draft = near_draft(target).cuda()  # its noise drawn on the host, as in the CPU tests
+    target = target.cuda()
+    ids, mask = padded_batch(3, [0, 3, 5])
+    ids, mask = ids.cuda(), mask.cuda()
+    plain = target.generate(ids, attention_mask=mask, max_new_tokens=20, do_sample=False)
+    out = target.generate(ids, attention_mask=mask, max_new_tokens=20, do_sample=False, **kwargs_for(name, draft))
+    assert torch.equal(out, plain), name
+    assert any(sequences == 3 and rows > 1 for sequences, rows in calls)
 
 
 @pytest.mark.parametrize("name", sorted(METHODS))

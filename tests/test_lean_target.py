@@ -14,6 +14,7 @@ from hf_specdec.core.ranks import Ranks
 from hf_specdec.decoding import loop
 from hf_specdec.draft.lean_pass import LeanPass
 from hf_specdec.plan.sequoia import plan_tree
+from tests.test_batches import kwargs_for, near_draft, padded_batch
 from tests.test_lean_pass import PAIRS  # Llama-shaped families, a sliding-window layer and one key/value head
 from tests.test_round_trips import GREEDY  # the methods at fixed shapes
 from tests.tiny import tiny_model
@@ -22,13 +23,13 @@ IDS = torch.tensor([[5, 9, 11, 4, 7, 3, 21, 8]])
 
 
 @pytest.fixture
-def lean_target_calls(monkeypatch) -> list[int]:
-    """Switch the lean target pass on (this is a CPU); the rows of every pass it runs."""
-    calls: list[int] = []
+def lean_target_calls(monkeypatch) -> list[torch.Size]:
+    """Switch the lean target pass on (this is a CPU); the (sequences, rows) of every pass it runs."""
+    calls: list[torch.Size] = []
 
     class Counted(LeanPass):
         def __call__(self, *args):
-            calls.append(args[0].shape[1])
+            calls.append(args[0].shape)
             return super().__call__(*args)
 
     monkeypatch.setattr(loop, "LEAN_TARGET", True)
@@ -45,7 +46,7 @@ def test_greedy_with_the_lean_target_pass_is_plain_generate(family, method, draf
     plain = target.generate(IDS, do_sample=False, max_new_tokens=24)
     out = target.generate(IDS, assistant_model=draft, speculation=GREEDY[method], do_sample=False, max_new_tokens=24)
     assert torch.equal(out, plain)
-    assert lean_target_calls and max(lean_target_calls) > 1  # the tree passes took it
+    assert max(rows for _, rows in lean_target_calls) > 1  # the tree passes took it
 
 
 #: fixed shapes, every step drafted (no timing-driven choice between calls): a draft-sampling and a target-sampling
@@ -75,7 +76,8 @@ def test_passes_that_need_more_than_logits_keep_the_forward(monkeypatch):
     one = Ranks.of(target)
 
     def lean(model=target, forward=None, shapes=dynamic, outputs=False):
-        return loop.lean_target(model, layout, forward, shapes, outputs, TokenInputs(), None, one)
+        return loop.lean_target(model, layout, copies=None, ranks=one, forward=forward, static=shapes.width is not None,
+                                pass_outputs=outputs, token_inputs=TokenInputs())
 
     assert lean() is None  # a CPU: the forward by default
     monkeypatch.setattr(loop, "LEAN_TARGET", True)
@@ -99,3 +101,17 @@ def test_hidden_states_asked_for_keep_the_forward(lean_target_calls):
     out = target.generate(IDS, assistant_model=draft, speculation="sequoia", do_sample=False, max_new_tokens=12,
                           return_dict_in_generate=True, output_hidden_states=True)
     assert torch.equal(out.sequences, plain) and lean_target_calls == []
+
+
+@pytest.mark.parametrize("method", ["chain", "sequoia", "specexec"])
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_a_batch_with_the_lean_target_pass_is_plain_batched_generate_row_by_row(family, method, lean_target_calls):
+    """Left-padded rows of different lengths, ragged acceptance: every row's tokens are plain batched generate's,
+    and the batch's tree passes (b rows at once) took the lean pass."""
+    target = tiny_model(family, 0)
+    draft = near_draft(target)
+    ids, mask = padded_batch(3, [0, 3, 5])
+    plain = target.generate(ids, attention_mask=mask, max_new_tokens=20, do_sample=False)
+    out = target.generate(ids, attention_mask=mask, max_new_tokens=20, do_sample=False, **kwargs_for(method, draft))
+    assert torch.equal(out, plain)
+    assert any(sequences == 3 and rows > 1 for sequences, rows in lean_target_calls)

@@ -20,13 +20,16 @@ from dataclasses import dataclass
 
 import torch
 from transformers import DynamicCache, LogitsProcessorList, PreTrainedModel, StoppingCriteriaList
+from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from ..accept.emit import BlockStops, block_scores, emit_rows
 from ..accept.ragged import RaggedRows
 from ..core.attention import AttentionLayout
+from ..core.device_copies import DeviceCopies
 from ..core.devices import PassClock, compute_devices, execution_device
 from ..core.drafter import Drafter
 from ..core.processing import NodeScores, process_tree_scores, row_processors
+from ..core.ranks import Ranks
 from ..core.tree import TokenTree
 from ..core.verdict import Verdict, Verifier
 from ..draft.batch_shaped import LockstepShapeDrafter
@@ -35,7 +38,7 @@ from ..plan.guard import PlainGuard
 from ..plan.sizing import row_share
 from ..plan.step_sizing import StepSizer
 from .batch_cache import FinishedRows
-from .loop import _prefill, _record, _renumbered, fit_positions
+from .loop import _prefill, _record, _renumbered, fit_positions, lean_target
 from .stats import SpeculationStats
 
 
@@ -129,6 +132,7 @@ def batch_speculative_loop(
     host = [row[pad:] for row, pad in zip(input_ids.tolist(), (attention_mask == 0).sum(dim=1).tolist())]
     device, dtype = execution_device(target), target.dtype
     layout = AttentionLayout.of(target)
+    lean = lean_target(target, layout, copies=DeviceCopies.of(target), ranks=Ranks.of(target))  # off the CPU
     stops = BlockStops.of(stopping_criteria)
     clock = PassClock(compute_devices(target))
     start = time.perf_counter()
@@ -156,8 +160,11 @@ def batch_speculative_loop(
         tokens, positions, mask = rows.tree_inputs(trees, dtype)
         timed = clock.total
         clock.start()
-        output = target(input_ids=tokens, attention_mask=mask, position_ids=positions, past_key_values=cache,
-                        use_cache=True, return_dict=True)
+        if lean is not None:
+            output = CausalLMOutputWithPast(logits=lean(tokens, positions, mask, cache))
+        else:
+            output = target(input_ids=tokens, attention_mask=mask, position_ids=positions, past_key_values=cache,
+                            use_cache=True, return_dict=True)
         clock.stop()
         seconds = clock.total - timed
         logits_rows = []

@@ -115,7 +115,8 @@ def speculative_loop(
     copies = DeviceCopies.of(target)  # a target split over devices: its mask placed once per device and pass
     ranks = ranks or Ranks.of(target)
     shapes = PassShapes(cache.layers[0].max_cache_len if is_static(cache) else None, stats.tree_pass_sizes)
-    lean = lean_target(target, layout, forward, shapes, records.wants_pass_outputs, token_inputs, copies, ranks)
+    lean = lean_target(target, layout, copies=copies, ranks=ranks, forward=forward, static=shapes.width is not None,
+                       pass_outputs=records.wants_pass_outputs, token_inputs=token_inputs)
     graphs = counters["stats"]["unique_graphs"]  # what dynamo compiled before this call
     while not finished:
         t0 = time.perf_counter()
@@ -247,12 +248,13 @@ def tree_pass(
 def lean_target(
     target: PreTrainedModel,
     layout: AttentionLayout,
-    forward: Callable[..., ModelOutput] | None,
-    shapes: PassShapes,
-    pass_outputs: bool,
-    token_inputs: TokenInputs,
+    *,
     copies: DeviceCopies | None,
     ranks: Ranks,
+    forward: Callable[..., ModelOutput] | None = None,
+    static: bool = False,
+    pass_outputs: bool = False,
+    token_inputs: TokenInputs | None = None,
 ) -> LeanPass | None:
     """The lean pass (`draft.lean_pass`) for the target's tree passes, or None where they keep its forward.
 
@@ -261,11 +263,12 @@ def lean_target(
     computes the model's function (tested against the forward to float32 rounding, as a tree pass's other shapes
     already differ from plain's single-row passes in their last bits) for an sdpa target on one device, in one
     process, with nothing but token ids asked of the pass: a compiled or padded call, hidden states or attentions
-    to return, per-token inputs, another attention or a split target keep the forward.
+    to return, per-token inputs, another attention or a split target keep the forward. A batch's passes take it too.
     """
     use = LEAN_TARGET if LEAN_TARGET is not None else execution_device(target).type != "cpu"
-    if (not use or forward is not None or shapes.width is not None or pass_outputs or token_inputs.prompt
-            or copies is not None or ranks.shared or target.config._attn_implementation != "sdpa"):
+    extra = token_inputs is not None and bool(token_inputs.prompt)
+    if (not use or forward is not None or static or pass_outputs or extra or copies is not None or ranks.shared
+            or target.config._attn_implementation != "sdpa"):
         return None
     return LeanPass.of(target, layout.layer_types)
 

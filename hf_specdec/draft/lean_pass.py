@@ -1,4 +1,5 @@
-"""A draft's masked pass without Transformers' model wrapper, for drafts built of Llama-shaped decoder layers.
+"""A masked pass without Transformers' model wrapper, for models built of Llama-shaped decoder layers: every draft
+pass, and off the CPU the target's tree passes.
 
 Why: a draft runs several passes a step, each over a few rows, so what a pass costs besides its matmuls counts. On
 a 2-core Zen 4 the 0.5B Qwen2 draft (int4/int8, "mixed") took 27.3 ms over one row through the model's forward and
@@ -6,8 +7,9 @@ a 2-core Zen 4 the 0.5B Qwen2 draft (int4/int8, "mixed") took 27.3 ms over one r
 its mask and output bookkeeping, and an RMSNorm spelled in eight ops where `F.rms_norm` is one. On a GPU each op
 saved is a kernel launch. A draft whose logits differ in their last bits only proposes differently, never wrongly.
 Off the CPU the target's eager tree passes take it too (`decoding.loop.lean_target`): there a 7B target's pass is
-bound by its host time, and the lean pass cut it from 22-25 to 16-19 ms on an H200; on a CPU, where its matmuls
-bound it, the target keeps its forward (3-5% faster lean, and bfloat16 logits that round differently from plain's).
+bound by its host time, and the lean pass cut it from 21.3 to 13.7 ms on an H200 (`benchmarks/gpu-h200/lean-target`);
+on a CPU, where its matmuls bound it, the target keeps its forward (3-5% faster lean on the 1.5B, and bfloat16
+logits that round differently from plain's).
 
 The pass is the decoder of Llama, Qwen2 and Mistral: embed; per layer RMSNorm, q/k/v projections (one int4 call for
 the three where the draft is int4, `fused_int4.py`; the same for gate/up), rotary positions (query and key heads in
@@ -32,8 +34,9 @@ SUPPORTED = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM")
 
 
 class LeanPass:
-    """`model`'s forward over `input_ids` `(1, n)` at `position_ids` `(1, n)` under an additive 4-D mask (or a dict
-    of them by layer type), writing keys and values into `cache`; logits of the last `keep` rows (all: 0)."""
+    """`model`'s forward over `input_ids` `(b, n)` at `position_ids` `(b, n)` under an additive `(b, 1, n, keys)`
+    mask (or a dict of them by layer type), writing keys and values into `cache`; logits of the last `keep` rows
+    (all: 0)."""
 
     def __init__(self, model: PreTrainedModel, layer_types: tuple[str, ...]) -> None:
         self.model, self.layer_types = model, layer_types
@@ -83,7 +86,7 @@ class LeanPass:
         cos, sin = body.rotary_emb(x, position_ids)
         half = sin.shape[-1] // 2
         sin = torch.cat([-sin[..., :half], sin[..., half:]], dim=-1)  # rotate_half's sign, once a pass (`_rotate`)
-        cos, sin = cos[:, :, None], sin[:, :, None]  # (1, n, 1, head_dim): broadcast over heads, before transposing
+        cos, sin = cos[:, :, None], sin[:, :, None]  # (b, n, 1, head_dim): broadcast over heads, before transposing
         # each key/value head's query heads become one block of rows, so keys are never repeated: the mask per block
         masks = attention_mask if isinstance(attention_mask, dict) else dict.fromkeys(self.layer_types, attention_mask)
         packed = {kind: mask if n == 1 else mask.repeat(1, 1, self.groups, 1) for kind, mask in masks.items()}
@@ -108,7 +111,7 @@ class LeanPass:
 
     def _attention(self, attention, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor,
                    cache: Cache, index: int, fuse: bool) -> torch.Tensor:
-        n, head, fused = h.shape[1], attention.head_dim, self.qkv[index]
+        (b, n, _), head, fused = h.shape, attention.head_dim, self.qkv[index]
         if fuse and fused is not None:  # one call; its query and key columns side by side
             out = fused(h)
             qk, value = out.split([out.shape[-1] - fused.widths[2], fused.widths[2]], dim=-1)
@@ -116,13 +119,13 @@ class LeanPass:
             qk, value = torch.cat([attention.q_proj(h), attention.k_proj(h)], -1), attention.v_proj(h)
         kv_heads = value.shape[-1] // head
         heads = qk.shape[-1] // head - kv_heads
-        # rotary positions on query and key heads in one go, as (1, n, heads, head_dim) rows
-        rotated = _rotate(qk.view(1, n, heads + kv_heads, head), cos, sin).transpose(1, 2)
+        # rotary positions on query and key heads in one go, as (b, n, heads, head_dim) rows
+        rotated = _rotate(qk.view(b, n, heads + kv_heads, head), cos, sin).transpose(1, 2)
         query, key = rotated[:, :heads], rotated[:, heads:]
-        key, value = cache.update(key, value.view(1, n, kv_heads, head).transpose(1, 2), index)
-        out = F.scaled_dot_product_attention(query.reshape(1, kv_heads, self.groups * n, head), key, value,
+        key, value = cache.update(key, value.view(b, n, kv_heads, head).transpose(1, 2), index)
+        out = F.scaled_dot_product_attention(query.reshape(b, kv_heads, self.groups * n, head), key, value,
                                              attn_mask=mask, scale=attention.scaling)
-        return attention.o_proj(out.reshape(1, heads, n, head).transpose(1, 2).reshape(1, n, heads * head))
+        return attention.o_proj(out.reshape(b, heads, n, head).transpose(1, 2).reshape(b, n, heads * head))
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:

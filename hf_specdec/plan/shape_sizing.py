@@ -165,6 +165,9 @@ class ShapeDepths:
     depths: np.ndarray
     ranks: np.ndarray  # each node's rank among its siblings (the root: 0)
     pass_tokens: list[int]  # tokens the pass of level j feeds (the root's: ROOT_PASS_TOKENS)
+    levels: list[np.ndarray]  # the nodes of each depth
+    #: per latency profile: the passes' drafting seconds summed up to each stop, the target's seconds at each stop
+    _curves: dict = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def of(cls, parents: Sequence[int]) -> ShapeDepths:
@@ -175,26 +178,38 @@ class ShapeDepths:
             seen[parents[node]] = ranks[node] + 1
         widths = level_widths_with_children(list(parents))
         passes = [ROOT_PASS_TOKENS if level == 0 else w for level, w in enumerate(widths)]
-        return cls(np.array(parents), np.array(depths), np.array(ranks), passes)
+        depths = np.array(depths)
+        levels = [np.flatnonzero(depths == depth) for depth in range(int(depths.max()) + 1)]
+        return cls(np.array(parents), depths, np.array(ranks), passes, levels)
 
     def best_stop(self, values: Sequence[float], drafted: int, acceptance: np.ndarray, sizer: StepSizer) -> int:
         """How many levels to draft in all (>= `drafted`, the levels whose passes ran): the stop with the least
         predicted time per token. Drafted nodes (depth <= `drafted`) are worth `values` (the chance the target keeps
         their path, from the draft's own probabilities); a node not drafted yet is worth its drafted ancestor's value
         times the learned positional acceptance along the way (`by_depth` rows), as the menu predicts whole shapes.
-        Looking past the next level matters: one more pass alone may not pay where the two after it do."""
+        Looking past the next level matters: one more pass alone may not pay where the two after it do. Runs before
+        every draft pass of a sized step, so what depends on the shape and the curves alone is computed once."""
         predicted = np.asarray(values, dtype=float).copy()
         p = np.pad(by_depth(acceptance), ((0, 0), (0, 1)))
         rates = p[(self.depths > 1).astype(int), np.minimum(self.ranks, p.shape[1] - 1)]
-        for depth in range(drafted + 1, int(self.depths.max()) + 1):  # level by level: parents come first
-            level = self.depths == depth
+        for level in self.levels[drafted + 1 :]:  # level by level: parents come first
             predicted[level] = predicted[self.parents[level]] * rates[level]
         stops = np.arange(drafted, len(self.pass_tokens) + 1)
-        within = self.depths[None, :] <= stops[:, None]  # (stops, nodes)
-        expected = (within * predicted).sum(1)  # the root's value is 1
-        draft = np.cumsum([0.0, *(sizer.draft_seconds(w) for w in self.pass_tokens)])[stops]
-        seconds = draft + sizer.target_seconds(within.sum(1)) + sizer.profile.step_overhead
+        expected = np.cumsum(np.bincount(self.depths, weights=predicted))[stops]  # the root's value is 1
+        drafting, target = self._stop_seconds(sizer.profile)
+        seconds = sizer.draft_scale * drafting[stops] + sizer.target_scale * target[stops] + sizer.profile.step_overhead
         return int(stops[np.argmin(seconds / expected)])
+
+    def _stop_seconds(self, profile) -> tuple[np.ndarray, np.ndarray]:
+        """Per stop s (levels drafted): the curves' drafting seconds of levels 0 .. s - 1 and the target's seconds
+        over the nodes of depth <= s, read from `profile` once."""
+        if id(profile) not in self._curves:
+            if len(self._curves) >= 64:  # a cached shape meets new curves every call (a batch's, per batch size)
+                self._curves.clear()
+            nodes = np.cumsum([len(level) for level in self.levels])[: len(self.pass_tokens) + 1]
+            drafting = np.cumsum([0.0, *(float(profile.draft(w)) for w in self.pass_tokens)])
+            self._curves[id(profile)] = (profile, drafting, np.asarray(profile.target(nodes), dtype=float))
+        return self._curves[id(profile)][1:]
 
 
 #: plain steps the prediction chose before one tree is drafted anyway (doubling while it keeps losing), so that
