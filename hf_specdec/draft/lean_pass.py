@@ -8,7 +8,7 @@ its mask and output bookkeeping, and an RMSNorm spelled in eight ops where `F.rm
 saved is a kernel launch. A draft whose logits differ in their last bits only proposes differently, never wrongly.
 Off the CPU the target's eager tree passes take it too (`decoding.loop.lean_target`): there a 7B target's pass is
 bound by its host time, and the lean pass cut it from 21.3 to 13.7 ms on an H200 (`benchmarks/gpu-h200/lean-target`);
-on a CPU, where its matmuls bound it, the target keeps its forward (3-5% faster lean on the 1.5B, and bfloat16
+on a CPU, where its matmuls bound it, the target keeps its forward (1-4% faster lean on the 1.5B, and bfloat16
 logits that round differently from plain's).
 
 The pass is the decoder of Llama, Qwen2 and Mistral: embed; per layer RMSNorm, q/k/v projections (one int4 call for
