@@ -20,7 +20,6 @@ from dataclasses import dataclass
 
 import torch
 from transformers import DynamicCache, LogitsProcessorList, PreTrainedModel, StoppingCriteriaList
-from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from ..accept.emit import BlockStops, block_scores, emit_rows
 from ..accept.ragged import RaggedRows
@@ -132,7 +131,7 @@ def batch_speculative_loop(
     host = [row[pad:] for row, pad in zip(input_ids.tolist(), (attention_mask == 0).sum(dim=1).tolist())]
     device, dtype = execution_device(target), target.dtype
     layout = AttentionLayout.of(target)
-    lean = lean_target(target, layout, copies=DeviceCopies.of(target), ranks=Ranks.of(target))  # off the CPU
+    forward = lean_target(target, layout, copies=DeviceCopies.of(target), ranks=Ranks.of(target)) or target
     stops = BlockStops.of(stopping_criteria)
     clock = PassClock(compute_devices(target))
     start = time.perf_counter()
@@ -160,11 +159,8 @@ def batch_speculative_loop(
         tokens, positions, mask = rows.tree_inputs(trees, dtype)
         timed = clock.total
         clock.start()
-        if lean is not None:
-            output = CausalLMOutputWithPast(logits=lean(tokens, positions, mask, cache))
-        else:
-            output = target(input_ids=tokens, attention_mask=mask, position_ids=positions, past_key_values=cache,
-                            use_cache=True, return_dict=True)
+        output = forward(input_ids=tokens, attention_mask=mask, position_ids=positions, past_key_values=cache,
+                         use_cache=True, return_dict=True)
         clock.stop()
         seconds = clock.total - timed
         logits_rows = []

@@ -16,7 +16,7 @@ from transformers.modeling_outputs import CausalLMOutputWithPast, ModelOutput
 
 from ..accept.emit import BlockStops, block_scores, emit
 from ..accept.kv_cache import cache_length, crop, is_static, keep_positions, layer_rows
-from ..core.attention import AttentionLayout
+from ..core.attention import AttentionLayout, Masks
 from ..core.device_copies import DeviceCopies, one_pass
 from ..core.devices import PassClock, compute_devices, execution_device
 from ..core.drafter import Drafter
@@ -115,8 +115,8 @@ def speculative_loop(
     copies = DeviceCopies.of(target)  # a target split over devices: its mask placed once per device and pass
     ranks = ranks or Ranks.of(target)
     shapes = PassShapes(cache.layers[0].max_cache_len if is_static(cache) else None, stats.tree_pass_sizes)
-    lean = lean_target(target, layout, copies=copies, ranks=ranks, forward=forward, static=shapes.width is not None,
-                       pass_outputs=records.wants_pass_outputs, token_inputs=token_inputs)
+    forward = forward or lean_target(target, layout, copies=copies, ranks=ranks, static=shapes.width is not None,
+                                     pass_outputs=records.wants_pass_outputs, token_inputs=token_inputs)
     graphs = counters["stats"]["unique_graphs"]  # what dynamo compiled before this call
     while not finished:
         t0 = time.perf_counter()
@@ -129,7 +129,7 @@ def speculative_loop(
         clock.start()
         with one_pass(copies):
             output = tree_pass(target, tree, past, cache, layout, dtype, device, token_inputs,
-                               records.wants_pass_outputs, shapes, forward, lean)
+                               records.wants_pass_outputs, shapes, forward)
         logits = output.logits[0, : len(tree)]
         clock.stop()
         seconds = clock.total - timed
@@ -213,14 +213,13 @@ def tree_pass(
     pass_outputs: bool = False,
     shapes: PassShapes | None = None,
     forward: Callable[..., ModelOutput] | None = None,
-    lean: LeanPass | None = None,
 ) -> ModelOutput:
     """One target pass over `tree` after `past` cached tokens (logits `(1, n, vocab)`, or more rows when `shapes`
     pads the tree: the first n are the nodes'): each node sees its ancestors (and, in sliding-window layers, only
     keys less than a window behind it) at position past + its depth. `token_inputs` places per-token inputs at the
     nodes' positions; `pass_outputs` asks for hidden states and attentions too. Masks are built on the host and
-    copied once, position ids on the target's device; `forward` (default `target`) runs the pass, or `lean` where
-    the pass is eager, unpadded and needs the logits only."""
+    copied once, position ids on the target's device; `forward` (default `target`; a compiled call, or the lean
+    pass of `lean_target`) runs the pass."""
     flags = {"output_hidden_states": True, "output_attentions": True} if pass_outputs else {}
     tree = tree.to(device)
     width = shapes.width if shapes is not None else None
@@ -231,8 +230,6 @@ def tree_pass(
         padded = padded_pass(tree, past, shapes.size(len(tree)), width, layout, dtype, device)
         tokens, positions, masks = padded.tokens, padded.positions, padded.masks
     extra = token_inputs.at(positions, device) if token_inputs is not None and token_inputs.prompt else {}
-    if lean is not None and width is None and not extra and not flags:
-        return CausalLMOutputWithPast(logits=lean(tokens.to(device), positions.to(device), masks, cache))
     return (forward or target)(
         input_ids=tokens.to(device),
         attention_mask=masks,
@@ -251,26 +248,34 @@ def lean_target(
     *,
     copies: DeviceCopies | None,
     ranks: Ranks,
-    forward: Callable[..., ModelOutput] | None = None,
     static: bool = False,
     pass_outputs: bool = False,
     token_inputs: TokenInputs | None = None,
-) -> LeanPass | None:
-    """The lean pass (`draft.lean_pass`) for the target's tree passes, or None where they keep its forward.
+) -> Callable[..., ModelOutput] | None:
+    """The target's eager tree passes through the lean pass (`draft.lean_pass`), called as its forward is (the
+    inputs a tree pass gives, nothing else), or None where they keep the forward.
 
     Why: on a GPU an eager pass of a 7B target is bound by its host time (about 20 ms over one token on an H200,
     where its matmuls take a few), and most of that is the wrapper's Python and ops the lean pass does not run. It
     computes the model's function (tested against the forward to float32 rounding, as a tree pass's other shapes
     already differ from plain's single-row passes in their last bits) for an sdpa target on one device, in one
-    process, with nothing but token ids asked of the pass: a compiled or padded call, hidden states or attentions
+    process, with nothing but token ids asked of the pass: a padded call (static cache), hidden states or attentions
     to return, per-token inputs, another attention or a split target keep the forward. A batch's passes take it too.
     """
     use = LEAN_TARGET if LEAN_TARGET is not None else execution_device(target).type != "cpu"
     extra = token_inputs is not None and bool(token_inputs.prompt)
-    if (not use or forward is not None or static or pass_outputs or extra or copies is not None or ranks.shared
+    if (not use or static or pass_outputs or extra or copies is not None or ranks.shared
             or target.config._attn_implementation != "sdpa"):
         return None
-    return LeanPass.of(target, layout.layer_types)
+    lean = LeanPass.of(target, layout.layer_types)
+    if lean is None:
+        return None
+
+    def forward(input_ids: torch.Tensor, attention_mask: Masks, position_ids: torch.Tensor, past_key_values: Cache,
+                use_cache: bool = True, return_dict: bool = True) -> ModelOutput:
+        return CausalLMOutputWithPast(logits=lean(input_ids, position_ids, attention_mask, past_key_values))
+
+    return forward
 
 
 def fit_positions(
