@@ -732,7 +732,12 @@ def offload(target) -> torch.nn.Module:
 
 
 def replot(folder: Path) -> None:
-    """latency.png from latency.json: the four curves (target and draft, sdpa and eager), the GPU in the caption."""
+    """latency.png from latency.json (the four curves: target and draft, sdpa and eager) and steps.png from
+    steps.json, whichever the folder holds; the GPU in the caption."""
+    if (folder / "steps.json").exists():
+        plot_steps(folder)
+    if not (folder / "latency.json").exists():
+        return
     from latency_curves import plot
 
     data = json.loads((folder / "latency.json").read_text())
@@ -743,6 +748,39 @@ def replot(folder: Path) -> None:
     plot(curves, env, folder / "latency.png",
          caption=f"{env['gpu']}, torch {env['torch']}, CUDA {env['cuda']}, transformers {env['transformers']}; "
                  "random weights, 256 cached tokens")
+
+
+def plot_steps(folder: Path) -> None:
+    """steps.png from steps.json: per method, a step's milliseconds split into the target's passes, the draft's and
+    the rest (the engine and its waits), with tokens/s and tokens per step beside each bar."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    data = json.loads((folder / "steps.json").read_text())
+    rows = [r for r in data["results"] if "wall_ms_per_step" in r]
+    names = [r["method"] for r in rows]
+    target = [r["target_host_ms_per_pass"] for r in rows]  # one target pass a step
+    draft = [r["draft_host_ms_per_pass"] * r["draft_passes_per_step"] for r in rows]
+    outside = [r["outside_passes_ms_per_step"] for r in rows]
+    fig, ax = plt.subplots(figsize=(9, 0.5 * len(rows) + 1.6))
+    ax.barh(names, target, label="target pass")
+    ax.barh(names, draft, left=target, label="draft passes")
+    ax.barh(names, outside, left=[t + d for t, d in zip(target, draft)], label="outside the passes")
+    for i, r in enumerate(rows):
+        label = f"{r['tokens_per_second']:.0f} tok/s, {r['tokens_per_step']:.2f} tok/step"
+        ax.text(r["wall_ms_per_step"] + 0.5, i, label, va="center", fontsize=8)
+    env = data["environment"]
+    ax.set_xlabel("ms per step (host time; medians over calls)")
+    ax.set_xlim(0, 1.45 * max(r["wall_ms_per_step"] for r in rows))
+    ax.invert_yaxis()
+    ax.legend(loc="upper right", fontsize=8)
+    ax.set_title(f"Where a step's time goes: {env.get('gpu', env['device'])}, torch {env['torch']}, "
+                 f"{data['new_tokens']} tokens, {data['prompts']} prompts × {data['rounds']} rounds", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(folder / "steps.png", dpi=120)
+    plt.close(fig)
 
 
 def main() -> None:
