@@ -115,6 +115,7 @@ def speculative_loop(
     copies = DeviceCopies.of(target)  # a target split over devices: its mask placed once per device and pass
     ranks = ranks or Ranks.of(target)
     shapes = PassShapes(cache.layers[0].max_cache_len if is_static(cache) else None, stats.tree_pass_sizes)
+    # no compiled call: off the CPU, eager tree passes take the lean pass where it computes the model's function
     forward = forward or lean_target(target, layout, copies=copies, ranks=ranks, static=shapes.width is not None,
                                      pass_outputs=records.wants_pass_outputs, token_inputs=token_inputs)
     graphs = counters["stats"]["unique_graphs"]  # what dynamo compiled before this call

@@ -93,7 +93,7 @@ class ShapeMenu:
     ranks: np.ndarray  # (all nodes, R)
     owner: np.ndarray  # (all nodes,)
     passes: list[list[int]]  # tokens of each draft pass, per shape
-    _curves: dict = field(default_factory=dict, compare=False)  # profile -> (draft, target) seconds per shape
+    _curves: dict = field(default_factory=dict, compare=False)  # profile -> seconds per shape (`_read_once`)
 
     @classmethod
     def of(cls, shapes: Sequence[Sequence[int]]) -> ShapeMenu:
@@ -133,15 +133,10 @@ class ShapeMenu:
     def seconds_per_step(self, sizer: StepSizer) -> np.ndarray:
         """Predicted seconds of one step with every shape, from the sizer's corrected latency curves (the curves are
         read once per profile; the sizer's corrections scale them)."""
-        profile = sizer.profile
-        if id(profile) not in self._curves:
-            if len(self._curves) >= 64:  # a cached menu meets new curves every call (a batch's, per batch size)
-                self._curves.clear()
-            sizes = np.array([len(s) for s in self.shapes])
-            drafting = np.array([sum(float(profile.draft(w)) for w in ws) for ws in self.passes])
-            self._curves[id(profile)] = (profile, drafting, np.asarray(profile.target(sizes), dtype=float))
-        _, drafting, target = self._curves[id(profile)]
-        return sizer.draft_scale * drafting + sizer.target_scale * target + profile.step_overhead
+        drafting, target = _read_once(self._curves, sizer.profile, lambda profile: (
+            np.array([sum(float(profile.draft(w)) for w in ws) for ws in self.passes]),
+            profile.target(np.array([len(s) for s in self.shapes]))))
+        return _step_seconds(sizer, drafting, target)
 
     def seconds_per_token(self, sizer: StepSizer, acceptance: Acceptances) -> np.ndarray:
         """Predicted seconds per token of every shape (index 0: plain). `acceptance`: one sequence's, or one per row
@@ -166,8 +161,7 @@ class ShapeDepths:
     ranks: np.ndarray  # each node's rank among its siblings (the root: 0)
     pass_tokens: list[int]  # tokens the pass of level j feeds (the root's: ROOT_PASS_TOKENS)
     levels: list[np.ndarray]  # the nodes of each depth
-    #: per latency profile: the passes' drafting seconds summed up to each stop, the target's seconds at each stop
-    _curves: dict = field(default_factory=dict, compare=False, repr=False)
+    _curves: dict = field(default_factory=dict, compare=False, repr=False)  # profile -> seconds per stop (`_read_once`)
 
     @classmethod
     def of(cls, parents: Sequence[int]) -> ShapeDepths:
@@ -196,20 +190,28 @@ class ShapeDepths:
             predicted[level] = predicted[self.parents[level]] * rates[level]
         stops = np.arange(drafted, len(self.pass_tokens) + 1)
         expected = np.cumsum(np.bincount(self.depths, weights=predicted))[stops]  # the root's value is 1
-        drafting, target = self._stop_seconds(sizer.profile)
-        seconds = sizer.draft_scale * drafting[stops] + sizer.target_scale * target[stops] + sizer.profile.step_overhead
+        # per stop s (levels drafted): drafting levels 0 .. s - 1, and the target's pass over the nodes of depth <= s
+        drafting, target = _read_once(self._curves, sizer.profile, lambda profile: (
+            np.cumsum([0.0, *(float(profile.draft(w)) for w in self.pass_tokens)]),
+            profile.target(np.cumsum([len(level) for level in self.levels])[: len(self.pass_tokens) + 1])))
+        seconds = _step_seconds(sizer, drafting[stops], target[stops])
         return int(stops[np.argmin(seconds / expected)])
 
-    def _stop_seconds(self, profile) -> tuple[np.ndarray, np.ndarray]:
-        """Per stop s (levels drafted): the curves' drafting seconds of levels 0 .. s - 1 and the target's seconds
-        over the nodes of depth <= s, read from `profile` once."""
-        if id(profile) not in self._curves:
-            if len(self._curves) >= 64:  # a cached shape meets new curves every call (a batch's, per batch size)
-                self._curves.clear()
-            nodes = np.cumsum([len(level) for level in self.levels])[: len(self.pass_tokens) + 1]
-            drafting = np.cumsum([0.0, *(float(profile.draft(w)) for w in self.pass_tokens)])
-            self._curves[id(profile)] = (profile, drafting, np.asarray(profile.target(nodes), dtype=float))
-        return self._curves[id(profile)][1:]
+
+def _read_once(cache: dict, profile, read) -> tuple[np.ndarray, np.ndarray]:
+    """`read(profile)`: (drafting, target) seconds from the latency curves, read once per profile and kept in
+    `cache` (the profile kept with them, so its id is not reused while cached)."""
+    if id(profile) not in cache:
+        if len(cache) >= 64:  # a cached menu or shape meets new curves every call (a batch's, per batch size)
+            cache.clear()
+        drafting, target = read(profile)
+        cache[id(profile)] = (profile, np.asarray(drafting, dtype=float), np.asarray(target, dtype=float))
+    return cache[id(profile)][1:]
+
+
+def _step_seconds(sizer: StepSizer, drafting: np.ndarray, target: np.ndarray) -> np.ndarray:
+    """A step's predicted seconds: the curves' drafting and target seconds, scaled by the sizer's corrections."""
+    return sizer.draft_scale * drafting + sizer.target_scale * target + sizer.profile.step_overhead
 
 
 #: plain steps the prediction chose before one tree is drafted anyway (doubling while it keeps losing), so that
