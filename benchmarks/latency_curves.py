@@ -9,12 +9,17 @@ Writes `curves.json` (the machine, settings and every median), `curves.png` (ms 
 pass(1): a tree of n tokens pays off only when a pass over n tokens costs much less than n single-token passes).
 With `--quantized`, the bfloat16 target prepacked against the same target through every quantization route of
 `hf-specdec bench --quantize-target`, and through PyTorch's dynamic int8 (`quantize_draft`, not offered for targets).
+With `--hints 1,4,16`, the target in `--dtype` unpacked and prepacked for each number of rows per pass (`prepack`'s
+`rows_hint`: the pass size oneDNN blocks the weights for), measured in rounds that alternate the order.
+
+    .venv/bin/python benchmarks/latency_curves.py --hints 1,4,16 --dtype float32 --output benchmarks/prepack-hints
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 from pathlib import Path
 
 import torch
@@ -33,9 +38,16 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--past-length", type=int, default=256, help="Cached tokens before the measured pass.")
     parser.add_argument("--quantized", action="store_true", help="The target under each quantization route.")
+    parser.add_argument("--hints", help="Comma-separated rows_hint values: the target prepacked for each.")
+    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
+                        help="The target's dtype, for --hints.")
+    parser.add_argument("--rounds", type=int, default=2, help="Rounds of every --hints variant, order alternating.")
     args = parser.parse_args()
     args.output.mkdir(parents=True, exist_ok=True)
-    curves = quantized_curves(args) if args.quantized else dtype_curves(args)
+    if args.hints:
+        curves = hint_curves(args)
+    else:
+        curves = quantized_curves(args) if args.quantized else dtype_curves(args)
     env = collect_environment()
     (args.output / "curves.json").write_text(json.dumps({"environment": env, "past_length": args.past_length,
                                                         "repeats": args.repeats, "curves": curves}, indent=1))
@@ -57,6 +69,30 @@ def dtype_curves(args) -> dict:
                 measure(curves, f"{label} prepacked", model, args)
         del target, draft, pairs
     return curves
+
+
+def hint_curves(args) -> dict:
+    """The target unpacked and prepacked for each rows hint, round by round (each label gets one curve a round)."""
+    from transformers import AutoModelForCausalLM
+
+    from hf_specdec.kernels.prepack import unpack
+
+    hints = [int(h) for h in args.hints.split(",")]
+    target = AutoModelForCausalLM.from_pretrained(models.fetch(models.DEFAULT_TARGET),
+                                                  dtype=getattr(torch, args.dtype)).eval()
+    rounds: dict[str, list] = {}
+    for index in range(args.rounds):
+        for hint in ([0, *hints] if index % 2 == 0 else [*reversed(hints), 0]):
+            label = f"target 1.5B {args.dtype} " + (f"prepacked for {hint} rows" if hint else "unpacked")
+            if hint and not prepack(target, measure=False, rows_hint=hint).packed:
+                raise SystemExit(f"The {args.dtype} target cannot be prepacked on this CPU.")
+            one: dict = {}
+            measure(one, label, target, args)
+            rounds.setdefault(label, []).append(one[label])
+            unpack(target)
+    return {label: {"sizes": curves[0]["sizes"], "rounds": curves,
+                    "ms": [round(statistics.median(ms), 2) for ms in zip(*(c["ms"] for c in curves))]}
+            for label, curves in rounds.items()}
 
 
 def quantized_curves(args) -> dict:

@@ -71,3 +71,24 @@ def test_models_that_cannot_be_prepacked_are_left_alone():
     assert "no float32/bfloat16 nn.Linear" in can_prepack(quantized)
     report = hf_specdec.prepack(quantized)
     assert not report.packed and not is_prepacked(quantized)
+
+
+@pytest.mark.parametrize("rows_hint", [1, 4])
+def test_a_packing_for_other_pass_sizes_keeps_the_weights_and_losslessness(rows_hint):
+    target, draft = tiny_model("qwen2", 0), tiny_model("qwen2", 1)
+    ids = random_prompt(torch.Generator().manual_seed(5), 10)
+    weights = {name: p.detach().clone() for name, p in target.state_dict().items()}
+    assert hf_specdec.prepack(target, measure=False, rows_hint=rows_hint).packed and is_prepacked(target)
+    assert kernels(target) == f"onednn-prepacked-{rows_hint}-rows"  # curves measured with 16-row packing differ
+    assert all(torch.equal(target.state_dict()[k], v) for k, v in weights.items())  # the layout, not the values
+    plain = target.generate(ids, max_new_tokens=20, do_sample=False)
+    for method in ("chain", "sequoia"):
+        out = target.generate(ids, assistant_model=draft, speculation=method, max_new_tokens=20, do_sample=False)
+        assert torch.equal(out, plain), method
+
+
+def test_a_rows_hint_below_one_is_refused_before_anything_is_packed():
+    model = tiny_model("llama", 0)
+    with pytest.raises(ValueError, match="rows_hint must be at least 1"):
+        hf_specdec.prepack(model, measure=False, rows_hint=0)
+    assert not is_prepacked(model)

@@ -72,11 +72,11 @@ def _packable(module: nn.Module) -> bool:
 class PackedLinear(nn.Module):
     """`nn.Linear` for inference whose weight lives in oneDNN's blocked layout, packed once."""
 
-    def __init__(self, linear: nn.Linear) -> None:
+    def __init__(self, linear: nn.Linear, rows_hint: int = BATCH_HINT) -> None:
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         weight = linear.weight.detach()
-        self.register_buffer("packed_weight", torch.ops.mkldnn._reorder_linear_weight(weight, BATCH_HINT),
+        self.register_buffer("packed_weight", torch.ops.mkldnn._reorder_linear_weight(weight, rows_hint),
                              persistent=False)
         self.bias = linear.bias
 
@@ -137,12 +137,17 @@ def is_prepacked(model: nn.Module) -> bool:
     return any(isinstance(module, PackedLinear) for module in model.modules())
 
 
-def prepack(model: PreTrainedModel, measure: bool = True, sizes: tuple[int, ...] = (1, BATCH_HINT)) -> PrepackReport:
+def prepack(model: PreTrainedModel, measure: bool = True, sizes: tuple[int, ...] = (1, BATCH_HINT),
+            rows_hint: int = BATCH_HINT) -> PrepackReport:
     """Prepack `model`'s Linear weights for this CPU, in place, if that makes its passes faster here.
 
     With `measure=True` (default) a pass over each of `sizes` tokens is timed before and after (a few seconds for a
     1.5B model) and the packing is undone unless their total got at least 5% faster; `measure=False` packs.
+    `rows_hint`: the pass size oneDNN blocks the weights for (on Zen 3, 1 gave the cheapest one-token pass and dear
+    tree passes: benchmarks/prepack-hints-zen3); latency curves and saved plans are keyed by it.
     """
+    if rows_hint < 1:
+        raise ValueError(f"rows_hint must be at least 1, got {rows_hint}.")
     why_not = can_prepack(model)
     if why_not is not None:
         return PrepackReport(False, f"not prepacked: {why_not}", {}, {})
@@ -150,8 +155,9 @@ def prepack(model: PreTrainedModel, measure: bool = True, sizes: tuple[int, ...]
         return PrepackReport(True, "already prepacked", {}, {})
     before = _time(model, sizes) if measure else {}
     with torch.no_grad():
-        count = _swap(model, lambda child: PackedLinear(child) if _packable(child) else None)
-    setattr(model, KERNELS_ATTRIBUTE, "onednn-prepacked")  # latency curves measured before no longer apply
+        count = _swap(model, lambda child: PackedLinear(child, rows_hint) if _packable(child) else None)
+    # latency curves measured before (or with another packing) no longer apply
+    setattr(model, KERNELS_ATTRIBUTE, "onednn-prepacked" + ("" if rows_hint == BATCH_HINT else f"-{rows_hint}-rows"))
     after = _time(model, sizes) if measure else {}
     if measure and sum(after.values()) > 0.95 * sum(before.values()):
         unpack(model)
