@@ -551,6 +551,40 @@ def test_plain_bfloat16_row_times_a_bfloat16_copy_after_the_run(run, pair, monke
     assert results["summary"][: len(run[0]["summary"])] == run[0]["summary"]  # the run's own rows unchanged
 
 
+def test_one_row_packing_row_repacks_the_target_and_packs_it_back(run, pair):
+    """The reference row times plain generate on the prepacked target repacked for one-token passes, after the
+    run, and leaves the target packed (and decoding) as it was; an unpacked target skips the row, saying why."""
+    import copy
+
+    from hf_specdec.core.devices import kernels
+    from hf_specdec.kernels import prepack
+    from hf_specdec_tools.bench import packing_reference
+    from hf_specdec_tools.bench.cli import add_one_row_packing_row
+
+    generator = torch.Generator().manual_seed(0)
+    prompts = [random_prompt(generator, 10), random_prompt(generator, 14)]
+    settings = BenchSettings(max_new_tokens=NEW, warmup_tokens=2)
+    target = copy.deepcopy(pair[0])
+    results = {**run[0], "calls": list(run[0]["calls"]), "strategies": list(run[0]["strategies"])}
+    add_one_row_packing_row(results, target, prompts, settings, progress=False)
+    assert "not prepacked" in results["plain_one_row_packing"]["skipped"]
+    assert not any(c["strategy"] == packing_reference.LABEL for c in results["calls"])
+
+    assert prepack(target, measure=False).packed
+    before = target.generate(prompts[0], max_new_tokens=NEW, do_sample=False)
+    packings = []
+    target.register_forward_pre_hook(lambda module, args: packings.append(kernels(module)))
+    add_one_row_packing_row(results, target, prompts, settings, progress=False)
+    assert set(packings) == {"onednn-prepacked-1-rows"}  # every timed pass ran on the one-row packing
+    assert kernels(target) == "onednn-prepacked"  # packed back
+    assert torch.equal(target.generate(prompts[0], max_new_tokens=NEW, do_sample=False), before)
+    calls = [c for c in results["calls"] if c["strategy"] == packing_reference.LABEL]
+    assert sorted(c["prompt"] for c in calls) == [0, 1] and set(calls[0]) == CALL_KEYS
+    row = next(r for r in results["summary"] if r["strategy"] == packing_reference.LABEL)
+    assert row["kind"] == "reference" and row["identical_text"] == "n/a (own numerics)" and row["speedup"]["median"] > 0
+    assert "`plain (packed for 1 row)`: plain `generate`" in settings_line(results)
+
+
 def test_plain_bfloat16_row_by_default_only_where_bfloat16_is_not_native(monkeypatch):
     from hf_specdec_tools.bench import bf16_reference
 

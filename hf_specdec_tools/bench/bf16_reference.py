@@ -13,14 +13,12 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from tqdm.auto import tqdm
 from transformers import AutoModelForCausalLM
 
 from hf_specdec.core.devices import native_bfloat16
 
-from .measure import ForwardCounter
-from .runner import BenchSettings, measure_call
-from .strategies import PLAIN, Strategy
+from .runner import BenchSettings, plain_reference_calls
+from .strategies import PLAIN
 
 LABEL = "plain (bfloat16)"
 
@@ -44,18 +42,7 @@ def run_plain_bfloat16(source: str, prompts: dict[int, torch.LongTensor], settin
     prompt (keyed by its index in the run, which seeds it as the other rows' calls were): records shaped like the
     bench's own calls."""
     model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.bfloat16).eval()
-    counters = {"target": ForwardCounter(model)}
-    plain = Strategy(PLAIN)
-    first = next(iter(prompts.values()))
     try:
-        measure_call(model, None, counters, plain, first, settings, settings.seed, settings.warmup_tokens)
-        calls = []
-        for index, input_ids in tqdm(prompts.items(), desc=LABEL, unit="prompt", disable=not progress):
-            for repeat in range(settings.repeats):
-                record, _ = measure_call(model, None, counters, plain, input_ids, settings, settings.seed + index)
-                calls.append({"prompt": index, "repeat": repeat, **record, "strategy": LABEL})
+        return plain_reference_calls(model, prompts, settings, LABEL, progress)
     finally:
-        for counter in counters.values():
-            counter.remove()
         del model
-    return calls

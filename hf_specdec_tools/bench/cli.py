@@ -104,6 +104,10 @@ def register_cli(subparsers: argparse._SubParsersAction) -> argparse.ArgumentPar
                         "is installed and the target is the embedded one; skipped with the reason otherwise.")
     parser.add_argument("--plain-bfloat16", action=argparse.BooleanOptionalAction, default=None,
                         help=PLAIN_BFLOAT16_HELP)
+    parser.add_argument("--plain-one-row-packing", action="store_true",
+                        help="Add a reference row: plain generate on the prepacked target repacked for one-token "
+                        "passes (the fastest plain decoding on some CPUs; the other rows share the 16-row packing), "
+                        "run after the other rows; the target is packed back afterwards.")
     parser.add_argument("--repeats", type=int, default=1,
                         help="Measured calls per prompt and strategy; their median counts (default 1).")
     parser.add_argument("--warmup", type=int, default=1, help="Unmeasured short calls per strategy first (default 1).")
@@ -226,6 +230,8 @@ def run(args: argparse.Namespace) -> int:
         add_llama_cpp_row(results, input_ids, settings, args.llama_cpp, args.target, not args.no_progress)
         add_plain_bfloat16_row(results, loaded, input_ids, settings, args.plain_bfloat16, dtype_name,
                                not args.no_progress)
+        if args.plain_one_row_packing:
+            add_one_row_packing_row(results, loaded.target, input_ids, settings, not args.no_progress)
     finally:
         loaded.cleanup()
     results["settings"].update(
@@ -308,6 +314,21 @@ def add_plain_bfloat16_row(results: dict[str, Any], loaded: Any, input_ids: list
     if calls is not None:
         append_reference_row(results, calls, bf16_reference.reference_strategy(), settings)
         results["plain_bfloat16"] = {"source": loaded.info["target"]["source"]}
+
+
+def add_one_row_packing_row(results: dict[str, Any], target: Any, input_ids: list, settings: Any,
+                            progress: bool) -> None:
+    """Append plain `generate` on the target repacked for one-token passes as a reference row (`packing_reference`);
+    say why not where it cannot run."""
+    from . import packing_reference
+
+    calls = run_reference_row(
+        results, "plain_one_row_packing", packing_reference.LABEL, packing_reference.unavailable(target),
+        lambda measured: packing_reference.run_plain_one_row(target, {i: input_ids[i] for i in measured}, settings,
+                                                             progress))
+    if calls is not None:
+        append_reference_row(results, calls, packing_reference.reference_strategy(), settings)
+        results["plain_one_row_packing"] = {"rows_hint": 1}
 
 
 def run_reference_row(results: dict[str, Any], key: str, label: str, why: str | None,

@@ -100,6 +100,7 @@ def settings_line(results: dict[str, Any]) -> str:
         + _quantized_target_text(models.get("target_quantization"))
         + _llama_cpp_text(results.get("llama_cpp"))
         + _plain_bfloat16_text(results.get("plain_bfloat16"))
+        + _one_row_packing_text(results.get("plain_one_row_packing"))
     )
 
 
@@ -126,6 +127,16 @@ def _llama_cpp_text(llama: dict[str, Any] | None) -> str:
         return f" llama.cpp row skipped: {llama['skipped']}."
     return (f" `llama.cpp`: llama-cpp-python {llama.get('version')} decoding {llama['gguf']} (the file the target "
             "was converted from) greedily, same prompts, threads and token budget, run after the other rows.")
+
+
+def _one_row_packing_text(row: dict[str, Any] | None) -> str:
+    if not row:
+        return ""
+    if "skipped" in row:
+        return f" plain (packed for 1 row) row skipped: {row['skipped']}."
+    return (" `plain (packed for 1 row)`: plain `generate` on the same target repacked for one-token passes (the "
+            "other rows share the packing for 16-token passes), same prompts and seeds, run after the other rows; "
+            "its speedup is against plain on that packing, its outputs are not compared.")
 
 
 def _plain_bfloat16_text(row: dict[str, Any] | None) -> str:

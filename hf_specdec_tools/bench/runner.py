@@ -88,6 +88,27 @@ def generate_kwargs(settings: BenchSettings, max_new_tokens: int) -> dict[str, A
     return kwargs
 
 
+def plain_reference_calls(model: PreTrainedModel, prompts: dict[int, torch.LongTensor], settings: BenchSettings,
+                          label: str, progress: bool = True) -> list[dict[str, Any]]:
+    """Plain `generate` on `model` for a reference row run after the measured ones: one short warm-up call, then
+    `settings.repeats` calls per prompt (keyed by its index in the run, which seeds it as the other rows' calls were),
+    recorded as the bench's own calls are, under `label`."""
+    counters = {"target": ForwardCounter(model)}
+    plain = Strategy(PLAIN)
+    try:
+        measure_call(model, None, counters, plain, next(iter(prompts.values())), settings, settings.seed,
+                     settings.warmup_tokens)
+        calls = []
+        for index, input_ids in tqdm(prompts.items(), desc=label, unit="prompt", disable=not progress):
+            for repeat in range(settings.repeats):
+                record, _ = measure_call(model, None, counters, plain, input_ids, settings, settings.seed + index)
+                calls.append({"prompt": index, "repeat": repeat, **record, "strategy": label})
+    finally:
+        for counter in counters.values():
+            counter.remove()
+    return calls
+
+
 def measure_call(
     target: PreTrainedModel,
     draft: PreTrainedModel | None,
