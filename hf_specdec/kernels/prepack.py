@@ -28,6 +28,12 @@ BATCH_HINT = 16
 PACKABLE_DTYPES = (torch.float32, torch.bfloat16)
 
 
+def kernels_tag(rows_hint: int = BATCH_HINT) -> str:
+    """What a model packed for `rows_hint`-row passes reports as its kernels (`core.devices.kernels`): latency curves
+    and saved plans are keyed by it, since another packing prices passes differently."""
+    return "onednn-prepacked" + ("" if rows_hint == BATCH_HINT else f"-{rows_hint}-rows")
+
+
 def can_prepack(model: PreTrainedModel) -> str | None:
     """None when `model` can be prepacked here, else why not (in words)."""
     if not torch.backends.mkldnn.is_available():
@@ -156,8 +162,7 @@ def prepack(model: PreTrainedModel, measure: bool = True, sizes: tuple[int, ...]
     before = _time(model, sizes) if measure else {}
     with torch.no_grad():
         count = _swap(model, lambda child: PackedLinear(child, rows_hint) if _packable(child) else None)
-    # latency curves measured before (or with another packing) no longer apply
-    setattr(model, KERNELS_ATTRIBUTE, "onednn-prepacked" + ("" if rows_hint == BATCH_HINT else f"-{rows_hint}-rows"))
+    setattr(model, KERNELS_ATTRIBUTE, kernels_tag(rows_hint))  # latency curves measured before no longer apply
     after = _time(model, sizes) if measure else {}
     if measure and sum(after.values()) > 0.95 * sum(before.values()):
         unpack(model)

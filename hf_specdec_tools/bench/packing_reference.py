@@ -18,17 +18,17 @@ from transformers import PreTrainedModel
 
 from hf_specdec.core.devices import kernels
 from hf_specdec.kernels import prepack, unpack
+from hf_specdec.kernels.prepack import kernels_tag
 
 from .runner import BenchSettings, plain_reference_calls
 from .strategies import PLAIN
 
 LABEL = "plain (packed for 1 row)"
-PACKED = "onednn-prepacked"  # the kernels of a target `prepack` packed with its default rows hint
 
 
 def unavailable(target: PreTrainedModel) -> str | None:
     """Why the row cannot run on `target`, or None."""
-    if kernels(target) != PACKED:
+    if kernels(target) != kernels_tag():
         return "the target is not prepacked with the default packing (it needs --prepack on a CPU)"
     return None
 

@@ -129,24 +129,25 @@ def _llama_cpp_text(llama: dict[str, Any] | None) -> str:
             "was converted from) greedily, same prompts, threads and token budget, run after the other rows.")
 
 
-def _one_row_packing_text(row: dict[str, Any] | None) -> str:
+def _reference_row_text(row: dict[str, Any] | None, label: str, text: str) -> str:
+    """A plain reference row's sentence: `text` where it ran, why not where it was skipped, nothing if not asked."""
     if not row:
         return ""
-    if "skipped" in row:
-        return f" plain (packed for 1 row) row skipped: {row['skipped']}."
-    return (" `plain (packed for 1 row)`: plain `generate` on the same target repacked for one-token passes (the "
-            "other rows share the packing for 16-token passes), same prompts and seeds, run after the other rows; "
-            "its speedup is against plain on that packing, its outputs are not compared.")
+    return f" {label} row skipped: {row['skipped']}." if "skipped" in row else text
+
+
+def _one_row_packing_text(row: dict[str, Any] | None) -> str:
+    return _reference_row_text(row, "plain (packed for 1 row)", (
+        " `plain (packed for 1 row)`: plain `generate` on the same target repacked for one-token passes (the "
+        "other rows share the packing for 16-token passes), same prompts and seeds, run after the other rows; "
+        "its speedup is against plain on that packing, its outputs are not compared."))
 
 
 def _plain_bfloat16_text(row: dict[str, Any] | None) -> str:
-    if not row:
-        return ""
-    if "skipped" in row:
-        return f" plain (bfloat16) row skipped: {row['skipped']}."
-    return (" `plain (bfloat16)`: plain `generate` on the target loaded again in bfloat16 (this CPU has no native "
-            "bfloat16, so the run itself is float32; a one-token bfloat16 pass reads half the bytes), same prompts and "
-            "seeds, run after the other rows; its speedup is against float32 plain, its outputs are not compared.")
+    return _reference_row_text(row, "plain (bfloat16)", (
+        " `plain (bfloat16)`: plain `generate` on the target loaded again in bfloat16 (this CPU has no native "
+        "bfloat16, so the run itself is float32; a one-token bfloat16 pass reads half the bytes), same prompts and "
+        "seeds, run after the other rows; its speedup is against float32 plain, its outputs are not compared."))
 
 
 def _kernels_text(kernels: dict[str, Any] | None) -> str:
