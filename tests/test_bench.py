@@ -568,6 +568,7 @@ def test_one_row_packing_row_repacks_the_target_and_packs_it_back(run, pair):
     results = {**run[0], "calls": list(run[0]["calls"]), "strategies": list(run[0]["strategies"])}
     add_one_row_packing_row(results, target, prompts, settings, progress=False)
     assert "not prepacked" in results["plain_one_row_packing"]["skipped"]
+    assert "plain (packed for 1 row) row skipped: the target is not prepacked" in settings_line(results)
     assert not any(c["strategy"] == packing_reference.LABEL for c in results["calls"])
 
     assert prepack(target, measure=False).packed
