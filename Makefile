@@ -21,8 +21,11 @@ models: $(STAMP)
 demo: models
 	$(BIN)/hf-specdec demo
 
+# every test: the tiny-model ones one process per core (each on one thread, so a lone process would leave the other
+# cores idle), then the real pair's in one process on every thread (two processes would load it twice)
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=25 tests
+	$(BIN)/python -m pytest -q -p no:cacheprovider -n auto --durations=25 -m "not real" tests
+	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=10 -m real tests
 
 # the inner loop: the core's tests without the real models, the benchmark harness and end-to-end CLI runs, one
 # process per core (pytest-xdist; each tiny-model test runs on one thread)
