@@ -80,6 +80,21 @@ CASES = [
     ("token healing without a tokenizer", dict(speculation="tree", token_healing=True), "token_healing needs"),
     ("a cache with use_cache off", dict(speculation="tree", use_cache=False, past_key_values=lambda _: DynamicCache()),
      "use_cache=False with a past_key_values passed"),
+    ("assisted chain length", dict(speculation="chain", num_assistant_tokens=8),
+     "pass speculation_config={'num_draft_tokens': 8} instead"),
+    ("assisted confidence on a chain", dict(speculation="chain", assistant_confidence_threshold=0.3),
+     "pass speculation_config={'confidence_threshold': 0.3} instead"),
+    ("assisted confidence on a tree", dict(speculation="sequoia", assistant_confidence_threshold=0.3),
+     "drop it (speculation='chain' takes it as"),
+    ("assisted schedule", dict(speculation="tree", num_assistant_tokens_schedule="heuristic"),
+     "num_assistant_tokens_schedule='heuristic' sets Transformers' own assisted generation"),
+    ("prompt lookup's n-gram", dict(speculation="prompt_lookup", assistant_model=None, max_matching_ngram_size=2),
+     "pass speculation_config={'max_ngram': 2} instead"),
+    ("a bad confidence threshold", dict(speculation="chain", speculation_config={"confidence_threshold": 1.0}),
+     "confidence_threshold must be a probability in"),
+    ("a confident chain on a batch", dict(speculation="chain", inputs=_ids(batch=2),
+                                         speculation_config={"confidence_threshold": 0.4}),
+     "2 sequences. does not support chain's confidence_threshold"),
 ]
 
 

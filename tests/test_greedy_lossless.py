@@ -13,6 +13,7 @@ from tests.conftest import random_prompt
 CONFIGS = [
     ChainConfig(num_draft_tokens=1),
     ChainConfig(num_draft_tokens=4),
+    ChainConfig(num_draft_tokens=8, confidence_threshold=0.05),
     TreeConfig(),
     TreeConfig(widths=[3, 3]),
     TreeConfig(parents=[-1, 0, 0, 0, 1, 1, 2, 4, 7]),
@@ -43,6 +44,20 @@ def test_identical_to_plain_on_random_prompts(tiny_pair, config):
         ids = random_prompt(generator, 3 + 4 * trial)
         expected = _plain(target, ids, max_new_tokens=40)
         assert torch.equal(_spec(target, draft, ids, config, max_new_tokens=40), expected)
+
+
+@pytest.mark.parametrize("threshold, most_tokens_per_step", [(0.0, 7), (0.999, 2)])
+def test_a_confident_chain_stops_where_the_draft_is_unsure(tiny_pair, threshold, most_tokens_per_step):
+    """The target as its own draft: at threshold 0 every step drafts the whole chain (6 tokens, all accepted); a tiny
+    random model is never 99.9% sure, so at 0.999 every step drafts one token. Identical to plain either way."""
+    target, _ = tiny_pair
+    ids = random_prompt(torch.Generator().manual_seed(3), 6)
+    config = ChainConfig(num_draft_tokens=6, confidence_threshold=threshold)
+    out = _spec(target, target, ids, config, max_new_tokens=42, return_dict_in_generate=True)
+    assert torch.equal(out.sequences, _plain(target, ids, max_new_tokens=42))
+    stats = out.speculation_stats
+    assert stats.draft_forwards <= stats.target_forwards * (most_tokens_per_step - 1)
+    assert stats.target_forwards <= 42 / most_tokens_per_step + 1
 
 
 def test_ngram_drafts_repetitive_text_without_a_draft_model(tiny_pair):

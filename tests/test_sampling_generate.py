@@ -88,6 +88,8 @@ def test_processors_match_what_generate_applies(models):
 
 
 def _config(method: str, verifier: str | None):
+    if verifier == "confident":  # a chain that stops after a token the draft is unsure of (its default verifier)
+        return {"num_draft_tokens": 3, "confidence_threshold": 0.5}
     settings = {"verifier": verifier} if verifier else {}
     if method == "sequoia":  # an explicit plan: no calibration inside a frequency test
         settings["plan"] = plan_tree([0.6, 0.2, 0.1], budget=8, max_depth=3)
@@ -102,6 +104,7 @@ CASES = [(m, None) for m in sorted(hf_specdec.SPECULATION_METHODS)] + [
     ("tree", "specinfer"),
     ("tree", "target_sample"),
     ("sequoia", "sequoia"),
+    ("chain", "confident"),
 ]
 
 

@@ -89,6 +89,10 @@ class SpeculationConfig:
     def validate(self) -> None:
         """Raise ValueError naming a bad setting and its fix."""
 
+    def batch_refusal(self) -> tuple[str, str] | None:
+        """(what, fix) where these settings cannot decode a batch (several sequences); None where they can."""
+        return None
+
     def plan_request(self) -> PlanRequest | None:
         """What must be looked up for this call before drafting (a tree plan, latency curves), or None."""
         return None

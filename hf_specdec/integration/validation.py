@@ -31,6 +31,8 @@ def check_speculation(
     if call.streamer is not None and rows > 1:  # Transformers' streamers take one sequence too (TextStreamer.put)
         raise ValueError(f"A streamer takes one sequence, and this call decodes {rows}: drop `streamer`, or generate "
                          "the prompts one at a time.")
+    if rows > 1 and (refusal := call.config.batch_refusal()) is not None:
+        raise batch_refusal(rows, *refusal)
     check_generation_config(model, config, prompt_of(kwargs), model_kwargs)
     verifier_for(call.config, bool(config.do_sample))
 
@@ -87,6 +89,7 @@ def check_call(model: PreTrainedModel, call: SpeculationCall, kwargs: dict[str, 
         raise ValueError(
             "`speculation` replaces assistant_tokenizer / prompt_lookup_num_tokens: pass only one of them."
         )
+    check_assisted_settings(method, kwargs)
     if kwargs.get("inputs_embeds") is not None:
         raise ValueError(
             "Speculation drafts from token ids, so it cannot start from `inputs_embeds`: pass the prompt as "
@@ -96,6 +99,38 @@ def check_call(model: PreTrainedModel, call: SpeculationCall, kwargs: dict[str, 
         raise ValueError(
             "Speculation runs one process's decoding loop and cannot keep GPUs in step (synced_gpus=True, for "
             "DeepSpeed ZeRO-3 / FSDP): drop synced_gpus, or drop `speculation`."
+        )
+
+
+#: Transformers' settings of its own assisted generation (read there from the assistant's generation config), and
+#: what `speculation=` takes instead: `{method}` is filled in, `None` where the method sizes its steps itself
+ASSISTED_SETTINGS = {
+    "num_assistant_tokens": ("chain", "speculation_config={{'num_draft_tokens': {value}}}"),
+    "assistant_confidence_threshold": ("chain", "speculation_config={{'confidence_threshold': {value}}}"),
+    "num_assistant_tokens_schedule": (None, ""),
+    "assistant_lookbehind": (None, ""),
+    "target_lookbehind": (None, ""),
+    "max_matching_ngram_size": ("prompt_lookup", "speculation_config={{'max_ngram': {value}}}"),
+    "assistant_early_exit": (None, ""),
+}
+
+
+def check_assisted_settings(method: str, kwargs: dict[str, Any]) -> None:
+    """Refuse Transformers' assisted-generation settings passed to a speculative call: the method never reads
+    them, so they would be dropped silently; the message names the method's own setting where it has one."""
+    for name, (owner, setting) in ASSISTED_SETTINGS.items():
+        if kwargs.get(name) is None:
+            continue
+        value = kwargs[name]
+        if owner is not None and owner == method:
+            fix = f"pass {setting.format(value=repr(value))} instead"
+        elif owner is not None:
+            fix = f"drop it (speculation={owner!r} takes it as {setting.format(value=repr(value))})"
+        else:
+            fix = "drop it"
+        raise ValueError(
+            f"{name}={value!r} sets Transformers' own assisted generation, which speculation={method!r} replaces "
+            f"and would ignore: {fix}, or drop `speculation` to use Transformers' assisted generation."
         )
 
 
@@ -155,6 +190,11 @@ def check_generation_config(
     check_model_inputs(model, input_ids, model_kwargs)
 
 
+def batch_refusal(rows: int, what: str, fix: str) -> ValueError:
+    return ValueError(f"Speculation on a batch ({rows} sequences) does not support {what} yet: {fix}, or generate "
+                      "the prompts one at a time.")
+
+
 CACHE_IMPLEMENTATIONS = (None, "dynamic", "static")
 #: output records a batch does not return yet (per-token records of ragged rows)
 BATCH_RECORDS = ("output_scores", "output_logits", "output_hidden_states", "output_attentions")
@@ -166,8 +206,7 @@ def check_batch(
     """What a batch (`rows` > 1 sequences: several prompts, or num_return_sequences copies) cannot do yet, refused
     by name; and its padding must be on the left, as tokenizers pad for decoder-only models."""
     def refuse(what: str, fix: str) -> ValueError:
-        return ValueError(f"Speculation on a batch ({rows} sequences) does not support {what} yet: {fix}, or "
-                          "generate the prompts one at a time.")
+        return batch_refusal(rows, what, fix)
 
     cache = model_kwargs.get("past_key_values")  # generate's own is an empty DynamicCache
     if is_static(cache) or cache_length(cache) > 0 or config.cache_implementation == "static":

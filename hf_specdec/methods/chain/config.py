@@ -4,7 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import torch
+from transformers import LogitsProcessorList, PreTrainedModel
+
 from ...core.config import register_speculation
+from ...core.model_info import vocab_size
+from ...draft.confident_chain import ConfidentChainDrafter
+from ...draft.shaped_tree import ModelTreeDrafter
 from ...plan.shapes import chain_parents
 from ..static_shape import StaticShapeConfig
 
@@ -16,10 +22,39 @@ class ChainConfig(StaticShapeConfig):
 
     method = "chain"
     num_draft_tokens: int = field(default=4, metadata={"help": "Tokens drafted per step (chain length)."})
+    confidence_threshold: float | None = field(
+        default=None,
+        metadata={"help": "Stop a step's chain after a token the draft gives a probability below this (Transformers' "
+                  "assistant_confidence_threshold; its assisted generation drafts up to 20 tokens at 0.4). None: "
+                  "always num_draft_tokens. One sequence at a time: a batch sizes its chains itself."},
+    )
 
     def validate(self) -> None:
         if not isinstance(self.num_draft_tokens, int) or self.num_draft_tokens < 1:
             raise ValueError(f"num_draft_tokens must be a positive integer, got {self.num_draft_tokens!r}.")
+        threshold = self.confidence_threshold
+        if threshold is not None and (isinstance(threshold, bool) or not isinstance(threshold, (int, float))
+                                      or not 0 <= threshold < 1):
+            raise ValueError(f"confidence_threshold must be a probability in [0, 1) or None, got {threshold!r}.")
+
+    def batch_refusal(self) -> tuple[str, str] | None:
+        if self.confidence_threshold is not None:
+            return ("chain's confidence_threshold (a batch's chains are sized for the whole batch every step)",
+                    "drop confidence_threshold")
+        return None
+
+    def make_drafter(
+        self,
+        target: PreTrainedModel,
+        assistant_model: PreTrainedModel | None,
+        logits_processor: LogitsProcessorList,
+        child_selection: str,
+        generator: torch.Generator | None,
+    ) -> ModelTreeDrafter:
+        if self.confidence_threshold is None:
+            return super().make_drafter(target, assistant_model, logits_processor, child_selection, generator)
+        return ConfidentChainDrafter(assistant_model, self.shape(), float(self.confidence_threshold),
+                                     logits_processor, child_selection, generator, vocab_size(target))
 
     def shape(self) -> list[int]:
         return chain_parents(self.num_draft_tokens)
