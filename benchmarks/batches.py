@@ -5,10 +5,13 @@ prompts left-padded into one batch, greedy, for each batch size B; plain and spe
         --output benchmarks/batches-zen4
     (add --prepack --int8-draft for the setup of README's Zen 4 side-by-side; --method sequoia, --config '{...}')
 
-Reports per batch size: tokens/s of each (new tokens up to each row's eos, summed over rows), the ratio, tokens per
-target step per row (mean over rows of new tokens / target passes) and whether the outputs are identical row by row
-(bfloat16 rounds batched passes differently, so a greedy divergence there is rounding, not loss: the float32
-identity is tested in tests/test_batches.py). Writes results.json (settings, machine, every run) and results.md.
+Reports per batch size: tokens/s of each (new tokens up to each row's eos, summed over rows), the ratio; the same
+after the prompt's pass (a plain call for one new token, timed interleaved with the others, is taken off both calls'
+seconds and its token per row off their tokens: what decoding costs once the prompts are in the target's cache, the
+draft's own prompt pass still counted against speculation), tokens per target step per row (mean over rows of new
+tokens / target passes) and whether the outputs are identical row by row (bfloat16 rounds batched passes
+differently, so a greedy divergence there is rounding, not loss: the float32 identity is tested in
+tests/test_batches.py). Writes results.json (settings, machine, every run) and results.md.
 """
 
 from __future__ import annotations
@@ -95,25 +98,34 @@ def main() -> None:
     for size in [int(b) for b in args.batches.split(",")]:
         prompts = humaneval_prompts(size)
         batch = tokenizer(prompts, return_tensors="pt", padding=True)
-        runs = {"plain": [], "speculative": []}
+        runs = {"plain": [], "speculative": [], "prompt": []}
         warm = argparse.Namespace(**{**vars(args), "new_tokens": 4})
         run_once(target, draft, batch, warm, speculate=False)  # first passes of a shape (oneDNN kernels) untimed
         run_once(target, draft, batch, warm, speculate=True)
+        one_token = argparse.Namespace(**{**vars(args), "new_tokens": 1})
         for _ in range(args.repeats):  # interleaved, so load changes hit both alike
+            runs["prompt"].append(run_once(target, draft, batch, one_token, speculate=False))
             runs["plain"].append(run_once(target, draft, batch, args, speculate=False))
             runs["speculative"].append(run_once(target, draft, batch, args, speculate=True))
         plain_tps = statistics.median(run["tokens_per_s"] for run in runs["plain"])
         spec_tps = statistics.median(run["tokens_per_s"] for run in runs["speculative"])
+        prompt_s = statistics.median(run["seconds"] for run in runs["prompt"])
+        plain_after, spec_after = (statistics.median((run["tokens"] - size) / max(run["seconds"] - prompt_s, 1e-9)
+                                                     for run in runs[kind]) for kind in ("plain", "speculative"))
         identical = [a == b for a, b in zip(runs["plain"][0]["sequences"], runs["speculative"][0]["sequences"])]
         row = {"batch": size, "plain_tokens_per_s": plain_tps, "speculative_tokens_per_s": spec_tps,
-               "ratio": spec_tps / plain_tps,
+               "ratio": spec_tps / plain_tps, "prompt_pass_seconds": prompt_s,
+               "plain_tokens_per_s_after_prompt": plain_after, "speculative_tokens_per_s_after_prompt": spec_after,
+               "ratio_after_prompt": spec_after / plain_after,
                "tokens_per_target_step_per_row": statistics.median(
                    run["tokens_per_target_step_per_row"] for run in runs["speculative"]),
                "rows_identical": sum(identical), "load_average": os.getloadavg()[0], "runs": runs}
         rows.append(row)
         last = runs["speculative"][-1]
         print(f"B={size}: plain {plain_tps:.2f} tok/s, {args.method} {spec_tps:.2f} tok/s, "
-              f"ratio {row['ratio']:.2f}, tokens/target step/row {row['tokens_per_target_step_per_row']:.2f}, "
+              f"ratio {row['ratio']:.2f} (after the prompt's {prompt_s:.1f} s: {plain_after:.2f} against "
+              f"{spec_after:.2f} tok/s, {row['ratio_after_prompt']:.2f}), "
+              f"tokens/target step/row {row['tokens_per_target_step_per_row']:.2f}, "
               f"identical rows {sum(identical)}/{size}, load {row['load_average']:.2f}; last run: target steps "
               f"{last['target_forwards']}, plain {last.get('plain_steps')}, shrunk {last.get('shrunk_steps')}",
               flush=True)
@@ -132,11 +144,14 @@ def main() -> None:
              f"tokens per row, HumanEval prompts 0..B-1; medians of {args.repeats} interleaved runs.",
              f"Machine: {machine['cpu']} ({', '.join(machine['flags'])}), {machine['threads']} threads, load "
              f"{machine['load_average'][0]:.2f}.", "",
-             "| batch | plain tok/s | speculative tok/s | ratio | tokens / target step / row | identical rows | "
+             "| batch | plain tok/s | speculative tok/s | ratio | prompt pass s | after it: plain tok/s | "
+             "speculative tok/s | ratio | tokens / target step / row | identical rows | "
              "plain / shrunk / all target steps per row (last run) | load average |",
-             "|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     lines += [f"| {r['batch']} | {r['plain_tokens_per_s']:.2f} | {r['speculative_tokens_per_s']:.2f} | "
-              f"{r['ratio']:.2f} | {r['tokens_per_target_step_per_row']:.2f} | {r['rows_identical']}/{r['batch']} | "
+              f"{r['ratio']:.2f} | {r['prompt_pass_seconds']:.1f} | {r['plain_tokens_per_s_after_prompt']:.2f} | "
+              f"{r['speculative_tokens_per_s_after_prompt']:.2f} | {r['ratio_after_prompt']:.2f} | "
+              f"{r['tokens_per_target_step_per_row']:.2f} | {r['rows_identical']}/{r['batch']} | "
               f"{steps_cell(r['runs']['speculative'][-1])} | {r['load_average']:.2f} |" for r in rows]
     (args.output / "results.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
