@@ -110,7 +110,11 @@ def main() -> None:
         plain_tps = statistics.median(run["tokens_per_s"] for run in runs["plain"])
         spec_tps = statistics.median(run["tokens_per_s"] for run in runs["speculative"])
         prompt_s = statistics.median(run["seconds"] for run in runs["prompt"])
-        plain_after, spec_after = (statistics.median((run["tokens"] - size) / max(run["seconds"] - prompt_s, 1e-9)
+        if min(run["seconds"] for kind in ("plain", "speculative") for run in runs[kind]) <= prompt_s:
+            raise SystemExit(f"B={size}: a call took no longer than the prompt's pass alone ({prompt_s:.2f} s): the "
+                             "machine's load changed under the run; run again on a quiet machine, or with more "
+                             "--new-tokens.")
+        plain_after, spec_after = (statistics.median((run["tokens"] - size) / (run["seconds"] - prompt_s)
                                                      for run in runs[kind]) for kind in ("plain", "speculative"))
         identical = [a == b for a, b in zip(runs["plain"][0]["sequences"], runs["speculative"][0]["sequences"])]
         row = {"batch": size, "plain_tokens_per_s": plain_tps, "speculative_tokens_per_s": spec_tps,
@@ -145,7 +149,7 @@ def main() -> None:
              f"Machine: {machine['cpu']} ({', '.join(machine['flags'])}), {machine['threads']} threads, load "
              f"{machine['load_average'][0]:.2f}.", "",
              "| batch | plain tok/s | speculative tok/s | ratio | prompt pass s | after it: plain tok/s | "
-             "speculative tok/s | ratio | tokens / target step / row | identical rows | "
+             "after it: speculative tok/s | after it: ratio | tokens / target step / row | identical rows | "
              "plain / shrunk / all target steps per row (last run) | load average |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     lines += [f"| {r['batch']} | {r['plain_tokens_per_s']:.2f} | {r['speculative_tokens_per_s']:.2f} | "

@@ -54,7 +54,9 @@ def test_a_confident_chain_stops_where_the_draft_is_unsure(tiny_pair, threshold,
     ids = random_prompt(torch.Generator().manual_seed(3), 6)
     config = ChainConfig(num_draft_tokens=6, confidence_threshold=threshold)
     out = _spec(target, target, ids, config, max_new_tokens=42, return_dict_in_generate=True)
-    assert torch.equal(out.sequences, _plain(target, ids, max_new_tokens=42))
+    plain = _plain(target, ids, max_new_tokens=42, output_scores=True, return_dict_in_generate=True)
+    assert torch.equal(out.sequences, plain.sequences)
+    assert max(float(scores.softmax(-1).max()) for scores in plain.scores) < 0.999  # the premise, for 0.999
     stats = out.speculation_stats
     assert stats.draft_forwards <= stats.target_forwards * (most_tokens_per_step - 1)
     assert stats.target_forwards <= 42 / most_tokens_per_step + 1

@@ -126,6 +126,9 @@ def test_sampling_frequencies_match_plain_sampling(models, exact, method, verifi
     # ~50 cells at 600 samples: sampling noise alone gives a total variation near 0.12; a biased sampler far more.
     assert total_variation({k: c / SAMPLES for k, c in counts.items()}, exact) < 0.2
     assert accepted_drafts > SAMPLES // 10  # speculation happened: drafted tokens were accepted
+    if verifier == "confident":  # both kinds of step were sampled: the draft is sure of one first token, not others
+        first = _dist(draft, PROMPT)
+        assert float(first[first >= 0.5].sum()) > 0.2 and float(first[first < 0.5].sum()) > 0.2
 
 
 PADDED = [("tree", "sequoia", VOCAB + 3), ("tree", "specinfer", VOCAB - 2), ("specexec", None, VOCAB + 3)]
@@ -209,3 +212,6 @@ def test_batch_rows_sample_exactly_as_plain_batched_sampling(models, exact, exac
         assert chi_square_pvalue(counts[padded_rows], want, SAMPLES) > 1e-3, (padded_rows, counts[padded_rows])
         assert total_variation({k: c / SAMPLES for k, c in counts[padded_rows].items()}, want) < 0.2
     assert accepted_drafts > SAMPLES // 10  # speculation happened: drafted tokens were accepted
+    if verifier == "confident":  # both kinds of step were sampled: the draft is sure of one first token, not others
+        first = _dist(draft, PROMPT)
+        assert float(first[first >= 0.5].sum()) > 0.2 and float(first[first < 0.5].sum()) > 0.2

@@ -32,7 +32,7 @@ def check_speculation(
         raise ValueError(f"A streamer takes one sequence, and this call decodes {rows}: drop `streamer`, or generate "
                          "the prompts one at a time.")
     if rows > 1 and (refusal := call.config.batch_refusal()) is not None:
-        raise batch_refusal(rows, *refusal)
+        raise batch_error(rows, *refusal)
     check_generation_config(model, config, prompt_of(kwargs), model_kwargs)
     verifier_for(call.config, bool(config.do_sample))
 
@@ -102,9 +102,9 @@ def check_call(model: PreTrainedModel, call: SpeculationCall, kwargs: dict[str, 
         )
 
 
-#: Transformers' settings of its own assisted generation (read there from the assistant's generation config), and
-#: what `speculation=` takes instead: `{method}` is filled in, `None` where the method sizes its steps itself
-ASSISTED_SETTINGS = {
+#: Transformers' settings of its own assisted generation (read there from the assistant's generation config): the
+#: method that has its own setting for it and that setting (`{value}` filled in), or None where no method has one
+ASSISTED_SETTINGS: dict[str, tuple[str | None, str]] = {
     "num_assistant_tokens": ("chain", "speculation_config={{'num_draft_tokens': {value}}}"),
     "assistant_confidence_threshold": ("chain", "speculation_config={{'confidence_threshold': {value}}}"),
     "num_assistant_tokens_schedule": (None, ""),
@@ -190,7 +190,8 @@ def check_generation_config(
     check_model_inputs(model, input_ids, model_kwargs)
 
 
-def batch_refusal(rows: int, what: str, fix: str) -> ValueError:
+def batch_error(rows: int, what: str, fix: str) -> ValueError:
+    """The one wording of what a batch cannot do yet, with its fix."""
     return ValueError(f"Speculation on a batch ({rows} sequences) does not support {what} yet: {fix}, or generate "
                       "the prompts one at a time.")
 
@@ -206,7 +207,7 @@ def check_batch(
     """What a batch (`rows` > 1 sequences: several prompts, or num_return_sequences copies) cannot do yet, refused
     by name; and its padding must be on the left, as tokenizers pad for decoder-only models."""
     def refuse(what: str, fix: str) -> ValueError:
-        return batch_refusal(rows, what, fix)
+        return batch_error(rows, what, fix)
 
     cache = model_kwargs.get("past_key_values")  # generate's own is an empty DynamicCache
     if is_static(cache) or cache_length(cache) > 0 or config.cache_implementation == "static":

@@ -26,7 +26,7 @@ class ChainConfig(StaticShapeConfig):
         default=None,
         metadata={"help": "Stop a step's chain after a token the draft gives a probability below this (Transformers' "
                   "assistant_confidence_threshold; its assisted generation drafts up to 20 tokens at 0.4). None: "
-                  "always num_draft_tokens. One sequence at a time: a batch sizes its chains itself."},
+                  "always num_draft_tokens (0 too). One sequence at a time: a batch drafts one length for all rows."},
     )
 
     def validate(self) -> None:
@@ -38,9 +38,9 @@ class ChainConfig(StaticShapeConfig):
             raise ValueError(f"confidence_threshold must be a probability in [0, 1) or None, got {threshold!r}.")
 
     def batch_refusal(self) -> tuple[str, str] | None:
-        if self.confidence_threshold is not None:
-            return ("chain's confidence_threshold (a batch's chains are sized for the whole batch every step)",
-                    "drop confidence_threshold")
+        if self.confidence_threshold:  # 0 stops nothing, as in Transformers
+            return ("chain's confidence_threshold (a batch drafts one chain length for all its rows)",
+                    "drop confidence_threshold from speculation_config")
         return None
 
     def make_drafter(
@@ -51,7 +51,7 @@ class ChainConfig(StaticShapeConfig):
         child_selection: str,
         generator: torch.Generator | None,
     ) -> ModelTreeDrafter:
-        if self.confidence_threshold is None:
+        if not self.confidence_threshold:  # None or 0: the whole chain every step
             return super().make_drafter(target, assistant_model, logits_processor, child_selection, generator)
         return ConfidentChainDrafter(assistant_model, self.shape(), float(self.confidence_threshold),
                                      logits_processor, child_selection, generator, vocab_size(target))
