@@ -34,15 +34,14 @@ class ConfidentChainDrafter(ModelTreeDrafter):
         vocab: int | None = None,
     ) -> None:
         super().__init__(draft_model, shape, logits_processor, child_selection, generator, vocab)
-        self.log_threshold = math.log(threshold) if threshold > 0 else -math.inf
+        self.log_threshold = math.log(threshold)  # 0 < threshold < 1: ChainConfig drafts the whole chain for 0
         self._last_logq: torch.Tensor | None = None  # (1, 1): the last drafted token's draft log-probability
 
     def _step_started(self, tokens: torch.Tensor) -> None:
         self._last_logq = None
 
     def _level_drafted(self, level: ShapeLevel, kids: torch.Tensor, logq: Callable[[], torch.Tensor]) -> None:
-        if self.log_threshold > -math.inf:
-            self._last_logq = logq()
+        self._last_logq = logq()
 
     def _level_pays(self, index: int) -> bool:
         return self._last_logq is None or float(self._last_logq[0, 0]) >= self.log_threshold

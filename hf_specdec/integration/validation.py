@@ -122,7 +122,7 @@ def check_assisted_settings(method: str, kwargs: dict[str, Any]) -> None:
         if kwargs.get(name) is None:
             continue
         value = kwargs[name]
-        if owner is not None and owner == method:
+        if owner == method:
             fix = f"pass {setting.format(value=repr(value))} instead"
         elif owner is not None:
             fix = f"drop it (speculation={owner!r} takes it as {setting.format(value=repr(value))})"
