@@ -3,7 +3,8 @@ prompts left-padded into one batch, greedy, for each batch size B; plain and spe
 
     .venv/bin/python benchmarks/batches.py --batches 1,2,4,8 --new-tokens 64 --repeats 3 \\
         --output benchmarks/batches-zen4
-    (add --prepack --int8-draft for the setup of README's Zen 4 side-by-side; --method sequoia, --config '{...}')
+    (add --prepack --int8-draft for the setup of README's Zen 4 side-by-side; --method chain --method sequoia
+    times several methods side by side, each against the same plain calls; --config '{...}')
 
 Reports per batch size: tokens/s of each (new tokens up to each row's eos, summed over rows), the ratio; the same
 after the prompt's pass (a plain call for one new token, timed interleaved with the others, is taken off both calls'
@@ -42,21 +43,22 @@ def new_tokens(sequences: torch.Tensor, prompt_length: int, eos: set[int]) -> li
     return counts
 
 
-def run_once(target, draft, batch, args, speculate: bool) -> dict:
+def run_once(target, draft, batch, args, method: str | None) -> dict:
+    """One call for `args.new_tokens` new tokens per row: plain batched `generate` (`method` None) or speculation."""
     kwargs = dict(max_new_tokens=args.new_tokens, do_sample=False)
-    if speculate:
-        kwargs.update(assistant_model=draft, speculation=args.method, speculation_config=json.loads(args.config),
+    if method is not None:
+        kwargs.update(assistant_model=draft, speculation=method, speculation_config=json.loads(args.config),
                       return_dict_in_generate=True)
     start = time.perf_counter()
     out = target.generate(**batch, **kwargs)
     seconds = time.perf_counter() - start
-    sequences = out.sequences if speculate else out
+    sequences = out if method is None else out.sequences
     eos = target.generation_config.eos_token_id
     eos = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
     tokens = new_tokens(sequences, batch["input_ids"].shape[1], eos)
     result = {"seconds": seconds, "tokens": sum(tokens), "tokens_per_s": sum(tokens) / seconds,
               "sequences": sequences.tolist()}
-    if speculate:
+    if method is not None:
         stats = out.speculation_stats
         stats = stats if isinstance(stats, list) else [stats]  # a batch of one has one entry, not a list
         result["tokens_per_target_step_per_row"] = statistics.mean(
@@ -67,6 +69,13 @@ def run_once(target, draft, batch, args, speculate: bool) -> dict:
         result["shrunk_steps"] = [row.shrunk_steps for row in stats]  # the sizing cut the shape for the batch
         result["plan_source"] = stats[0].plan_source
     return result
+
+
+def rates(runs: list[dict], rows: int, prompt_seconds: float) -> tuple[float, float]:
+    """Median tokens/s of `runs` (calls over `rows` rows), whole and after the prompt's pass (`prompt_seconds` and
+    the one token per row that pass gives taken off)."""
+    return (statistics.median(run["tokens_per_s"] for run in runs),
+            statistics.median((run["tokens"] - rows) / (run["seconds"] - prompt_seconds) for run in runs))
 
 
 def steps_cell(run: dict) -> str:
@@ -80,8 +89,10 @@ def main() -> None:
     parser.add_argument("--batches", default="1,2,4,8", help="batch sizes, comma-separated")
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3, help="interleaved plain/speculative pairs per batch size")
-    parser.add_argument("--method", default="chain")
-    parser.add_argument("--config", default="{}", help="speculation_config as JSON, e.g. '{\"num_draft_tokens\": 4}'")
+    parser.add_argument("--method", action="append",
+                        help="a speculation method; repeat it to time several side by side (default: chain)")
+    parser.add_argument("--config", default="{}", help="speculation_config as JSON for every --method, e.g. "
+                        "'{\"num_draft_tokens\": 4}'")
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     parser.add_argument("--prepack", action="store_true", help="hf_specdec.prepack the target (both sides use it)")
     parser.add_argument("--int8-draft", action="store_true", help="draft with hf_specdec.quantize_draft's int8 copy")
@@ -94,65 +105,68 @@ def main() -> None:
     if args.int8_draft:
         draft = hf_specdec.quantize_draft(draft)
     tokenizer.padding_side = "left"
+    methods = args.method or ["chain"]
     rows = []
     for size in [int(b) for b in args.batches.split(",")]:
         prompts = humaneval_prompts(size)
         batch = tokenizer(prompts, return_tensors="pt", padding=True)
-        runs = {"plain": [], "speculative": [], "prompt": []}
+        runs = {"plain": [], "prompt": [], **{method: [] for method in methods}}
         warm = argparse.Namespace(**{**vars(args), "new_tokens": 4})
-        run_once(target, draft, batch, warm, speculate=False)  # first passes of a shape (oneDNN kernels) untimed
-        run_once(target, draft, batch, warm, speculate=True)
+        for method in [None, *methods]:  # first passes of a shape (oneDNN kernels) untimed
+            run_once(target, draft, batch, warm, method)
         one_token = argparse.Namespace(**{**vars(args), "new_tokens": 1})
-        for _ in range(args.repeats):  # interleaved, so load changes hit both alike
-            runs["prompt"].append(run_once(target, draft, batch, one_token, speculate=False))
-            runs["plain"].append(run_once(target, draft, batch, args, speculate=False))
-            runs["speculative"].append(run_once(target, draft, batch, args, speculate=True))
-        plain_tps = statistics.median(run["tokens_per_s"] for run in runs["plain"])
-        spec_tps = statistics.median(run["tokens_per_s"] for run in runs["speculative"])
+        for _ in range(args.repeats):  # interleaved, so load changes hit every call alike
+            runs["prompt"].append(run_once(target, draft, batch, one_token, None))
+            runs["plain"].append(run_once(target, draft, batch, args, None))
+            for method in methods:
+                runs[method].append(run_once(target, draft, batch, args, method))
         prompt_s = statistics.median(run["seconds"] for run in runs["prompt"])
-        if min(run["seconds"] for kind in ("plain", "speculative") for run in runs[kind]) <= prompt_s:
+        if min(run["seconds"] for kind in ("plain", *methods) for run in runs[kind]) <= prompt_s:
             raise SystemExit(f"B={size}: a call took no longer than the prompt's pass alone ({prompt_s:.2f} s): the "
                              "machine's load changed under the run; run again on a quiet machine, or with more "
                              "--new-tokens.")
-        plain_after, spec_after = (statistics.median((run["tokens"] - size) / (run["seconds"] - prompt_s)
-                                                     for run in runs[kind]) for kind in ("plain", "speculative"))
-        identical = [a == b for a, b in zip(runs["plain"][0]["sequences"], runs["speculative"][0]["sequences"])]
-        row = {"batch": size, "plain_tokens_per_s": plain_tps, "speculative_tokens_per_s": spec_tps,
-               "ratio": spec_tps / plain_tps, "prompt_pass_seconds": prompt_s,
-               "plain_tokens_per_s_after_prompt": plain_after, "speculative_tokens_per_s_after_prompt": spec_after,
-               "ratio_after_prompt": spec_after / plain_after,
-               "tokens_per_target_step_per_row": statistics.median(
-                   run["tokens_per_target_step_per_row"] for run in runs["speculative"]),
-               "rows_identical": sum(identical), "load_average": os.getloadavg()[0], "runs": runs}
-        rows.append(row)
-        last = runs["speculative"][-1]
-        print(f"B={size}: plain {plain_tps:.2f} tok/s, {args.method} {spec_tps:.2f} tok/s, "
-              f"ratio {row['ratio']:.2f} (after the prompt's {prompt_s:.1f} s: {plain_after:.2f} against "
-              f"{spec_after:.2f} tok/s, {row['ratio_after_prompt']:.2f}), "
-              f"tokens/target step/row {row['tokens_per_target_step_per_row']:.2f}, "
-              f"identical rows {sum(identical)}/{size}, load {row['load_average']:.2f}; last run: target steps "
-              f"{last['target_forwards']}, plain {last.get('plain_steps')}, shrunk {last.get('shrunk_steps')}",
-              flush=True)
+        plain_tps, plain_after = rates(runs["plain"], size, prompt_s)
+        for method in methods:
+            spec_tps, spec_after = rates(runs[method], size, prompt_s)
+            identical = [a == b for a, b in zip(runs["plain"][0]["sequences"], runs[method][0]["sequences"])]
+            row = {"batch": size, "method": method, "plain_tokens_per_s": plain_tps,
+                   "speculative_tokens_per_s": spec_tps,
+                   "ratio": spec_tps / plain_tps, "prompt_pass_seconds": prompt_s,
+                   "plain_tokens_per_s_after_prompt": plain_after, "speculative_tokens_per_s_after_prompt": spec_after,
+                   "ratio_after_prompt": spec_after / plain_after,
+                   "tokens_per_target_step_per_row": statistics.median(
+                       run["tokens_per_target_step_per_row"] for run in runs[method]),
+                   "rows_identical": sum(identical), "load_average": os.getloadavg()[0],
+                   "runs": {"plain": runs["plain"], "prompt": runs["prompt"], "speculative": runs[method]}}
+            rows.append(row)
+            last = runs[method][-1]
+            print(f"B={size}: plain {plain_tps:.2f} tok/s, {method} {spec_tps:.2f} tok/s, "
+                  f"ratio {row['ratio']:.2f} (after the prompt's {prompt_s:.1f} s: {plain_after:.2f} against "
+                  f"{spec_after:.2f} tok/s, {row['ratio_after_prompt']:.2f}), "
+                  f"tokens/target step/row {row['tokens_per_target_step_per_row']:.2f}, "
+                  f"identical rows {sum(identical)}/{size}, load {row['load_average']:.2f}; last run: target steps "
+                  f"{last['target_forwards']}, plain {last.get('plain_steps')}, shrunk {last.get('shrunk_steps')}",
+                  flush=True)
 
     machine = {"cpu": cpu_model(), "flags": [flag for flag in FLAGS if flag in cpu_flags()],
                "threads": torch.get_num_threads(), "torch": torch.__version__, "load_average": os.getloadavg()}
-    settings = {"method": args.method, "config": json.loads(args.config), "dtype": args.dtype,
+    settings = {"methods": methods, "config": json.loads(args.config), "dtype": args.dtype,
                 "prepacked_target": args.prepack, "int8_draft": args.int8_draft,
                 "new_tokens": args.new_tokens, "repeats": args.repeats, "prompts": "HumanEval 0..B-1, left-padded",
                 "decoding": "greedy"}
     args.output.mkdir(parents=True, exist_ok=True)
     (args.output / "results.json").write_text(json.dumps({"settings": settings, "machine": machine, "rows": rows}))
-    lines = [f"Speculation on a batch: {args.method} {args.config}, {args.dtype}"
+    lines = [f"Speculation on a batch: {', '.join(methods)} {args.config}, {args.dtype}"
              f"{', prepacked target' if args.prepack else ''}{', int8 draft' if args.int8_draft else ''}, greedy, "
              f"{args.new_tokens} new "
              f"tokens per row, HumanEval prompts 0..B-1; medians of {args.repeats} interleaved runs.",
              f"Machine: {machine['cpu']} ({', '.join(machine['flags'])}), {machine['threads']} threads, load "
              f"{machine['load_average'][0]:.2f}.", "",
-             "| batch | plain tok/s | speculative tok/s | ratio | prompt pass s | after it: plain tok/s | "
+             "| batch | method | plain tok/s | speculative tok/s | ratio | prompt pass s | after it: plain tok/s | "
              "after it: speculative tok/s | after it: ratio | tokens / target step / row | identical rows | "
              "plain / shrunk / all target steps per row (last run) | load average |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    lines += [f"| {r['batch']} | {r['plain_tokens_per_s']:.2f} | {r['speculative_tokens_per_s']:.2f} | "
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines += [f"| {r['batch']} | {r['method']} | {r['plain_tokens_per_s']:.2f} | {r['speculative_tokens_per_s']:.2f} | "
               f"{r['ratio']:.2f} | {r['prompt_pass_seconds']:.1f} | {r['plain_tokens_per_s_after_prompt']:.2f} | "
               f"{r['speculative_tokens_per_s_after_prompt']:.2f} | {r['ratio_after_prompt']:.2f} | "
               f"{r['tokens_per_target_step_per_row']:.2f} | {r['rows_identical']}/{r['batch']} | "

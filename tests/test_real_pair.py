@@ -51,7 +51,7 @@ def test_greedy_identical_to_plain_on_humaneval(real_pair_fp32, plain_outputs, s
     assert steps < len(PROMPTS) * NEW_TOKENS / 2
 
 
-@pytest.mark.parametrize("speculation", ["chain", "tree"])
+@pytest.mark.parametrize("speculation", ["chain", "tree", "sequoia"])
 def test_left_padded_batch_identical_to_plain_batched_generate(real_pair_fp32, speculation):
     """Three HumanEval prompts of different lengths, left-padded into one batch: row by row what plain batched
     generate writes, and the cache it returns (issue 25)."""
