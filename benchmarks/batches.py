@@ -88,7 +88,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--batches", default="1,2,4,8", help="batch sizes, comma-separated")
     parser.add_argument("--new-tokens", type=int, default=64)
-    parser.add_argument("--repeats", type=int, default=3, help="interleaved plain/speculative pairs per batch size")
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="interleaved rounds per batch size (a prompt-pass call, a plain call, one per method)")
     parser.add_argument("--method", action="append",
                         help="a speculation method; repeat it to time several side by side (default: chain)")
     parser.add_argument("--config", default="{}", help="speculation_config as JSON for every --method, e.g. "
