@@ -23,6 +23,7 @@ import torch
 from hf_specdec.core.child_selection import select_children
 from hf_specdec.core.pass_shapes import depth_first
 from hf_specdec.core.tree import TokenTree
+from hf_specdec.decoding.batch_loop import verify_rows
 from hf_specdec.verify import VERIFIERS, SequoiaVerifier, SpecInferVerifier, TargetSampleVerifier, TorchRandom
 
 # --------------------------------------------------------------------------- toy models: prefix -> distribution
@@ -291,6 +292,46 @@ def test_exact_distribution_depth_first(verifier_cls, shape, case_name):
     length = depth(spec) + 1
     got, _ = speculative_joint(case, spec, verifier_cls(), length, build=to_depth_first_tree)
     assert total_variation(got, target_joint(case, case.prompt, length)) < 1e-6
+
+
+def batch_joint(cases: list[Case], specs: list[list], verifier, lengths: list[int]) -> dict:
+    """Exact joint distribution of every row's next `lengths[r]` tokens when one batch step drafts each row's tree
+    and verifies all rows at once, as the batch loop does (`verify_rows`, the rows drawing from one random source
+    one after another); each row's emission is extended by target samples, independently per row."""
+    out: dict = defaultdict(float)
+    drafts = [list(draft_trees(case, case.prompt, spec, verifier.child_selection)) for case, spec in zip(cases, specs)]
+    for combo in itertools.product(*drafts):
+        built = [to_token_tree(case, nested) for case, (_, nested) in zip(cases, combo)]
+        trees, scores = [tree for tree, _ in built], [row_scores for _, row_scores in built]
+        tree_prob = math.prod(prob for prob, _ in combo)
+        for run_prob, verdicts in all_runs(lambda src, trees=trees, scores=scores: verify_rows(
+                verifier, trees, scores, None, source=src)):
+            rows = []
+            for case, tree, verdict, length in zip(cases, trees, verdicts, lengths):
+                tokens = tree.tokens.tolist()
+                emitted = tuple(tokens[i] for i in verdict.path[1:]) + (verdict.bonus_token,)
+                rows.append(target_joint(case, case.prompt, length, emitted).items())
+            for outcome in itertools.product(*rows):
+                key = tuple(row for row, _ in outcome)
+                out[key] += tree_prob * run_prob * math.prod(w for _, w in outcome)
+    return out
+
+
+@pytest.mark.parametrize("verifier_cls", [SequoiaVerifier, SpecInferVerifier, *TARGET_SAMPLING])
+def test_batch_step_exact_per_row_and_rows_independent(verifier_cls):
+    """One step of a batch of two rows (different models, prompts and tree shapes), every outcome enumerated: the
+    joint distribution of the rows' next tokens is the product of sampling each row from its target alone, so every
+    row is exact and no row's draws lean on another's, as in plain batched sampling."""
+    vocab = 4
+    cases = [CASES["sparse"](vocab), CASES["dense"](vocab)]
+    cases[1].prompt = (2,)
+    specs = [SHAPES["chain2"], SHAPES["star3"]]
+    lengths = [depth(spec) + 1 for spec in specs]
+    got = batch_joint(cases, specs, verifier_cls(), lengths)
+    alone = [target_joint(case, case.prompt, length) for case, length in zip(cases, lengths)]
+    want = {(a, b): wa * wb for a, wa in alone[0].items() for b, wb in alone[1].items()}
+    assert abs(sum(got.values()) - 1) < 1e-9
+    assert total_variation(got, want) < 1e-6
 
 
 def test_exact_with_mismatched_supports():

@@ -212,14 +212,17 @@ def batch_speculative_loop(
     return BatchResult(sequences=padded(sequences, pad_token_id), stats=stats, cache=returned)
 
 
-def verify_rows(verifier: Verifier, trees: list[TokenTree], scores: list, generator: torch.Generator | None
-                ) -> list[Verdict]:
+def verify_rows(verifier: Verifier, trees: list[TokenTree], scores: list, generator: torch.Generator | None,
+                source: object | None = None) -> list[Verdict]:
     """Every row's verdict, decided together where the verifier can (greedy: one read), else row by row (the
-    sampling verifiers: each row's walk reads as a single sequence's does)."""
+    sampling verifiers: each row's walk reads as a single sequence's does, the rows drawing one after another from
+    one generator). `source`: a `verify.RandomSource` the sampling verifiers draw from instead of `generator` (the
+    exactness tests script one to enumerate every outcome of a batch step)."""
     together = getattr(verifier, "verify_rows", None)
     if together is not None:
         return together(trees, scores, generator)
-    return [verifier.verify(tree, row_scores, generator) for tree, row_scores in zip(trees, scores)]
+    draws = {"generator": generator} if source is None else {"source": source}
+    return [verifier.verify(tree, row_scores, **draws) for tree, row_scores in zip(trees, scores)]
 
 
 def padded(sequences: list[torch.LongTensor], pad_token_id: int) -> torch.LongTensor:
