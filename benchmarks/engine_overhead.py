@@ -16,8 +16,9 @@ host with every leaf child's row processed and drawn at its parent). `--compare-
 issue21e (every row vocabulary-wide: no top-k columns on the draft or the target side; the stopping criteria handed
 Transformers' rows of the accepted path). `--compare-before-21f`: the engine before branch issue21f (with a top-p
 after the top-k, the target's rows cut vocabulary-wide, not on their top-k columns). `--compare-before-21g`: torch's
-own argmax and top-k over whole rows (before `core/wide_rows.py`). `--top-p 1.0` samples as the
-real-pair bench does by default (T=0.7, top-k 50).
+own argmax and top-k over whole rows (before `core/wide_rows.py`). `--compare-guard-per-call`: the measured guard
+judging afresh at each call with the doubling waits only (as before it was remembered across calls). `--top-p 1.0`
+samples as the real-pair bench does by default (T=0.7, top-k 50).
 
 Prints a table of medians (over prompts) and writes JSON with the machine (CPU model, flags, torch version).
 """
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import statistics
 import time
@@ -190,6 +192,23 @@ def depth_first() -> contextlib.AbstractContextManager:
     return mock.patch.object(pass_shapes, "DEPTH_FIRST", True)
 
 
+def guard_per_call() -> contextlib.AbstractContextManager:
+    """The measured guard as before it was remembered across calls: each call judges afresh, and a lost probe
+    waits the doubling backoff only (no wait sized to repay what the probe lost)."""
+    from hf_specdec.draft import guarded
+    from hf_specdec.integration import batch
+
+    def fresh(target, key, make):
+        guard = make()
+        guard.probe_share = float("inf")
+        return guard
+
+    stack = contextlib.ExitStack()
+    stack.enter_context(mock.patch.object(guarded, "remembered_guard", fresh))
+    stack.enter_context(mock.patch.object(batch, "remembered_guard", fresh))
+    return stack
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--output", type=Path, default=Path("benchmarks/engine-overhead/results.json"))
@@ -207,6 +226,11 @@ def main() -> None:
                         help="Also run each speculative method on the engine before branch issue21f, interleaved.")
     parser.add_argument("--compare-before-21g", action="store_true",
                         help="Also run each speculative method with torch's argmax/top-k over whole rows, interleaved.")
+    parser.add_argument("--no-guard", action="store_true",
+                        help="Every method with guard=False: each step speculates (the guard, remembered across "
+                        "calls, turns a losing method plain for good here, and plain steps cost no engine).")
+    parser.add_argument("--compare-guard-per-call", action="store_true",
+                        help="Also run every method with the guard judging afresh at each call, doubling waits only.")
     parser.add_argument("--compare-depth-first", action="store_true",
                         help="Also run each speculative method with the target's tree depth first, interleaved.")
     parser.add_argument("--top-p", type=float, default=SAMPLING["top_p"],
@@ -220,6 +244,9 @@ def main() -> None:
     generator = torch.Generator().manual_seed(0)
     prompts = [torch.randint(3, 5000, (1, 16 + 8 * i), generator=generator) for i in range(args.prompts)]
     table = methods(draft)
+    if args.no_guard:  # every step speculates: the engine's cost around speculation, never a plain step's
+        table = {name: {**kwargs, "speculation": dataclasses.replace(kwargs["speculation"], guard=False)}
+                 if "speculation" in kwargs else kwargs for name, kwargs in table.items()}
     for name, kwargs in table.items():  # warm-up: first-call costs (plan checks, allocations) out of the medians
         if not args.only or name in args.only:
             run(target, draft, timer, prompts[0][:, :4], "greedy", kwargs)
@@ -239,6 +266,8 @@ def main() -> None:
                 variants[f"{name} (before 21f)"] = before_21f
             if args.compare_before_21g and "speculation" in kwargs:
                 variants[f"{name} (before 21g)"] = before_21g
+            if args.compare_guard_per_call and "speculation" in kwargs:
+                variants[f"{name} (guard per call)"] = guard_per_call
             if args.compare_depth_first and "speculation" in kwargs:
                 variants[f"{name} (depth-first)"] = depth_first
             runs: dict[str, list[dict]] = {variant: [] for variant in variants}

@@ -87,11 +87,14 @@ def guard_never_fires(monkeypatch):
     are tested in test_sized_trees.py, which patches its own guard over this one."""
     import functools
     import math
+    import weakref
 
     from hf_specdec.draft import guarded
     from hf_specdec.integration import batch
+    from hf_specdec.plan import guard
     from hf_specdec.plan.guard import PlainGuard
 
+    monkeypatch.setattr(guard, "_REMEMBERED", weakref.WeakKeyDictionary())  # no guard carries over from another test
     monkeypatch.setattr(guarded, "PlainGuard", functools.partial(PlainGuard, margin=math.inf))
     monkeypatch.setattr(batch, "PlainGuard", functools.partial(PlainGuard, margin=math.inf))
     monkeypatch.setattr(batch, "BATCH_MARGIN", math.inf)  # what a batch passes its guard as the margin

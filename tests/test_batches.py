@@ -296,7 +296,7 @@ def sized_batch(monkeypatch, profile: HardwareProfile, prior: list[float]) -> li
 
     plan = SimpleNamespace(profile=profile, acceptance=prior)
     monkeypatch.setattr(integration, "plan_for_call", lambda *args, **kwargs: (plan, "curves given here"))
-    monkeypatch.setattr(batch_module, "PlainGuard", lambda **kwargs: None)  # the sizing alone: no measured step
+    monkeypatch.setattr(batch_module, "batch_guard", lambda *args: None)  # the sizing alone: no measured step
     monkeypatch.setattr(batch_module, "online_sizer", lambda profile, *args: StepSizer(profile, timing_memory=1.0))
     monkeypatch.setattr(batch_module, "RankAcceptance", RankAcceptance)
     return sized_batch_drafters(monkeypatch)
@@ -443,8 +443,8 @@ def test_the_batch_guard_turns_whole_steps_plain(monkeypatch, method):
     from hf_specdec.integration import batch as batch_module
     from hf_specdec.plan.guard import PlainGuard
 
-    monkeypatch.setattr(batch_module, "PlainGuard",
-                        lambda **kwargs: PlainGuard(**{**kwargs, "margin": math.inf, "waiting": 5}))
+    monkeypatch.setattr(batch_module, "batch_guard",  # each call's own guard (none carried over), 5 plain steps first
+                        lambda *args: PlainGuard(measure_plain=True, margin=math.inf, waiting=5))
     target = tiny_model("qwen2", 0)
     draft = near_draft(target)
     ids, mask = padded_batch(6, [0, 2, 5])

@@ -112,7 +112,7 @@ def _depths(parents: list[int]) -> list[int]:
 
 # --- the measured guard ------------------------------------------------------------------------------------
 def test_the_guard_turns_losing_steps_plain_and_probes_again():
-    guard = PlainGuard(patience=2, backoff=2)
+    guard = PlainGuard(patience=2, backoff=2, probe_share=100.0)  # small losses: the doubling backoff decides
     guard.observe(1.0, 1, plain=True)  # plain decoding: 1 s a token
     for _ in range(2):  # speculation: 3 s for 2 tokens
         assert not guard.plain_next()
@@ -131,6 +131,59 @@ def test_the_guard_turns_losing_steps_plain_and_probes_again():
     for _ in range(5):  # acceptance returned: 1 s for 4 tokens, speculation stays on
         assert not guard.plain_next()
         guard.observe(1.0, 4, plain=False)
+
+
+def _simulate(guard: PlainGuard, spec_seconds: float, spec_tokens: int, steps: int) -> float:
+    """Run `steps` steps against a guard (plain: 1 s a token; a speculative step: a 1 s target pass, the rest
+    drafting); seconds per token overall."""
+    seconds = tokens = 0.0
+    for _ in range(steps):
+        plain = guard.plain_next()
+        spent, emitted = (1.0, 1) if plain else (spec_seconds, spec_tokens)
+        guard.observe(spent, emitted, plain=plain, draft_seconds=0.0 if plain else spec_seconds - 1.0)
+        seconds, tokens = seconds + spent, tokens + emitted
+    return seconds / tokens
+
+
+@pytest.mark.parametrize("spec_seconds", [3.0, 10.0, 40.0])
+def test_probes_that_lose_much_wait_long_enough_to_stay_near_plain(spec_seconds):
+    """A speculative step far dearer than the tokens it brings (a draft as dear as the target): each lost probe is
+    repaid by plain steps, so decoding stays within the probe share of plain's time, however dear the step; the
+    doubling backoff alone (at most 64 plain steps a probe) would not bound it."""
+    guard = PlainGuard(patience=2)
+    assert _simulate(guard, spec_seconds, 2, 2000) <= 1 + 1.3 * guard.probe_share
+    if spec_seconds >= 10:
+        assert _simulate(PlainGuard(patience=2, probe_share=1e9), spec_seconds, 2, 2000) > 1.2
+
+
+def test_a_guard_is_remembered_across_calls_by_target_and_key():
+    from hf_specdec.plan.guard import remembered_guard
+
+    target, other = torch.nn.Linear(1, 1), torch.nn.Linear(1, 1)
+    guard = remembered_guard(target, "key", PlainGuard)
+    guard.plain_steps, guard.waiting = 3, 7
+    again = remembered_guard(target, "key", PlainGuard)
+    assert again is guard and again.waiting == 7 and again.plain_steps == 0  # the wait goes on; counts per call
+    assert remembered_guard(target, "other key", PlainGuard) is not guard
+    assert remembered_guard(other, "key", PlainGuard) is not guard
+
+
+def test_the_next_call_goes_on_where_a_losing_call_left(monkeypatch):
+    """A draft whose speculation loses: the first call judges it and turns plain; the next call with the same
+    settings starts plain, without judging again, and a call with other settings judges afresh."""
+    monkeypatch.setattr(guarded, "PlainGuard", functools.partial(PlainGuard, margin=0.0, patience=2, backoff=1000))
+    target = tiny_model("llama", 0)
+    ids = random_prompt(torch.Generator().manual_seed(5), 6)
+    plain = target.generate(ids, do_sample=False, max_new_tokens=24)
+    first = _generate(target, target, ids, "chain", new=24)
+    second = _generate(target, target, ids, "chain", new=24)
+    other = _generate(target, target, ids, ChainConfig(num_draft_tokens=3), new=24)
+    for out in (first, second, other):
+        assert torch.equal(out.sequences, plain)
+    judged = first.speculation_stats
+    assert judged.plain_steps > 0 and judged.target_forwards > judged.plain_steps  # speculated, then turned plain
+    assert second.speculation_stats.plain_steps == second.speculation_stats.target_forwards  # every step plain
+    assert other.speculation_stats.target_forwards > other.speculation_stats.plain_steps  # judged afresh
 
 
 def test_the_guard_leaves_winning_speculation_alone():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -46,9 +47,22 @@ def test_best_first_tree_holds_the_most_probable_nodes():
                     assert logp[node] + value <= worst_kept + 1e-5
 
 
-def test_default_sizes_trees_every_step_from_the_latency_curve():
+def test_default_sizes_trees_every_step_from_the_latency_curve(monkeypatch):
     """No budget: lossless, says where its latency curves came from, and grows deeper trees for a draft the target
-    agrees with (the target itself) than for an unrelated one."""
+    agrees with (the target itself) than for an unrelated one. The curves are given (a 10 ms target pass, a 1 ms
+    draft pass, flat up to 128 tokens) and kept uncorrected: measured ones follow the machine's load, and under load
+    every step of both drafts may rightly turn plain."""
+    from hf_specdec.draft.best_first import learned_acceptance, processors_key
+    from hf_specdec.integration import generate as integration
+    from hf_specdec.methods import step_sized
+    from hf_specdec.plan.sizing import HardwareProfile
+    from hf_specdec.plan.step_sizing import StepSizer
+    from tests.test_batches import flat_until
+
+    plan = SimpleNamespace(profile=HardwareProfile(flat_until(128, 0.010), flat_until(128, 0.001)))
+    monkeypatch.setattr(integration, "plan_for_call", lambda *args, **kwargs: (plan, "curves given here"))
+    monkeypatch.setattr(step_sized, "online_sizer", lambda profile, target, draft, processors: StepSizer(
+        profile, learned_acceptance(draft, (id(target), processors_key(processors))), timing_memory=1.0))
     target, draft = tiny_model("qwen2", 0), tiny_model("qwen2", 1)
     ids = random_prompt(torch.Generator().manual_seed(1), 6)
     expected = target.generate(ids, max_new_tokens=20, do_sample=False)

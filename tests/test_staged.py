@@ -104,7 +104,9 @@ def test_greedy_identical_with_processors(trio, lm_file, processor_kwargs):
 def test_max_new_tokens_inside_a_block(trio, new_tokens):
     target = trio[0]
     ids = random_prompt(torch.Generator().manual_seed(3), 5)
-    out = _staged(target, target, ids, [target, "ngram"], max_new_tokens=new_tokens, return_dict_in_generate=True)
+    out = target.generate(ids, assistant_model=target, speculation="staged", do_sample=False,
+                          speculation_config={"stages": [target, "ngram"], "budget": 32}, max_new_tokens=new_tokens,
+                          return_dict_in_generate=True)  # a fixed budget: sized trees follow measured timings
     assert torch.equal(out.sequences, _plain(target, ids, max_new_tokens=new_tokens))
     assert out.speculation_stats.target_forwards <= (new_tokens + 2) // 3  # blocks of >= 3 tokens, cut inside one
 

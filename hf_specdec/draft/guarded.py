@@ -8,6 +8,7 @@ tokens it did not see on its next proposal, as it does after any accepted block.
 from __future__ import annotations
 
 import time
+from collections.abc import Hashable
 
 import torch
 from torch._dynamo.utils import counters
@@ -16,7 +17,7 @@ from ..core.drafter import Drafter
 from ..core.model_inputs import TokenInputs
 from ..core.tree import HostTree, TokenTree
 from ..core.verdict import Verdict
-from ..plan.guard import PlainGuard
+from ..plan.guard import PlainGuard, remembered_guard
 
 
 def root_only(last: int, device: torch.device) -> TokenTree:
@@ -35,6 +36,12 @@ class GuardedDrafter(Drafter):
         self._last: tuple[bool, int] | None = None  # (plain, tokens emitted) of the last step
         self._draft_time = 0.0  # the inner drafter's pass time when the last step began
         self._graphs = 0  # graphs dynamo had compiled when the last step began
+        self._first = True  # the call's first step is under way (the draft's pass over the prompt: never judged)
+
+    @classmethod
+    def remembered(cls, inner: Drafter, target: object, key: Hashable) -> GuardedDrafter:
+        """`inner` behind the guard the last call with `target` and `key` left (`plan.guard.remembered_guard`)."""
+        return cls(inner, remembered_guard(target, key, PlainGuard))
 
     @property
     def forward_count(self) -> int:
@@ -54,9 +61,11 @@ class GuardedDrafter(Drafter):
 
     def propose(self, input_ids: torch.LongTensor) -> TokenTree:
         now, graphs = time.perf_counter(), counters["stats"]["unique_graphs"]
-        if self._started is not None and self._last is not None and graphs == self._graphs:
-            # a step that compiled a graph (a compiled forward meeting a new tree size) is not judged on its time
+        if self._started is not None and self._last is not None and graphs == self._graphs and not self._first:
+            # a step that compiled a graph (a compiled forward meeting a new tree size) is not judged on its time,
+            # nor the call's first (its draft pass reads the whole prompt)
             self.guard.observe(now - self._started, self._last[1], self._last[0], self.forward_time - self._draft_time)
+        self._first = self._started is None
         self._started, self._last, self._draft_time, self._graphs = now, None, self.forward_time, graphs
         if self.guard.plain_next():
             sequence = getattr(self.inner, "sequence", None)  # a host copy of the ids: no read from the device

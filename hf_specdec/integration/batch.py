@@ -33,10 +33,10 @@ from ..draft.batch_sized import SizedLockstepDrafter
 from ..methods.static_shape import StaticShapeConfig
 from ..methods.step_sized import PLAN_BUDGET, online_sizer
 from ..plan.call_pricing import call_pays, saving_per_token
-from ..plan.guard import BATCH_MARGIN, PlainGuard
+from ..plan.guard import BATCH_MARGIN, PlainGuard, remembered_guard
 from ..plan.shape_sizing import RankAcceptance, ShapeMenu
 from ..plan.sizing import for_batch
-from .call import SpeculationCall
+from .call import SpeculationCall, guard_key
 
 
 def decode_batch(
@@ -97,13 +97,21 @@ def batch_drafter(model: PreTrainedModel, rows: int, logits_processor: LogitsPro
             ranks = [RankAcceptance(sizing.acceptance, menu.width) for _ in range(rows)]
         return SizedLockstepDrafter(call.assistant_model, menu, sizer, ranks, len(config.shape()), rows, processors,
                                     verifier.child_selection, call.generator, vocab_size(model),
-                                    PlainGuard(measure_plain=True, margin=BATCH_MARGIN))
+                                    batch_guard(model, call, config, logits_processor, rows))
     drafters = []
     for row in range(rows):  # each row its own draft cache and state
         drafter = config.make_drafter(model, call.assistant_model, processors[row], verifier.child_selection,
                                       call.generator)
         drafters.append(drafter)
-    return RowDrafters(drafters, PlainGuard(measure_plain=True, margin=BATCH_MARGIN) if config.guard else None)
+    return RowDrafters(drafters, batch_guard(model, call, config, logits_processor, rows) if config.guard else None)
+
+
+def batch_guard(model: PreTrainedModel, call: SpeculationCall, config: SpeculationConfig,
+                logits_processor: LogitsProcessorList, rows: int) -> PlainGuard:
+    """The measured guard of a batch's whole steps, judging against plain batched steps (measured, not estimated),
+    as the last call with this batch size left it."""
+    return remembered_guard(model, guard_key(config, call, logits_processor, rows),
+                            lambda: PlainGuard(measure_plain=True, margin=BATCH_MARGIN))
 
 
 def batch_plan_request(config: SpeculationConfig) -> PlanRequest | None:

@@ -41,7 +41,7 @@ from ..draft.guarded import GuardedDrafter
 from ..plan.plan_lookup import call_temperature, plan_for_call
 from ..verify import verifier_for
 from .batch import batch_drafts, batch_plan_request, decode_batch
-from .call import SpeculationCall
+from .call import SpeculationCall, guard_key
 from .generation_config import FIELD, get_speculation, keep_field_on_load
 from .validation import check_generation_config, check_processors, check_speculation
 
@@ -211,7 +211,8 @@ def speculative_generate(
     forward = None if compiled is None else FasterCall(model, compiled, execution_device(model))
     drafter = config.make_drafter(model, call.assistant_model, logits_processor, verifier.child_selection,
                                   call.generator)
-    drafter = GuardedDrafter(drafter) if config.guard else drafter
+    if config.guard:  # judged as the last call with these settings left it
+        drafter = GuardedDrafter.remembered(drafter, model, guard_key(config, call, logits_processor, 1))
     if is_static(cache):  # the draft decodes on a static cache too, compiled when the target's forward is
         drafter.use_static_cache(rows + DRAFT_ROOM, lambda draft, draft_cache: None if forward is None else
                                  compiled_forward(draft, draft_cache, generation_config))

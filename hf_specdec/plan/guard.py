@@ -6,7 +6,14 @@ speculative step without its draft passes (the target's pass over the tree, veri
 over one token costs no more on the hardware that speculation suits). When the running seconds per token of
 speculative steps exceed the plain rate by more than timing noise, the next `backoff` steps run plain; then
 speculation resumes as a probe (its rate measured afresh), and `backoff` doubles each time the probe loses again and
-resets once it wins: acceptance that returns is found within a bounded number of steps.
+resets once it wins: acceptance that returns is found within a bounded number of steps. A probe that lost much waits
+longer than `backoff`: enough plain steps that what the probe lost is at most `probe_share` of their time, so where a
+speculative step costs ten plain ones (a draft as dear as the target) the probes cannot make decoding much slower
+than plain.
+
+A call goes on where the last call with the same target, draft, settings and processors left off
+(`remembered_guard`): a pipeline over a dataset, or a benchmark's repeated calls, pays for judging speculation once,
+not at every call's start.
 
 A batch drafting for all its rows at once is guarded as a whole: a step's tokens are every row's, and a plain step
 (every row's root alone) is plain batched decoding's step, which emits one token per row. There a target pass over
@@ -16,6 +23,9 @@ every row's tree costs far more than one over every row's root, so the estimate 
 
 from __future__ import annotations
 
+import math
+import weakref
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 
 #: the margin a batch's guard judges with: none. A single sequence keeps speculating within 10% of plain (timing noise
@@ -31,6 +41,7 @@ class PlainGuard:
     margin: float = 1.1  # losing means slower than plain by this factor: timing noise alone must not flip a step
     backoff: int = 4  # plain steps after a loss; doubles after each lost probe
     max_backoff: int = 64
+    probe_share: float = 0.1  # a lost probe's loss against plain, as a share of the plain steps that follow it
     memory: float = 0.7  # weight of the past in the running means
     plain_rate: float | None = None  # seconds per token of a plain step (running mean)
     spec_seconds: float = 0.0  # running means over speculative steps since the last (re)start
@@ -39,8 +50,14 @@ class PlainGuard:
     undrafted: float | None = None  # seconds of speculative steps outside draft passes (running mean)
     measure_plain: bool = False  # run one plain step to measure plain decoding, rather than estimate it
     waiting: int = 0  # plain steps left before the next probe
-    plain_steps: int = 0  # steps this guard turned plain (stats)
+    plain_steps: int = 0  # steps this guard turned plain in the current call (stats)
+    probe_seconds: float = 0.0  # totals over speculative steps since the last (re)start: what the probe cost
+    probe_tokens: int = 0
     _base_backoff: int = 0
+
+    def new_call(self) -> None:
+        """A call begins: the judgement so far carries over (a wait under way goes on); the step counts restart."""
+        self.plain_steps = 0
 
     def plain_next(self) -> bool:
         """Whether the next step should be a plain one."""
@@ -61,10 +78,12 @@ class PlainGuard:
                 self.waiting -= 1
                 self.plain_steps += 1
                 if self.waiting == 0:  # probe: speculate again, judged on fresh measurements
-                    self.spec_seconds = self.spec_tokens = 0.0
-                    self.spec_steps = 0
+                    self.spec_seconds = self.spec_tokens = self.probe_seconds = 0.0
+                    self.spec_steps = self.probe_tokens = 0
             return
         first = self.spec_steps == 0
+        self.probe_seconds += seconds
+        self.probe_tokens += tokens
         self.spec_seconds = seconds if first else self._mean(self.spec_seconds, seconds)
         self.spec_tokens = tokens if first else self._mean(self.spec_tokens, tokens)
         self.spec_steps += 1
@@ -75,10 +94,27 @@ class PlainGuard:
             return
         if self.spec_seconds / max(self.spec_tokens, 1e-9) >= self.margin * reference:
             self._base_backoff = self._base_backoff or self.backoff
-            self.waiting = self._base_backoff
+            lost = self.probe_seconds - reference * self.probe_tokens  # seconds plain decoding would have saved
+            plain_step = reference * rows  # a plain step emits one token per row
+            repaid = math.ceil(lost / (self.probe_share * plain_step)) if lost > 0 else 0
+            self.waiting = max(self._base_backoff, repaid)
             self._base_backoff = min(2 * self._base_backoff, self.max_backoff)
         elif self.spec_steps == self.patience:
             self._base_backoff = 0  # the probe won: the next loss backs off briefly again
 
     def _mean(self, old: float, new: float) -> float:
         return self.memory * old + (1 - self.memory) * new
+
+
+_REMEMBERED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # target model -> {key: PlainGuard}
+
+
+def remembered_guard(target: object, key: Hashable, make: Callable[[], PlainGuard]) -> PlainGuard:
+    """The guard of this call: the one the last call with `target` and `key` (its draft, settings, processors and
+    batch size) left, else `make()`; kept while the target lives."""
+    guards = _REMEMBERED.setdefault(target, {})
+    guard = guards.get(key)
+    if guard is None:
+        guard = guards[key] = make()
+    guard.new_call()
+    return guard
