@@ -496,6 +496,33 @@ def test_a_batch_guard_measures_a_plain_step_before_it_judges_by_one():
     assert guard.plain_next() and guard.waiting > 0  # speculation loses to what was measured
 
 
+@pytest.mark.parametrize("method", ["chain", "specexec"])
+def test_the_next_batch_call_goes_on_where_a_losing_one_left(monkeypatch, method):
+    """A batch whose speculation the guard judges the loser: the next call of that batch size with the same settings
+    starts with plain batched steps, without judging again; a batch of another size judges afresh."""
+    import functools
+
+    from hf_specdec.integration import batch as batch_module
+    from hf_specdec.plan.guard import PlainGuard
+
+    monkeypatch.setattr(batch_module, "BATCH_MARGIN", 0.0)  # every judgement: speculation loses
+    monkeypatch.setattr(batch_module, "PlainGuard", functools.partial(PlainGuard, patience=2, backoff=1000))
+    target = tiny_model("qwen2", 0)
+    draft = near_draft(target)
+    three, three_mask = padded_batch(21, [0, 2, 5])
+    two, two_mask = padded_batch(22, [0, 3])
+    runs = [(three, three_mask), (three, three_mask), (two, two_mask)]
+    outs = [target.generate(ids, attention_mask=mask, max_new_tokens=NEW, do_sample=False, assistant_model=draft,
+                            speculation=method, return_dict_in_generate=True) for ids, mask in runs]
+    for out, (ids, mask) in zip(outs, runs):
+        assert torch.equal(out.sequences, target.generate(ids, attention_mask=mask, max_new_tokens=NEW,
+                                                          do_sample=False))
+    first, second, other = (out.speculation_stats for out in outs)
+    assert any(max(row.tokens_per_step) > 1 for row in first) and all(row.plain_steps > 0 for row in first)
+    assert all(row.plain_steps == len(row.tokens_per_step) for row in second)  # plain batched steps only
+    assert any(max(row.tokens_per_step) > 1 for row in other)  # another batch size: judged afresh
+
+
 def test_host_reads_per_step_stay_bounded(monkeypatch):
     """The host reads what it must decide on, never more than per step the drafted tokens once for the whole batch,
     then per row its verdict and its stopping check, and where a row stops, its last block token by token (reads

@@ -27,10 +27,10 @@ class SpeculationCall:
 
 def guard_key(config: SpeculationConfig, call: SpeculationCall, processors: Any, rows: int) -> Hashable:
     """What a measured guard is remembered by across calls on one target (`plan.guard.remembered_guard`): the
-    draft, the method's settings and plan (`config`, resolved), what of the processors changes acceptance, and the
-    batch size."""
+    draft, the method's settings, what of the processors changes acceptance, and the batch size. Not where the plan
+    came from: the first call measures it, the next finds it stored, and both draft the same trees."""
     values = tuple((f.name, _hashable(getattr(config, f.name))) for f in settings(config))
-    return (config.method, values, config.plan_source, id(call.assistant_model), processors_key(processors), rows)
+    return (config.method, values, id(call.assistant_model), processors_key(processors), rows)
 
 
 def _hashable(value: Any) -> Hashable:
