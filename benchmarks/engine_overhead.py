@@ -198,7 +198,7 @@ def guard_per_call() -> contextlib.AbstractContextManager:
     from hf_specdec.draft import guarded
     from hf_specdec.integration import batch
 
-    def fresh(target, key, make):
+    def fresh(target, draft, key, make):
         guard = make()
         guard.probe_share = float("inf")
         return guard

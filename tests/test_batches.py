@@ -512,15 +512,27 @@ def test_the_next_batch_call_goes_on_where_a_losing_one_left(monkeypatch, method
     three, three_mask = padded_batch(21, [0, 2, 5])
     two, two_mask = padded_batch(22, [0, 3])
     runs = [(three, three_mask), (three, three_mask), (two, two_mask)]
-    outs = [target.generate(ids, attention_mask=mask, max_new_tokens=NEW, do_sample=False, assistant_model=draft,
-                            speculation=method, return_dict_in_generate=True) for ids, mask in runs]
+    outs, waits = [], []
+    for ids, mask in runs:
+        outs.append(target.generate(ids, attention_mask=mask, max_new_tokens=NEW, do_sample=False,
+                                    assistant_model=draft, speculation=method, return_dict_in_generate=True))
+        waits.append([guard.waiting for guard in remembered_guards()])
     for out, (ids, mask) in zip(outs, runs):
         assert torch.equal(out.sequences, target.generate(ids, attention_mask=mask, max_new_tokens=NEW,
                                                           do_sample=False))
+    assert waits[0] and waits[0][0] > 0  # the first call ended judging speculation the loser, mid-wait
     first, second, other = (out.speculation_stats for out in outs)
     assert any(max(row.tokens_per_step) > 1 for row in first) and all(row.plain_steps > 0 for row in first)
     assert all(row.plain_steps == len(row.tokens_per_step) for row in second)  # plain batched steps only
     assert any(max(row.tokens_per_step) > 1 for row in other)  # another batch size: judged afresh
+
+
+def remembered_guards() -> list:
+    """Every guard remembered so far (the suite starts each test with none)."""
+    from hf_specdec.plan import guard
+
+    return [g for drafts in guard._REMEMBERED.values() for table in [drafts[None], *drafts["by draft"].values()]
+            for g in table.values()]
 
 
 def test_host_reads_per_step_stay_bounded(monkeypatch):

@@ -111,26 +111,56 @@ def _depths(parents: list[int]) -> list[int]:
 
 
 # --- the measured guard ------------------------------------------------------------------------------------
+def _steps(guard: PlainGuard, count: int, spec_seconds: float, spec_tokens: int, first_spec: float | None = None
+           ) -> str:
+    """Run `count` steps as the loop does (plain: 1 s a token; a speculative step: `spec_seconds` for `spec_tokens`,
+    the first after a plain one `first_spec` if given); "p" for each plain step, "s" for each speculative one."""
+    kinds = ""
+    for _ in range(count):
+        plain = guard.plain_next()
+        seconds = first_spec if first_spec is not None and kinds.endswith("p") else spec_seconds
+        guard.observe(1.0 if plain else seconds, 1 if plain else spec_tokens, plain=plain)
+        kinds += "p" if plain else "s"
+    return kinds
+
+
 def test_the_guard_turns_losing_steps_plain_and_probes_again():
     guard = PlainGuard(patience=2, backoff=2, probe_share=100.0)  # small losses: the doubling backoff decides
     guard.observe(1.0, 1, plain=True)  # plain decoding: 1 s a token
-    for _ in range(2):  # speculation: 3 s for 2 tokens
-        assert not guard.plain_next()
-        guard.observe(3.0, 2, plain=False)
-    assert guard.plain_next()
-    for _ in range(2):
-        guard.observe(1.0, 1, plain=True)
-    assert not guard.plain_next()  # the probe
-    for _ in range(2):  # still losing: a longer wait
-        guard.observe(3.0, 2, plain=False)
-    waits = 0
-    while guard.plain_next():
-        guard.observe(1.0, 1, plain=True)
-        waits += 1
-    assert waits == 4 and guard.plain_steps == 6
-    for _ in range(5):  # acceptance returned: 1 s for 4 tokens, speculation stays on
-        assert not guard.plain_next()
-        guard.observe(1.0, 4, plain=False)
+    # 3 s for 2 tokens loses: 2 steps judged, 2 plain; the probe's first step (its draft reads the waited tokens) is
+    # not judged, its next 2 are, and still lose: 4 plain
+    assert _steps(guard, 11, 3.0, 2) == "ss" + "pp" + "sss" + "pppp"
+    assert guard.plain_steps == 6
+    assert _steps(guard, 6, 1.0, 4) == "s" * 6  # acceptance returned: 1 s for 4 tokens, speculation stays on
+
+
+def test_a_probes_wait_repays_its_own_steps_only():
+    """The wait after a loss repays what the steps since the last judgement that did not lose cost, not a long
+    stretch that ran within the margin before it."""
+    guard = PlainGuard()
+    guard.observe(1.0, 1, plain=True)
+    assert _steps(guard, 100, 2.1, 2) == "s" * 100  # within the margin: 5% over plain, never judged the loser
+    _steps(guard, 3, 3.0, 2)
+    assert 0 < guard.waiting <= 20  # the 100 steps' 10 s over plain would ask for 100 more
+
+
+def test_a_probes_first_step_is_repaid_but_not_judged():
+    """After a wait, the probe's first step feeds the draft every waited token: its cost is repaid if the probe loses
+    (so dear catch-ups still cost at most the probe share), but speculation is not judged by it (a winning draft
+    would otherwise be judged the loser after every long wait)."""
+    guard = PlainGuard(waiting=4)
+    guard.observe(1.0, 1, plain=True)
+    assert _steps(guard, 30, 1.0, 4, first_spec=20.0) == "pppp" + "s" * 26  # 1 s for 4 tokens wins
+    guard = PlainGuard()
+    guard.observe(1.0, 1, plain=True)
+    assert _steps(guard, 4000, 3.0, 2, first_spec=50.0).count("s") > 10  # it does probe
+    seconds = tokens = 0.0
+    kinds = _steps(PlainGuard(plain_rate=1.0), 4000, 3.0, 2, first_spec=50.0)
+    for i, kind in enumerate(kinds):
+        dear = kind == "s" and i > 0 and kinds[i - 1] == "p"
+        seconds += 1.0 if kind == "p" else 50.0 if dear else 3.0
+        tokens += 1 if kind == "p" else 2
+    assert seconds / tokens <= 1 + 1.5 * PlainGuard().probe_share
 
 
 def _simulate(guard: PlainGuard, spec_seconds: float, spec_tokens: int, steps: int) -> float:
@@ -151,21 +181,24 @@ def test_probes_that_lose_much_wait_long_enough_to_stay_near_plain(spec_seconds)
     repaid by plain steps, so decoding stays within the probe share of plain's time, however dear the step; the
     doubling backoff alone (at most 64 plain steps a probe) would not bound it."""
     guard = PlainGuard(patience=2)
-    assert _simulate(guard, spec_seconds, 2, 2000) <= 1 + 1.3 * guard.probe_share
+    assert _simulate(guard, spec_seconds, 2, 5000) <= 1 + 1.5 * guard.probe_share  # each probe: 3 steps, 2 judged
     if spec_seconds >= 10:
-        assert _simulate(PlainGuard(patience=2, probe_share=1e9), spec_seconds, 2, 2000) > 1.2
+        assert _simulate(PlainGuard(patience=2, probe_share=1e9), spec_seconds, 2, 5000) > 1.3
 
 
 def test_a_guard_is_remembered_across_calls_by_target_and_key():
     from hf_specdec.plan.guard import remembered_guard
 
     target, other = torch.nn.Linear(1, 1), torch.nn.Linear(1, 1)
-    guard = remembered_guard(target, "key", PlainGuard)
+    draft, other_draft = torch.nn.Linear(1, 1), torch.nn.Linear(1, 1)
+    guard = remembered_guard(target, draft, "key", PlainGuard)
     guard.plain_steps, guard.waiting = 3, 7
-    again = remembered_guard(target, "key", PlainGuard)
+    again = remembered_guard(target, draft, "key", PlainGuard)
     assert again is guard and again.waiting == 7 and again.plain_steps == 0  # the wait goes on; counts per call
-    assert remembered_guard(target, "other key", PlainGuard) is not guard
-    assert remembered_guard(other, "key", PlainGuard) is not guard
+    assert remembered_guard(target, draft, "other key", PlainGuard) is not guard
+    assert remembered_guard(other, draft, "key", PlainGuard) is not guard
+    assert remembered_guard(target, other_draft, "key", PlainGuard) is not guard
+    assert remembered_guard(target, None, "key", PlainGuard) is not guard
 
 
 def test_the_next_call_goes_on_where_a_losing_call_left(monkeypatch):

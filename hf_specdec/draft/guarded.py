@@ -39,9 +39,9 @@ class GuardedDrafter(Drafter):
         self._first = True  # the call's first step is under way (the draft's pass over the prompt: never judged)
 
     @classmethod
-    def remembered(cls, inner: Drafter, target: object, key: Hashable) -> GuardedDrafter:
-        """`inner` behind the guard the last call with `target` and `key` left (`plan.guard.remembered_guard`)."""
-        return cls(inner, remembered_guard(target, key, PlainGuard))
+    def remembered(cls, inner: Drafter, target: object, draft: object | None, key: Hashable) -> GuardedDrafter:
+        """`inner` behind the guard the last call with these models and `key` left (`plan.guard.remembered_guard`)."""
+        return cls(inner, remembered_guard(target, draft, key, PlainGuard))
 
     @property
     def forward_count(self) -> int:

@@ -97,20 +97,20 @@ def batch_drafter(model: PreTrainedModel, rows: int, logits_processor: LogitsPro
             ranks = [RankAcceptance(sizing.acceptance, menu.width) for _ in range(rows)]
         return SizedLockstepDrafter(call.assistant_model, menu, sizer, ranks, len(config.shape()), rows, processors,
                                     verifier.child_selection, call.generator, vocab_size(model),
-                                    batch_guard(model, call, config, logits_processor, rows))
+                                    batch_guard(model, call, logits_processor, rows))
     drafters = []
     for row in range(rows):  # each row its own draft cache and state
         drafter = config.make_drafter(model, call.assistant_model, processors[row], verifier.child_selection,
                                       call.generator)
         drafters.append(drafter)
-    return RowDrafters(drafters, batch_guard(model, call, config, logits_processor, rows) if config.guard else None)
+    return RowDrafters(drafters, batch_guard(model, call, logits_processor, rows) if config.guard else None)
 
 
-def batch_guard(model: PreTrainedModel, call: SpeculationCall, config: SpeculationConfig,
-                logits_processor: LogitsProcessorList, rows: int) -> PlainGuard:
+def batch_guard(model: PreTrainedModel, call: SpeculationCall, logits_processor: LogitsProcessorList, rows: int
+                ) -> PlainGuard:
     """The measured guard of a batch's whole steps, judging against plain batched steps (measured, not estimated),
     as the last call with this batch size left it."""
-    return remembered_guard(model, guard_key(config, call, logits_processor, rows),
+    return remembered_guard(model, call.assistant_model, guard_key(call, logits_processor, rows),
                             lambda: PlainGuard(measure_plain=True, margin=BATCH_MARGIN))
 
 

@@ -212,7 +212,7 @@ def speculative_generate(
     drafter = config.make_drafter(model, call.assistant_model, logits_processor, verifier.child_selection,
                                   call.generator)
     if config.guard:  # judged as the last call with these settings left it
-        drafter = GuardedDrafter.remembered(drafter, model, guard_key(config, call, logits_processor, 1))
+        drafter = GuardedDrafter.remembered(drafter, model, call.assistant_model, guard_key(call, logits_processor, 1))
     if is_static(cache):  # the draft decodes on a static cache too, compiled when the target's forward is
         drafter.use_static_cache(rows + DRAFT_ROOM, lambda draft, draft_cache: None if forward is None else
                                  compiled_forward(draft, draft_cache, generation_config))

@@ -37,13 +37,17 @@ BATCH_MARGIN = 1.0
 
 @dataclass
 class PlainGuard:
+    """Not synchronised: concurrent calls on one target with the same settings share a guard and mix their timings
+    (what they decode is not affected, only how many steps run plain)."""
+
     patience: int = 4  # speculative steps measured before they are judged
     margin: float = 1.1  # losing means slower than plain by this factor: timing noise alone must not flip a step
     backoff: int = 4  # plain steps after a loss; doubles after each lost probe
     max_backoff: int = 64
     probe_share: float = 0.1  # a lost probe's loss against plain, as a share of the plain steps that follow it
+    max_wait: int = 1024  # the longest wait a lost probe's loss may ask for
     memory: float = 0.7  # weight of the past in the running means
-    plain_rate: float | None = None  # seconds per token of a plain step (running mean)
+    plain_rate: float | None = None  # seconds per token of a plain step (running mean; carried across calls)
     spec_seconds: float = 0.0  # running means over speculative steps since the last (re)start
     spec_tokens: float = 0.0
     spec_steps: int = 0
@@ -51,8 +55,9 @@ class PlainGuard:
     measure_plain: bool = False  # run one plain step to measure plain decoding, rather than estimate it
     waiting: int = 0  # plain steps left before the next probe
     plain_steps: int = 0  # steps this guard turned plain in the current call (stats)
-    probe_seconds: float = 0.0  # totals over speculative steps since the last (re)start: what the probe cost
+    probe_seconds: float = 0.0  # totals over speculative steps since the last judgement that did not lose
     probe_tokens: int = 0
+    catching_up: bool = False  # the next speculative step follows a wait: its draft reads the waited tokens
     _base_backoff: int = 0
 
     def new_call(self) -> None:
@@ -60,9 +65,17 @@ class PlainGuard:
         self.plain_steps = 0
 
     def plain_next(self) -> bool:
-        """Whether the next step should be a plain one."""
-        measuring = self.measure_plain and self.plain_rate is None and self.spec_steps >= self.patience
-        return self.waiting > 0 or measuring
+        """Whether the next step should be a plain one: asked once per step, as it is issued. A wait's plain steps
+        are counted here, so steps never observed (a call's first and last) still shorten it."""
+        if self.waiting > 0:
+            self.waiting -= 1
+            self.plain_steps += 1
+            if self.waiting == 0:  # probe: speculate again, judged on fresh measurements
+                self.spec_seconds = self.spec_tokens = self.probe_seconds = 0.0
+                self.spec_steps = self.probe_tokens = 0
+                self.catching_up = True
+            return True
+        return self.measure_plain and self.plain_rate is None and self.spec_steps >= self.patience
 
     def reference(self) -> float | None:
         """Seconds per token of plain decoding: measured, else estimated from the target's passes."""
@@ -74,16 +87,13 @@ class PlainGuard:
         if plain:
             rate = seconds / max(tokens, 1)
             self.plain_rate = rate if self.plain_rate is None else self._mean(self.plain_rate, rate)
-            if self.waiting > 0:
-                self.waiting -= 1
-                self.plain_steps += 1
-                if self.waiting == 0:  # probe: speculate again, judged on fresh measurements
-                    self.spec_seconds = self.spec_tokens = self.probe_seconds = 0.0
-                    self.spec_steps = self.probe_tokens = 0
+            return
+        self.probe_seconds += seconds  # what a lost probe repays: every speculative step's cost
+        self.probe_tokens += tokens
+        if self.catching_up:  # its draft pass read every token of the wait: a cost of probing, not a measure of
+            self.catching_up = False  # how speculation fares (judged by it, a long wait would make the next longer)
             return
         first = self.spec_steps == 0
-        self.probe_seconds += seconds
-        self.probe_tokens += tokens
         self.spec_seconds = seconds if first else self._mean(self.spec_seconds, seconds)
         self.spec_tokens = tokens if first else self._mean(self.spec_tokens, tokens)
         self.spec_steps += 1
@@ -94,27 +104,42 @@ class PlainGuard:
             return
         if self.spec_seconds / max(self.spec_tokens, 1e-9) >= self.margin * reference:
             self._base_backoff = self._base_backoff or self.backoff
-            lost = self.probe_seconds - reference * self.probe_tokens  # seconds plain decoding would have saved
-            plain_step = reference * rows  # a plain step emits one token per row
-            repaid = math.ceil(lost / (self.probe_share * plain_step)) if lost > 0 else 0
-            self.waiting = max(self._base_backoff, repaid)
+            self.waiting = max(self._base_backoff, self._repaying_wait(reference, rows))
             self._base_backoff = min(2 * self._base_backoff, self.max_backoff)
-        elif self.spec_steps == self.patience:
-            self._base_backoff = 0  # the probe won: the next loss backs off briefly again
+        else:  # not losing: what a later loss repays is counted from here
+            self.probe_seconds, self.probe_tokens = 0.0, 0
+            if self.spec_steps == self.patience:
+                self._base_backoff = 0  # the probe won: the next loss backs off briefly again
+
+    def _repaying_wait(self, reference: float, rows: int) -> int:
+        """Plain steps (one token per row each) over which the speculative steps since the last judgement that did
+        not lose cost at most `probe_share` more than plain decoding would have; at most `max_wait`."""
+        lost = self.probe_seconds - reference * self.probe_tokens  # seconds plain decoding would have saved
+        plain_step = reference * rows
+        if not (lost > 0 and plain_step > 0 and self.probe_share > 0):
+            return 0
+        steps = lost / (self.probe_share * plain_step)
+        return min(math.ceil(steps), self.max_wait) if math.isfinite(steps) else self.max_wait
 
     def _mean(self, old: float, new: float) -> float:
         return self.memory * old + (1 - self.memory) * new
 
 
-_REMEMBERED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # target model -> {key: PlainGuard}
+#: target model -> draft model (weakly; None for methods without one) -> key -> guard
+_REMEMBERED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+MAX_REMEMBERED = 32  # guards kept per target and draft: the oldest settings are forgotten first
 
 
-def remembered_guard(target: object, key: Hashable, make: Callable[[], PlainGuard]) -> PlainGuard:
-    """The guard of this call: the one the last call with `target` and `key` (its draft, settings, processors and
-    batch size) left, else `make()`; kept while the target lives."""
-    guards = _REMEMBERED.setdefault(target, {})
+def remembered_guard(target: object, draft: object | None, key: Hashable, make: Callable[[], PlainGuard]
+                     ) -> PlainGuard:
+    """The guard of this call: the one the last call with `target`, `draft` and `key` (the settings, processors
+    and batch size) left, else `make()`; kept while both models live."""
+    drafts = _REMEMBERED.setdefault(target, {None: {}, "by draft": weakref.WeakKeyDictionary()})
+    guards = drafts[None] if draft is None else drafts["by draft"].setdefault(draft, {})
     guard = guards.get(key)
     if guard is None:
+        if len(guards) >= MAX_REMEMBERED:
+            del guards[next(iter(guards))]
         guard = guards[key] = make()
     guard.new_call()
     return guard
