@@ -7,11 +7,11 @@ over one token costs no more on the hardware that speculation suits). When the r
 speculative steps exceed the plain rate by more than timing noise, the next `backoff` steps run plain; then
 speculation resumes as a probe (its rate measured afresh), and `backoff` doubles each time the probe loses again and
 resets once it wins: acceptance that returns is found within a bounded number of steps. A probe that lost much waits
-longer than `backoff`: enough plain steps that what the probe lost is at most `probe_share` of their time, so where a
-speculative step costs ten plain ones (a draft as dear as the target) the probes cannot make decoding much slower
-than plain.
+longer than `backoff`: enough plain steps (at most `max_wait`) that what the probe lost is at most `probe_share` of
+their time, so where a speculative step costs ten plain ones (a draft as dear as the target) the probes cannot make
+decoding much slower than plain. The probe's first step feeds the draft every waited token: repaid, never judged.
 
-A call goes on where the last call with the same target, draft, settings and processors left off
+A call goes on where the last call with the same target, draft, settings, processors and batch size left off
 (`remembered_guard`): a pipeline over a dataset, or a benchmark's repeated calls, pays for judging speculation once,
 not at every call's start.
 
