@@ -111,17 +111,30 @@ def _depths(parents: list[int]) -> list[int]:
 
 
 # --- the measured guard ------------------------------------------------------------------------------------
+def _step_seconds(kinds: str, spec_seconds: float, first_spec: float | None) -> float:
+    """The next step's seconds after `kinds`: a speculative step costs `spec_seconds`, `first_spec` right after a
+    plain one if given (its draft catching up); a plain step 1 s."""
+    return first_spec if first_spec is not None and kinds.endswith("p") else spec_seconds
+
+
 def _steps(guard: PlainGuard, count: int, spec_seconds: float, spec_tokens: int, first_spec: float | None = None
            ) -> str:
-    """Run `count` steps as the loop does (plain: 1 s a token; a speculative step: `spec_seconds` for `spec_tokens`,
-    the first after a plain one `first_spec` if given); "p" for each plain step, "s" for each speculative one."""
+    """Run `count` steps as the loop does (plain: 1 s a token; a speculative step: a 1 s target pass and drafting,
+    `spec_tokens` tokens); "p" for each plain step, "s" for each speculative one."""
     kinds = ""
     for _ in range(count):
         plain = guard.plain_next()
-        seconds = first_spec if first_spec is not None and kinds.endswith("p") else spec_seconds
-        guard.observe(1.0 if plain else seconds, 1 if plain else spec_tokens, plain=plain)
+        seconds = 1.0 if plain else _step_seconds(kinds, spec_seconds, first_spec)
+        guard.observe(seconds, 1 if plain else spec_tokens, plain=plain, draft_seconds=0.0 if plain else seconds - 1)
         kinds += "p" if plain else "s"
     return kinds
+
+
+def _seconds_per_token(kinds: str, spec_seconds: float, spec_tokens: int, first_spec: float | None = None) -> float:
+    """What the steps `kinds` (as `_steps` ran them) cost per token."""
+    seconds = sum(1.0 if kind == "p" else _step_seconds(kinds[:i], spec_seconds, first_spec)
+                  for i, kind in enumerate(kinds))
+    return seconds / sum(1 if kind == "p" else spec_tokens for kind in kinds)
 
 
 def test_the_guard_turns_losing_steps_plain_and_probes_again():
@@ -154,25 +167,8 @@ def test_a_probes_first_step_is_repaid_but_not_judged():
     guard = PlainGuard()
     guard.observe(1.0, 1, plain=True)
     assert _steps(guard, 4000, 3.0, 2, first_spec=50.0).count("s") > 10  # it does probe
-    seconds = tokens = 0.0
     kinds = _steps(PlainGuard(plain_rate=1.0), 4000, 3.0, 2, first_spec=50.0)
-    for i, kind in enumerate(kinds):
-        dear = kind == "s" and i > 0 and kinds[i - 1] == "p"
-        seconds += 1.0 if kind == "p" else 50.0 if dear else 3.0
-        tokens += 1 if kind == "p" else 2
-    assert seconds / tokens <= 1 + 1.5 * PlainGuard().probe_share
-
-
-def _simulate(guard: PlainGuard, spec_seconds: float, spec_tokens: int, steps: int) -> float:
-    """Run `steps` steps against a guard (plain: 1 s a token; a speculative step: a 1 s target pass, the rest
-    drafting); seconds per token overall."""
-    seconds = tokens = 0.0
-    for _ in range(steps):
-        plain = guard.plain_next()
-        spent, emitted = (1.0, 1) if plain else (spec_seconds, spec_tokens)
-        guard.observe(spent, emitted, plain=plain, draft_seconds=0.0 if plain else spec_seconds - 1.0)
-        seconds, tokens = seconds + spent, tokens + emitted
-    return seconds / tokens
+    assert _seconds_per_token(kinds, 3.0, 2, first_spec=50.0) <= 1 + 1.5 * PlainGuard().probe_share
 
 
 @pytest.mark.parametrize("spec_seconds", [3.0, 10.0, 40.0])
@@ -180,10 +176,12 @@ def test_probes_that_lose_much_wait_long_enough_to_stay_near_plain(spec_seconds)
     """A speculative step far dearer than the tokens it brings (a draft as dear as the target): each lost probe is
     repaid by plain steps, so decoding stays within the probe share of plain's time, however dear the step; the
     doubling backoff alone (at most 64 plain steps a probe) would not bound it."""
-    guard = PlainGuard(patience=2)
-    assert _simulate(guard, spec_seconds, 2, 5000) <= 1 + 1.5 * guard.probe_share  # each probe: 3 steps, 2 judged
+    guard = PlainGuard(patience=2)  # no plain step measured: plain is estimated as a step without its drafting
+    kinds = _steps(guard, 5000, spec_seconds, 2)
+    assert _seconds_per_token(kinds, spec_seconds, 2) <= 1 + 1.5 * guard.probe_share  # a probe: 3 steps, 2 judged
     if spec_seconds >= 10:
-        assert _simulate(PlainGuard(patience=2, probe_share=1e9), spec_seconds, 2, 5000) > 1.3
+        doubling_only = _steps(PlainGuard(patience=2, probe_share=1e9), 5000, spec_seconds, 2)
+        assert _seconds_per_token(doubling_only, spec_seconds, 2) > 1.3
 
 
 def test_a_guard_is_remembered_across_calls_by_target_and_key():

@@ -72,8 +72,9 @@ def _plain(target, ids, **kwargs):
     return target.generate(ids, do_sample=False, **kwargs)
 
 
-def _staged(target, assistant, ids, stages, **kwargs):
-    settings = {} if stages is None else {"stages": stages}
+def _staged(target, assistant, ids, stages, budget=None, **kwargs):
+    """`budget`: a fixed tree size (trees sized every step follow measured timings: counts vary from run to run)."""
+    settings = ({} if stages is None else {"stages": stages}) | ({} if budget is None else {"budget": budget})
     return target.generate(ids, assistant_model=assistant, speculation="staged", speculation_config=settings,
                            do_sample=False, **kwargs)
 
@@ -104,9 +105,8 @@ def test_greedy_identical_with_processors(trio, lm_file, processor_kwargs):
 def test_max_new_tokens_inside_a_block(trio, new_tokens):
     target = trio[0]
     ids = random_prompt(torch.Generator().manual_seed(3), 5)
-    out = target.generate(ids, assistant_model=target, speculation="staged", do_sample=False,
-                          speculation_config={"stages": [target, "ngram"], "budget": 32}, max_new_tokens=new_tokens,
-                          return_dict_in_generate=True)  # a fixed budget: sized trees follow measured timings
+    out = _staged(target, target, ids, [target, "ngram"], budget=32, max_new_tokens=new_tokens,
+                  return_dict_in_generate=True)
     assert torch.equal(out.sequences, _plain(target, ids, max_new_tokens=new_tokens))
     assert out.speculation_stats.target_forwards <= (new_tokens + 2) // 3  # blocks of >= 3 tokens, cut inside one
 
@@ -135,8 +135,7 @@ def test_lower_stage_saves_draft_passes_on_repetitive_text(trio):
     want = _plain(target, ids, max_new_tokens=48)
     passes = {}
     for name, stages in [("alone", []), ("ngram", ["ngram"])]:
-        out = target.generate(ids, assistant_model=target, speculation="staged", do_sample=False, max_new_tokens=48,
-                              speculation_config={"stages": stages, "budget": 32}, return_dict_in_generate=True)
+        out = _staged(target, target, ids, stages, budget=32, max_new_tokens=48, return_dict_in_generate=True)
         assert torch.equal(out.sequences, want)
         passes[name] = out.speculation_stats.draft_forwards / out.speculation_stats.new_tokens
     assert passes["ngram"] < 0.7 * passes["alone"], passes

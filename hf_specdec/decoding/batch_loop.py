@@ -36,6 +36,7 @@ from ..draft.guarded import root_only
 from ..plan.guard import PlainGuard
 from ..plan.sizing import row_share
 from ..plan.step_sizing import StepSizer
+from ..verify import RandomSource
 from .batch_cache import FinishedRows
 from .loop import _prefill, _record, _renumbered, fit_positions, lean_target
 from .stats import SpeculationStats
@@ -213,10 +214,10 @@ def batch_speculative_loop(
 
 
 def verify_rows(verifier: Verifier, trees: list[TokenTree], scores: list, generator: torch.Generator | None,
-                source: object | None = None) -> list[Verdict]:
+                source: RandomSource | None = None) -> list[Verdict]:
     """Every row's verdict, decided together where the verifier can (greedy: one read), else row by row (the
     sampling verifiers: each row's walk reads as a single sequence's does, the rows drawing one after another from
-    one generator). `source`: a `verify.RandomSource` the sampling verifiers draw from instead of `generator` (the
+    one generator). `source`: what the sampling verifiers draw from instead of `generator` (the
     exactness tests script one to enumerate every outcome of a batch step)."""
     together = getattr(verifier, "verify_rows", None)
     if together is not None:
