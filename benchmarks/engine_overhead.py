@@ -18,7 +18,9 @@ Transformers' rows of the accepted path). `--compare-before-21f`: the engine bef
 after the top-k, the target's rows cut vocabulary-wide, not on their top-k columns). `--compare-before-21g`: torch's
 own argmax and top-k over whole rows (before `core/wide_rows.py`). `--compare-guard-per-call`: the measured guard
 judging afresh at each call with the doubling waits only (as before it was remembered across calls). `--top-p 1.0`
-samples as the real-pair bench does by default (T=0.7, top-k 50).
+samples as the real-pair bench does by default (T=0.7, top-k 50). `--defaults` runs every method as
+`speculation="<name>"` gives it (trees sized every step where the method sizes them), `--no-guard` makes every step
+speculate (the engine's cost around speculation, never a plain step's).
 
 Prints a table of medians (over prompts) and writes JSON with the machine (CPU model, flags, torch version).
 """
@@ -88,12 +90,19 @@ class ForwardTimer:
             self.passes += 1
 
 
-def methods(draft: torch.nn.Module) -> dict[str, dict]:
+def methods(draft: torch.nn.Module, defaults: bool = False) -> dict[str, dict]:
+    """Each method with the fixed trees above, or with `defaults` as `speculation="<name>"` gives them (chain's own
+    length and stop, sequoia's plan looked up, specexec's and staged's trees sized every step)."""
+    if defaults:
+        return {"plain": {}, "assisted (Transformers)": {"assistant_model": draft},
+                **{name: {"assistant_model": draft, "speculation": config()} for name, config in
+                   (("chain", ChainConfig), ("sequoia", SequoiaConfig), ("specexec", SpecExecConfig),
+                    ("staged", StagedConfig))}}
     sequoia = SequoiaConfig(plan=plan_tree(ACCEPTANCE, 32, 8))
     return {
         "plain": {},
         "assisted (Transformers)": {"assistant_model": draft},
-        "chain": {"assistant_model": draft, "speculation": ChainConfig(num_draft_tokens=4)},
+        "chain": {"assistant_model": draft, "speculation": ChainConfig(num_draft_tokens=4, confidence_threshold=None)},
         "sequoia": {"assistant_model": draft, "speculation": sequoia},
         "specexec": {"assistant_model": draft, "speculation": SpecExecConfig(budget=32)},
         "staged": {"assistant_model": draft, "speculation": StagedConfig(budget=32)},
@@ -226,6 +235,8 @@ def main() -> None:
                         help="Also run each speculative method on the engine before branch issue21f, interleaved.")
     parser.add_argument("--compare-before-21g", action="store_true",
                         help="Also run each speculative method with torch's argmax/top-k over whole rows, interleaved.")
+    parser.add_argument("--defaults", action="store_true",
+                        help="Every method at its defaults (trees sized every step) instead of the fixed trees.")
     parser.add_argument("--no-guard", action="store_true",
                         help="Every method with guard=False: each step speculates (the guard, remembered across "
                         "calls, turns a losing method plain for good here, and plain steps cost no engine).")
@@ -243,7 +254,7 @@ def main() -> None:
     timer = ForwardTimer(target, draft)
     generator = torch.Generator().manual_seed(0)
     prompts = [torch.randint(3, 5000, (1, 16 + 8 * i), generator=generator) for i in range(args.prompts)]
-    table = methods(draft)
+    table = methods(draft, args.defaults)
     if args.no_guard:  # every step speculates: the engine's cost around speculation, never a plain step's
         table = {name: {**kwargs, "speculation": dataclasses.replace(kwargs["speculation"], guard=False)}
                  if "speculation" in kwargs else kwargs for name, kwargs in table.items()}

@@ -74,9 +74,15 @@ from hf_specdec.plan.plan_file import pair_placement  # noqa: E402
 from hf_specdec.plan.sequoia import plan_tree  # noqa: E402
 from hf_specdec.plan.sizing import HardwareProfile  # noqa: E402
 
+
+def fixed_chain(length: int, **settings) -> ChainConfig:
+    """A chain of `length` tokens every step (no confidence stop): the same passes whatever the draft proposes."""
+    return ChainConfig(num_draft_tokens=length, confidence_threshold=None, **settings)
+
+
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 FIXED = {  # correctness and syncs: fixed shapes, so every dtype and kernel runs the same trees
-    "chain": ChainConfig(num_draft_tokens=4),
+    "chain": fixed_chain(4),
     "tree": TreeConfig(widths=[3, 2]),
     "sequoia": SequoiaConfig(plan=plan_tree(ACCEPTANCE, 32, 8)),
     "specexec": SpecExecConfig(budget=32),
@@ -560,8 +566,8 @@ def step_parts(run: Run, target, draft, prompts, new_tokens: int, rounds: int = 
     table = {"plain": {}, "assisted (Transformers)": {"assistant_model": draft},
              "chain": {"assistant_model": draft, "speculation": "chain"},
              "chain 4, guard off": {"assistant_model": draft,
-                                    "speculation": ChainConfig(num_draft_tokens=4, guard=False)},
-             "chain 8": {"assistant_model": draft, "speculation": ChainConfig(num_draft_tokens=8)},
+                                    "speculation": fixed_chain(4, guard=False)},
+             "chain 8": {"assistant_model": draft, "speculation": fixed_chain(8)},
              "sequoia": {"assistant_model": draft, "speculation": "sequoia"},
              "specexec": {"assistant_model": draft, "speculation": "specexec"},
              # our eager tree passes leave cuDNN's SDPA out (core.attention): the same calls with it kept
@@ -642,7 +648,7 @@ def static_speed(run: Run, target, draft, prompts, new_tokens: int, rounds: int 
     table = {"plain (dynamic, eager)": {}, "assisted (Transformers, dynamic, eager)": {"assistant_model": draft},
              "plain (static, compiled)": static,
              "chain (static)": {"assistant_model": draft, "speculation": "chain", **static},
-             "chain 8 (static)": {"assistant_model": draft, "speculation": ChainConfig(num_draft_tokens=8), **static},
+             "chain 8 (static)": {"assistant_model": draft, "speculation": fixed_chain(8), **static},
              "sequoia (static)": {"assistant_model": draft, "speculation": "sequoia", **static}}
 
     def measure(name: str, kwargs: dict, ids) -> dict:
@@ -845,7 +851,7 @@ def main() -> None:
         table = methods_in_memory(draft)
         if args.explicit:
             table.update({f"chain {k} tokens": {"assistant_model": draft,
-                                                 "speculation": ChainConfig(num_draft_tokens=k)} for k in (8,)})
+                                                 "speculation": fixed_chain(k)} for k in (8,)})
             table.update({f"specexec budget {b}": {"assistant_model": draft, "speculation": SpecExecConfig(budget=b)}
                           for b in (16, 64, 256)})
         run.write("memory", {"pair": pair, "new_tokens": new,

@@ -92,9 +92,6 @@ CASES = [
      "pass speculation_config={'max_ngram': 2} instead"),
     ("a bad confidence threshold", dict(speculation="chain", speculation_config={"confidence_threshold": 1.0}),
      "confidence_threshold must be a probability in"),
-    ("a confident chain on a batch", dict(speculation="chain", inputs=_ids(batch=2),
-                                         speculation_config={"confidence_threshold": 0.4}),
-     "2 sequences. does not support chain's confidence_threshold"),
 ]
 
 

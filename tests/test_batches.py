@@ -22,6 +22,7 @@ from tests.test_generate_options import stop_tokenizer  # noqa: F401  (a fixture
 
 METHODS = ["chain", "tree", "sequoia", "sequoia-online", "specexec", "staged", "prompt_lookup"]
 NEW = 20
+WHOLE_CHAIN_3 = {"num_draft_tokens": 3, "confidence_threshold": None, "guard": False}  # 3 tokens, every step
 
 
 def near_draft(target, noise: float = 0.2, seed: int = 1):
@@ -241,13 +242,35 @@ def test_fixed_shapes_draft_all_rows_in_lockstep():
         lambda module, args, kwargs: rows_per_pass.append(kwargs["input_ids"].shape[0]), with_kwargs=True)
     try:
         out = target.generate(ids, attention_mask=mask, max_new_tokens=NEW, do_sample=False, assistant_model=draft,
-                              speculation="chain", speculation_config={"num_draft_tokens": 3, "guard": False},
+                              speculation="chain", speculation_config=WHOLE_CHAIN_3,
                               return_dict_in_generate=True)
     finally:
         hook.remove()
     steps = max(row.target_forwards for row in out.speculation_stats)
     assert len(rows_per_pass) == 3 * steps == out.speculation_stats[0].draft_forwards
     assert rows_per_pass[0] == 4
+
+
+@pytest.mark.parametrize("do_sample", [False, True])
+def test_a_confident_chain_stops_the_batch_where_no_row_is_sure(near_pair, do_sample):
+    """A chain's `confidence_threshold` on a batch: the next level is drafted while some row's last token is at
+    least that likely. Greedy, every row equals plain batched decoding; a threshold above every draft probability
+    drafts one level a step, one at 0 the whole chain, one in between the draft's own probabilities in between."""
+    target, draft = near_pair
+    ids, mask = padded_batch(5, [0, 2, 4])
+    call = dict(attention_mask=mask, max_new_tokens=NEW, do_sample=do_sample)
+    plain = target.generate(ids, **call) if not do_sample else None
+    passes = {}
+    for threshold in (0.0, 0.1, 0.999):
+        torch.manual_seed(0)
+        out = target.generate(ids, **call, assistant_model=draft, speculation="chain", return_dict_in_generate=True,
+                              speculation_config={"num_draft_tokens": 6, "confidence_threshold": threshold,
+                                                  "guard": False})
+        assert plain is None or torch.equal(out.sequences, plain)
+        steps = max(row.target_forwards for row in out.speculation_stats)  # rows that finish leave the batch
+        passes[threshold] = out.speculation_stats[0].draft_forwards / steps  # draft passes per step (every row's)
+    assert passes[0.0] == 6 and passes[0.999] == 1  # one pass feeds the emitted tokens and gives the roots' logits
+    assert 1 < passes[0.1] < 6
 
 
 def test_sequoia_trees_shrink_as_the_batch_grows():
@@ -394,7 +417,8 @@ def test_a_bigger_batch_drafts_shorter_chains_and_each_row_counts_them(monkeypat
         ids, mask = padded_batch(rows, [0, 2, 4, 1][:rows])
         call = dict(attention_mask=mask, max_new_tokens=NEW, do_sample=False)
         out = target.generate(ids, **call, assistant_model=draft, speculation="chain",
-                              speculation_config={"num_draft_tokens": 3}, return_dict_in_generate=True)
+                              speculation_config={"num_draft_tokens": 3, "confidence_threshold": None},
+                              return_dict_in_generate=True)
         assert torch.equal(out.sequences, target.generate(ids, **call))
         nodes[rows] = {size for active, size in drafters[-1].choices if active == rows}
         shrunk = [row.shrunk_steps for row in out.speculation_stats]
@@ -588,7 +612,7 @@ def hooked_chain_call(target, draft, ids: torch.Tensor, mask: torch.Tensor, hook
     call = dict(attention_mask=mask, max_new_tokens=NEW, do_sample=False)
     try:
         out = target.generate(ids, **call, assistant_model=draft, speculation="chain",
-                              speculation_config={"num_draft_tokens": 3, "guard": False}, return_dict_in_generate=True)
+                              speculation_config=WHOLE_CHAIN_3, return_dict_in_generate=True)
     finally:
         hook.remove()
     assert torch.equal(out.sequences, target.generate(ids, **call))

@@ -363,7 +363,8 @@ def test_guard_false_keeps_every_step_speculative(monkeypatch):
     ids = random_prompt(torch.Generator().manual_seed(5), 9)
     plain = target.generate(ids, do_sample=False, max_new_tokens=32)
     guarded_out = _generate(target, target, ids, "chain", new=32)
-    free = _generate(target, target, ids, ChainConfig(guard=False), new=32)
+    free = _generate(target, target, ids, ChainConfig(num_draft_tokens=4, confidence_threshold=None, guard=False),
+                     new=32)
     assert torch.equal(guarded_out.sequences, plain) and torch.equal(free.sequences, plain)
     assert guarded_out.speculation_stats.plain_steps > 0
     assert free.speculation_stats.plain_steps == 0 and free.speculation_stats.mean_tokens_per_step >= 3.5

@@ -7,8 +7,11 @@ children, a sampled row's top-k columns), so on small models they become most of
 
 Both functions here read the row once through a vectorised block maximum (`amax` over blocks of `BLOCK` columns),
 then run the slow operation on a few blocks only:
-- `row_argmax`: the first block holding the row's maximum, then the first column inside it holding it: exactly
-  `torch.argmax(dim=-1)`, which returns the first maximal column (NaN rows take `torch.argmax` itself).
+- `row_argmax`: the first block holding the row's maximum (`argmax` over the block maxima), then the first column
+  inside it holding it: exactly `torch.argmax(dim=-1)`, which returns the first maximal column. NaN counts as the
+  maximum in `amax` and in both `argmax`es alike, so a NaN row gives its first NaN, as torch does. The columns past
+  the last whole block are read as one more block that overlaps the one before it: where that block wins, no
+  earlier block holds the maximum. No host read.
 - `row_topk`: the blocks whose maximum is at least the k-th largest block maximum hold at least k columns that
   large, so they hold the row's k largest values; a top-k over them gives the values `torch.topk` gives. Among
   columns with equal values either may return any of them (torch promises no order of ties).
@@ -25,29 +28,20 @@ WIDE = 16_384  # narrower rows take torch's own operation
 
 def row_argmax(rows: torch.Tensor) -> torch.Tensor:
     """`rows.argmax(dim=-1)` for `(m, V)` rows: the first column holding each row's maximum."""
-    blocks = _blocks(rows)
-    if blocks is None:
+    maxima = _block_maxima(rows)
+    if maxima is None:
         return rows.argmax(dim=-1)
-    maxima, tail = blocks
-    best = maxima.amax(dim=-1)
-    if tail.shape[1]:
-        best = torch.maximum(best, tail.amax(dim=-1))
-    if bool(best.isnan().any()):  # amax and argmax treat NaN alike only by luck: leave NaN rows to torch
-        return rows.argmax(dim=-1)
-    holds = maxima == best[:, None]
-    block = holds.to(torch.uint8).argmax(dim=-1)  # the first block holding the maximum (a few thousand entries)
-    in_head = holds.any(dim=-1)
-    starts = torch.where(in_head, block * BLOCK, maxima.shape[1] * BLOCK)
     width = rows.shape[1]
-    span = min(BLOCK, width)  # the tail is shorter than a block: read it with a clamped window
-    columns = (starts[:, None] + torch.arange(span, device=rows.device)).clamp(max=width - 1)
-    window = rows.gather(1, columns)
-    first = (window == best[:, None].to(rows.dtype)).to(torch.uint8).argmax(dim=-1)
-    return columns.gather(1, first[:, None])[:, 0]
+    starts = (maxima.argmax(dim=-1) * BLOCK).clamp_(max=width - BLOCK)  # the overlapping last block starts early
+    columns = starts[:, None] + torch.arange(BLOCK, device=rows.device)
+    return starts + rows.gather(1, columns).argmax(dim=-1)
 
 
 def row_topk(rows: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """`(values, indices)` of `rows.topk(k, dim=-1)` for `(m, V)` rows, values in descending order."""
+    if k == 1 and rows.dim() == 2 and rows.shape[1]:  # a chain's child, greedy: the argmax, without a host read
+        columns = row_argmax(rows)[:, None]
+        return rows.gather(1, columns), columns
     blocks = _blocks(rows) if 0 < k <= rows.shape[-1] // (4 * BLOCK) else None
     if blocks is None:
         top = rows.topk(k, dim=-1)
@@ -79,3 +73,15 @@ def _blocks(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
     count = width // BLOCK
     head = rows.as_strided((m, count, BLOCK), (rows.stride(0), BLOCK, 1))
     return head.amax(dim=-1), rows[:, count * BLOCK :]
+
+
+def _block_maxima(rows: torch.Tensor) -> torch.Tensor | None:
+    """Each row's block maxima `(m, ceil(V / BLOCK))`, the last block overlapping the one before it where `BLOCK`
+    does not divide V; None where torch's own operation is as fast (see `_blocks`)."""
+    blocks = _blocks(rows)
+    if blocks is None:
+        return None
+    maxima, tail = blocks
+    if not tail.shape[1]:
+        return maxima
+    return torch.cat([maxima, rows[:, -BLOCK:].amax(dim=-1, keepdim=True)], dim=1)

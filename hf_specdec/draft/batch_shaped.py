@@ -8,9 +8,17 @@ ancestors (the same slots in every row: the shape is shared, the tokens are each
 row keeps the slots of the accepted nodes the draft forwarded (ragged, as the target keeps its accepted nodes), so
 the next step's first pass feeds a row only what the draft has not seen: the bonus token and the accepted leaf,
 not the whole accepted block again.
+
+With `threshold` (a chain's `confidence_threshold`), the next level is drafted only while some row's last drafted
+token has a draft probability of at least `threshold` (one read per level): Transformers' confidence stop, taken for
+the batch as a whole (read with the drafted tokens, which a step that stops needs no second read for). Rows already
+below it draft on with the others; their deeper tokens are proposed as usual.
+Exact as the single sequence's stop is: it reads drafted tokens only, never a verdict.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 from transformers import DynamicCache, LogitsProcessorList, PreTrainedModel
@@ -39,6 +47,7 @@ class LockstepShapeDrafter:
         child_selection: str = "top_k",
         generator: torch.Generator | None = None,
         vocab: int | None = None,
+        threshold: float | None = None,
     ) -> None:
         self.plan = ModelTreeDrafter(draft_model, shape, None, child_selection, generator, vocab)  # shape + levels
         self.model, self.vocab = draft_model, vocab
@@ -57,6 +66,8 @@ class LockstepShapeDrafter:
         self.node_slots = 0  # cache columns the last step's level passes appended after the committed ones
         self.kept_slots: list[list[int]] = [[] for _ in range(rows)]  # per batch row: of those, its accepted ones
         self._nodes: list[list[int] | None] = [None] * rows  # per batch row: the shape node of each tree node
+        self.log_threshold = math.log(threshold) if threshold else None  # None: every level, every step
+        self.levels_run = 0  # levels drafted in the last step: nodes deeper than that were never forwarded
         self.clock = PassClock(self.device)
         self.forward_count = 0
         self.prefill_seconds = 0.0  # of the draft passes, the first: it reads every row's prompt (the call's setup)
@@ -122,7 +133,8 @@ class LockstepShapeDrafter:
         draft_probs = torch.zeros(batch, n, root_logits.shape[-1], device=device) if sampling else None
         root_positions = self.rows.valid.sum(dim=1, keepdim=True) - 1
         forwarded = 0
-        for level in plan.levels:
+        for index, level in enumerate(plan.levels):
+            self.levels_run = index + 1
             if level.parent_list[0] == 0:
                 level_logits = root_logits[:, None]
             else:
@@ -146,8 +158,16 @@ class LockstepShapeDrafter:
                                    self.generator).view(batch, len(level.parent_list), -1)
             kids = torch.where(tokens[:, level.parents, None] >= 0, kids, -1)
             tokens[:, level.children] = kids[:, level.rows, level.cols]
+            if self.log_threshold is not None and index + 1 < len(plan.levels):
+                logq = scores.float().log_softmax(-1).gather(-1, kids.clamp(min=0))
+                sure = ((logq >= self.log_threshold) & (kids >= 0)).any()
+                read = torch.cat([sure.long()[None], tokens.flatten()]).tolist()  # the level's one read
+                if not read[0]:  # no row's last token likely enough: deeper levels stay undrafted (-1), pruned
+                    token_lists = [read[1 + row * n : 1 + (row + 1) * n] for row in range(batch)]
+                    break
+        else:
+            token_lists = tokens.tolist()  # the step's one read of the drafted tokens
         self.node_slots = forwarded  # kept past the verdicts: `accept` says which each row keeps
-        token_lists = tokens.tolist()  # the step's one read of the drafted tokens
         trees = []
         for row, token_list in enumerate(token_lists):
             tree = TokenTree(tokens=tokens[row], parents=shape.parents, _depths=shape.depths,
@@ -179,9 +199,10 @@ class LockstepShapeDrafter:
     def accept(self, index: int, input_ids: torch.Tensor, tree: TokenTree, verdict) -> None:
         """Batch row `index` keeps the slots of the accepted nodes the draft forwarded (a prefix of the accepted
         path); the next step feeds it the rest of what it emitted."""
-        nodes = self._nodes[index]
+        nodes, depths = self._nodes[index], self.plan.host_shape.depths()
         path = [node if nodes is None else nodes[node] for node in verdict.path[1:]]
-        self.kept_slots[index] = forwarded_prefix([self.plan.slot_of[node] for node in path])
+        slots = [self.plan.slot_of[node] if depths[node] < self.levels_run else -1 for node in path]
+        self.kept_slots[index] = forwarded_prefix(slots)
 
     def observe_step(self, sizes: list[int], seconds: float, emitted: list[int]) -> None:
         """The step's target pass over trees of `sizes` nodes took `seconds`; the rows emitted `emitted` tokens. A

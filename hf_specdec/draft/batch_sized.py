@@ -43,8 +43,9 @@ class SizedLockstepDrafter(LockstepShapeDrafter):
         generator: torch.Generator | None = None,
         vocab: int | None = None,
         guard: PlainGuard | None = None,
+        threshold: float | None = None,
     ) -> None:
-        super().__init__(draft_model, [-1], rows, logits_processor, child_selection, generator, vocab)
+        super().__init__(draft_model, [-1], rows, logits_processor, child_selection, generator, vocab, threshold)
         self.menu, self.sizer, self.guard = menu, sizer, guard
         self.chooser = ShapeChooser(menu, full_size)  # full_size: the method's full tree (a smaller one is shrunk)
         self.single = sizer.profile if sizer is not None else None  # the curves of one sequence

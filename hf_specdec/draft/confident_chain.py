@@ -21,7 +21,8 @@ from .shaped_tree import ModelTreeDrafter, ShapeLevel
 
 class ConfidentChainDrafter(ModelTreeDrafter):
     """`ModelTreeDrafter` over a chain, whose next level is drafted only while the last token's draft probability is
-    at least `threshold` (one scalar read per drafted token)."""
+    at least `threshold`: one read per drafted level, which also brings the drafted tokens where the chain stops (a
+    step that stops reads nothing more than a whole chain's step)."""
 
     def __init__(
         self,
@@ -35,13 +36,25 @@ class ConfidentChainDrafter(ModelTreeDrafter):
     ) -> None:
         super().__init__(draft_model, shape, logits_processor, child_selection, generator, vocab)
         self.log_threshold = math.log(threshold)  # 0 < threshold < 1: ChainConfig drafts the whole chain for 0
-        self._last_logq: torch.Tensor | None = None  # (1, 1): the last drafted token's draft log-probability
+        self._tokens: torch.Tensor | None = None  # the step's tokens (-1 where not drafted yet), filled level by level
+        self._last_logq: Callable[[], torch.Tensor] | None = None  # the last level's draft log-probabilities, (1, 1)
+        self._read: list[int] | None = None  # the drafted tokens, read with the decision that stopped the chain
 
     def _step_started(self, tokens: torch.Tensor) -> None:
-        self._last_logq = None
+        self._tokens, self._last_logq, self._read = tokens, None, None
 
     def _level_drafted(self, level: ShapeLevel, kids: torch.Tensor, logq: Callable[[], torch.Tensor]) -> None:
-        self._last_logq = logq()
+        self._last_logq = logq  # computed only if a deeper level is asked about
 
     def _level_pays(self, index: int) -> bool:
-        return self._last_logq is None or float(self._last_logq[0, 0]) >= self.log_threshold
+        if self._last_logq is None:
+            return True
+        sure = self._last_logq()[0, :1] >= self.log_threshold  # -inf where no child was drafted
+        read = torch.cat([sure.long(), self._tokens]).tolist()
+        if read[0]:
+            return True
+        self._read = read[1:]
+        return False
+
+    def _read_tokens(self, tokens: torch.Tensor) -> list[int]:
+        return self._read if self._read is not None else tokens.tolist()

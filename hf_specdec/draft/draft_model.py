@@ -270,15 +270,16 @@ class DraftModelRunner:
 
     def _allowed(self, sees: torch.Tensor, m: int) -> torch.Tensor:
         """`(m + k, past + old + m + k)` bool on the host: which key each fed token sees (the `m` fresh committed
-        tokens causally, the `k` nodes the committed part, the fresh tokens and what `sees` says)."""
+        tokens causally, the `k` nodes the committed part, the fresh tokens and what `sees` says). A few ops: a
+        draft pass runs this every time, so each op counts."""
         past, old, k = len(self.committed), self.num_nodes, sees.shape[0]
-        allowed = torch.zeros(m + k, past + old + m + k, dtype=torch.bool)
-        allowed[:, :past] = True
-        allowed[:m, past : past + m] = torch.ones(m, m, dtype=torch.bool).tril()  # old == 0 if m > 0
-        allowed[m:, past + old : past + old + m] = True
-        allowed[m:, past : past + old] = sees[:, :old]
-        allowed[m:, past + old + m :] = sees[:, old:] | torch.eye(k, dtype=torch.bool)
-        return allowed
+        assert not (m and old), "fresh committed tokens come with a catch-up, which drops the node slots"
+        ones = torch.ones(k, past + m, dtype=torch.bool)  # nodes see the committed part and the fresh tokens
+        nodes = torch.cat([ones, sees[:, :old], sees[:, old:] | torch.eye(k, dtype=torch.bool)], dim=1)
+        if not m:
+            return nodes
+        fresh = torch.ones(m, past + m + k, dtype=torch.bool).tril_(past)  # causal among themselves, no node
+        return torch.cat([fresh, nodes])
 
     def _key_positions(self, positions: torch.Tensor) -> torch.Tensor:
         """Position of every key of a pass (host): the committed tokens, the earlier node slots, then the fed ones."""

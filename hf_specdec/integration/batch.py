@@ -87,7 +87,8 @@ def batch_drafter(model: PreTrainedModel, rows: int, logits_processor: LogitsPro
     if isinstance(config, StaticShapeConfig):
         if not config.guard:  # the shape whole, every step
             return LockstepShapeDrafter(call.assistant_model, config.shape(), rows, processors,
-                                        verifier.child_selection, call.generator, vocab_size(model))
+                                        verifier.child_selection, call.generator, vocab_size(model),
+                                        config.stop_below())
         sizing = batch_sizing(config, plan)
         if sizing is None:  # no curves: the shape whole, behind the guard
             menu, sizer, ranks = ShapeMenu.of([config.shape()]), None, []
@@ -97,7 +98,7 @@ def batch_drafter(model: PreTrainedModel, rows: int, logits_processor: LogitsPro
             ranks = [RankAcceptance(sizing.acceptance, menu.width) for _ in range(rows)]
         return SizedLockstepDrafter(call.assistant_model, menu, sizer, ranks, len(config.shape()), rows, processors,
                                     verifier.child_selection, call.generator, vocab_size(model),
-                                    batch_guard(model, call, logits_processor, rows))
+                                    batch_guard(model, call, logits_processor, rows), config.stop_below())
     drafters = []
     for row in range(rows):  # each row its own draft cache and state
         drafter = config.make_drafter(model, call.assistant_model, processors[row], verifier.child_selection,

@@ -26,6 +26,11 @@ class StaticShapeConfig(SpeculationConfig):
     def drafts(self) -> bool:
         return len(self.shape()) > 1
 
+    def stop_below(self) -> float | None:
+        """A draft probability: a step drafts no deeper level once its last tokens are all less likely than this
+        (None: every level of the shape, every step)."""
+        return None
+
     def shape_menu(self) -> ShapeMenu:
         """The shapes a batch sized every step chooses from (the root alone always among them): the shape cut after
         each of its levels (a chain's shorter chains)."""

@@ -18,15 +18,19 @@ from ..static_shape import StaticShapeConfig
 @register_speculation
 @dataclass
 class ChainConfig(StaticShapeConfig):
-    """Classic speculative decoding: the draft proposes one chain of `num_draft_tokens` tokens per step."""
+    """Classic speculative decoding: the draft proposes one chain per step, of up to `num_draft_tokens` tokens,
+    stopped where the draft is unsure (Transformers' assisted generation's defaults)."""
 
     method = "chain"
-    num_draft_tokens: int = field(default=4, metadata={"help": "Tokens drafted per step (chain length)."})
+    num_draft_tokens: int = field(
+        default=20, metadata={"help": "The most tokens drafted per step (chain length); 20, as Transformers' "
+                              "num_assistant_tokens."})
     confidence_threshold: float | None = field(
-        default=None,
+        default=0.4,
         metadata={"help": "Stop a step's chain after a token the draft gives a probability below this (Transformers' "
-                  "assistant_confidence_threshold; its assisted generation drafts up to 20 tokens at 0.4). None: "
-                  "always num_draft_tokens (0 too). One sequence at a time: a batch drafts one length for all rows."},
+                  "assistant_confidence_threshold, 0.4 by default there too): long chains where the draft is sure, "
+                  "short ones where it is not. None or 0: always num_draft_tokens. A batch drafts one length for "
+                  "all its rows: on while any row's last token is at least this likely."},
     )
 
     def validate(self) -> None:
@@ -37,11 +41,8 @@ class ChainConfig(StaticShapeConfig):
                                       or not 0 <= threshold < 1):
             raise ValueError(f"confidence_threshold must be a probability in [0, 1) or None, got {threshold!r}.")
 
-    def batch_refusal(self) -> tuple[str, str] | None:
-        if self.confidence_threshold:  # 0 stops nothing, as in Transformers
-            return ("chain's confidence_threshold (a batch drafts one chain length for all its rows)",
-                    "drop confidence_threshold from speculation_config")
-        return None
+    def stop_below(self) -> float | None:
+        return float(self.confidence_threshold) if self.confidence_threshold else None  # 0 stops nothing
 
     def make_drafter(
         self,
@@ -51,9 +52,9 @@ class ChainConfig(StaticShapeConfig):
         child_selection: str,
         generator: torch.Generator | None,
     ) -> ModelTreeDrafter:
-        if not self.confidence_threshold:  # None or 0: the whole chain every step
+        if self.stop_below() is None:  # the whole chain every step
             return super().make_drafter(target, assistant_model, logits_processor, child_selection, generator)
-        return ConfidentChainDrafter(assistant_model, self.shape(), float(self.confidence_threshold),
+        return ConfidentChainDrafter(assistant_model, self.shape(), self.stop_below(),
                                      logits_processor, child_selection, generator, vocab_size(target))
 
     def shape(self) -> list[int]:
