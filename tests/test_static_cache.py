@@ -454,3 +454,16 @@ def test_real_pair_on_a_static_cache_equals_plain_static_generate(real_pair_fp32
     assert out.speculation_stats.target_forwards < 48 / 2
     assert out.speculation_stats.tree_pass_sizes == {32}  # one shape for the whole call
     assert out.speculation_stats.draft_pass_sizes  # the draft on a static cache too
+
+
+def test_a_chain_cut_short_by_its_confidence_stop_on_a_static_cache():
+    """`chain`'s confidence stop on a static cache: steps draft chains of different lengths (padded passes of several
+    sizes, slots of levels never run left out), and the output is plain static generate's."""
+    target = tiny("Llama")
+    ids, n = prompt(), new_tokens(family("Llama"))
+    out = target.generate(ids, assistant_model=copy.deepcopy(target), speculation="chain", do_sample=False,
+                          speculation_config={"num_draft_tokens": 6, "confidence_threshold": 0.05}, max_new_tokens=n,
+                          cache_implementation="static", return_dict_in_generate=True)
+    assert torch.equal(out.sequences, plain_static(target, ids, n))
+    steps = out.speculation_stats.tokens_per_step
+    assert max(steps) > 2 and min(steps[:-1]) < 7, steps  # some chains ran deeper than one token, some stopped short
