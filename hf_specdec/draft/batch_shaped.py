@@ -32,7 +32,7 @@ from ..core.model_inputs import explicit_parameters
 from ..core.processing import process_tree_scores
 from ..core.tree import HostTree, TokenTree, additive_mask
 from .draft_model import forwarded_prefix
-from .shaped_tree import ModelTreeDrafter
+from .shaped_tree import ModelTreeDrafter, read_with_tokens
 
 
 class LockstepShapeDrafter:
@@ -68,6 +68,7 @@ class LockstepShapeDrafter:
         self._nodes: list[list[int] | None] = [None] * rows  # per batch row: the shape node of each tree node
         self.log_threshold = math.log(threshold) if threshold else None  # None: every level, every step
         self.levels_run = 0  # levels drafted in the last step: nodes deeper than that were never forwarded
+        self.forwarded_slots: list[int] = []  # per shape node, its draft-cache slot in the last step (-1: none)
         self.clock = PassClock(self.device)
         self.forward_count = 0
         self.prefill_seconds = 0.0  # of the draft passes, the first: it reads every row's prompt (the call's setup)
@@ -160,14 +161,15 @@ class LockstepShapeDrafter:
             tokens[:, level.children] = kids[:, level.rows, level.cols]
             if self.log_threshold is not None and index + 1 < len(plan.levels):
                 logq = scores.float().log_softmax(-1).gather(-1, kids.clamp(min=0))
-                sure = ((logq >= self.log_threshold) & (kids >= 0)).any()
-                read = torch.cat([sure.long()[None], tokens.flatten()]).tolist()  # the level's one read
-                if not read[0]:  # no row's last token likely enough: deeper levels stay undrafted (-1), pruned
-                    token_lists = [read[1 + row * n : 1 + (row + 1) * n] for row in range(batch)]
+                sure, flat = read_with_tokens(((logq >= self.log_threshold) & (kids >= 0)).any(), tokens)
+                if not sure:  # no row's last token likely enough: deeper levels stay undrafted (-1), pruned
+                    token_lists = [flat[row * n : (row + 1) * n] for row in range(batch)]
                     break
         else:
             token_lists = tokens.tolist()  # the step's one read of the drafted tokens
         self.node_slots = forwarded  # kept past the verdicts: `accept` says which each row keeps
+        depths = plan.host_shape.depths()  # a node of a level not run was drafted, never forwarded: no slot
+        self.forwarded_slots = [slot if depth < self.levels_run else -1 for slot, depth in zip(plan.slot_of, depths)]
         trees = []
         for row, token_list in enumerate(token_lists):
             tree = TokenTree(tokens=tokens[row], parents=shape.parents, _depths=shape.depths,
@@ -199,10 +201,9 @@ class LockstepShapeDrafter:
     def accept(self, index: int, input_ids: torch.Tensor, tree: TokenTree, verdict) -> None:
         """Batch row `index` keeps the slots of the accepted nodes the draft forwarded (a prefix of the accepted
         path); the next step feeds it the rest of what it emitted."""
-        nodes, depths = self._nodes[index], self.plan.host_shape.depths()
+        nodes = self._nodes[index]
         path = [node if nodes is None else nodes[node] for node in verdict.path[1:]]
-        slots = [self.plan.slot_of[node] if depths[node] < self.levels_run else -1 for node in path]
-        self.kept_slots[index] = forwarded_prefix(slots)
+        self.kept_slots[index] = forwarded_prefix([self.forwarded_slots[node] for node in path])
 
     def observe_step(self, sizes: list[int], seconds: float, emitted: list[int]) -> None:
         """The step's target pass over trees of `sizes` nodes took `seconds`; the rows emitted `emitted` tokens. A

@@ -16,7 +16,7 @@ from collections.abc import Callable
 import torch
 from transformers import LogitsProcessorList, PreTrainedModel
 
-from .shaped_tree import ModelTreeDrafter, ShapeLevel
+from .shaped_tree import ModelTreeDrafter, ShapeLevel, read_with_tokens
 
 
 class ConfidentChainDrafter(ModelTreeDrafter):
@@ -49,12 +49,10 @@ class ConfidentChainDrafter(ModelTreeDrafter):
     def _level_pays(self, index: int) -> bool:
         if self._last_logq is None:
             return True
-        sure = self._last_logq()[0, :1] >= self.log_threshold  # -inf where no child was drafted
-        read = torch.cat([sure.long(), self._tokens]).tolist()
-        if read[0]:
-            return True
-        self._read = read[1:]
-        return False
+        sure, tokens = read_with_tokens(self._last_logq()[0, 0] >= self.log_threshold, self._tokens)  # -inf: no child
+        if not sure:
+            self._read = tokens
+        return sure
 
     def _read_tokens(self, tokens: torch.Tensor) -> list[int]:
         return self._read if self._read is not None else tokens.tolist()

@@ -224,6 +224,13 @@ class ModelTreeDrafter(DraftModelCounts, Drafter):
         self.runner.commit(self.sequence.read(input_ids), forwarded_prefix(slots))
 
 
+def read_with_tokens(flag: torch.Tensor, tokens: torch.Tensor) -> tuple[bool, list[int]]:
+    """A one-element bool `flag` and the drafted `tokens` (flattened) in one host read: a drafter deciding whether
+    to draft deeper gets, should it stop, the tokens it would otherwise read in a second transfer."""
+    read = torch.cat([flag.reshape(1).long(), tokens.flatten()]).tolist()
+    return bool(read[0]), read[1:]
+
+
 def _log_probs(scores: torch.Tensor, picked: torch.Tensor, kids: torch.Tensor) -> Callable[[], torch.Tensor]:
     """The log-probabilities of the children `kids` (-1: none), the `picked` columns of `scores`, under the softmax
     of `scores` (-inf where there is no child), computed when asked."""
