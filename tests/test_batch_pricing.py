@@ -113,7 +113,7 @@ def test_a_batch_guard_turns_plain_on_any_measured_loss():
     batched steps at 0.25 s a token, speculative ones at 0.2625."""
     for margin, turns in ((PlainGuard().margin, False), (BATCH_MARGIN, True)):
         guard = PlainGuard(patience=2, measure_plain=True, margin=margin)
-        guard.observe(1.0, 4, plain=True)
+        guard.observe(1.0, 4, plain=True, rows=4)
         for _ in range(2):
             guard.observe(2.1, 8, plain=False, rows=4)
         assert guard.plain_next() == turns

@@ -5,8 +5,10 @@ sampled rows scored on their own sequences, finished rows leaving the batch, ref
 from __future__ import annotations
 
 import copy
+import math
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 from transformers import DynamicCache, pipeline
@@ -252,16 +254,18 @@ def test_fixed_shapes_draft_all_rows_in_lockstep():
 
 
 @pytest.mark.parametrize("do_sample", [False, True])
-def test_a_confident_chain_stops_the_batch_where_no_row_is_sure(near_pair, do_sample):
-    """A chain's `confidence_threshold` on a batch: the next level is drafted while some row's last token is at
-    least that likely. Greedy, every row equals plain batched decoding; a threshold above every draft probability
-    drafts one level a step, one at 0 the whole chain, one in between the draft's own probabilities in between."""
+def test_a_confident_chain_stops_the_batch_where_its_rows_are_unsure(near_pair, do_sample):
+    """A chain's `confidence_threshold` on a batch: the next level is drafted while the rows' chains are, averaged,
+    at least that likely to go on. Greedy, every row equals plain batched decoding; a threshold above every draft
+    probability drafts one level a step, one at 0 the whole chain, one among the draft's own probabilities in
+    between."""
     target, draft = near_pair
     ids, mask = padded_batch(5, [0, 2, 4])
     call = dict(attention_mask=mask, max_new_tokens=NEW, do_sample=do_sample)
     plain = target.generate(ids, **call) if not do_sample else None
     passes = {}
-    for threshold in (0.0, 0.1, 0.999):
+    middle = 0.02 if do_sample else 0.06  # within the tiny draft's own probabilities (sampling's processed lower)
+    for threshold in (0.0, middle, 0.999):
         torch.manual_seed(0)
         out = target.generate(ids, **call, assistant_model=draft, speculation="chain", return_dict_in_generate=True,
                               speculation_config={"num_draft_tokens": 6, "confidence_threshold": threshold,
@@ -270,7 +274,46 @@ def test_a_confident_chain_stops_the_batch_where_no_row_is_sure(near_pair, do_sa
         steps = max(row.target_forwards for row in out.speculation_stats)  # rows that finish leave the batch
         passes[threshold] = out.speculation_stats[0].draft_forwards / steps  # draft passes per step (every row's)
     assert passes[0.0] == 6 and passes[0.999] == 1  # one pass feeds the emitted tokens and gives the roots' logits
-    assert 1 < passes[0.1] < 6
+    assert 1 < passes[middle] < 6
+
+
+def test_a_batch_of_one_prompt_repeated_stops_its_chain_where_the_single_sequence_does(near_pair):
+    """Rows that are all the same prompt average to each row's own probabilities, so the batch's confidence stop
+    drafts, step by step, the levels the single sequence's stop drafts: the same draft passes and target steps."""
+    target, draft = near_pair
+    ids, _ = padded_batch(5, [0])
+    config = {"num_draft_tokens": 6, "confidence_threshold": 0.06, "guard": False}  # the tiny draft: 2-10% sure
+    call = dict(max_new_tokens=NEW, assistant_model=draft, speculation="chain", return_dict_in_generate=True,
+                speculation_config=config)
+    single = target.generate(ids, **call).speculation_stats
+    batch = target.generate(ids.repeat(3, 1), attention_mask=torch.ones(3, ids.shape[1], dtype=torch.long),
+                            **call).speculation_stats
+    assert 1 < single.draft_forwards / single.target_forwards < 6  # the stop cut some chains, not all
+    assert [(row.draft_forwards, row.target_forwards) for row in batch] == [
+        (single.draft_forwards, single.target_forwards)] * 3
+
+
+def test_a_batch_drafts_on_while_its_rows_chains_average_the_threshold():
+    """The batch's stop after a level: a row whose own chain stopped (a token below the threshold) counts 0 from
+    then on; the next level is drafted while the rows' probabilities average at least the threshold. One row sure
+    of its token among eight does not keep the batch drafting; one row is the single sequence's rule exactly."""
+    from hf_specdec.draft.batch_shaped import batch_goes_on
+
+    log = torch.log
+    threshold = math.log(0.4)
+    going = torch.ones(8, dtype=torch.bool)
+    three_sure = log(torch.tensor([0.9, 0.9, 0.9, 0.1, 0.2, 0.3, 0.35, 0.39]))
+    rows, on = batch_goes_on(going, three_sure, threshold)  # 2.7 / 8 < 0.4
+    assert rows.tolist() == [True] * 3 + [False] * 5 and not on
+    four_sure = log(torch.tensor([0.9, 0.9, 0.9, 0.9, 0.2, 0.3, 0.35, 0.39]))
+    assert bool(batch_goes_on(going, four_sure, threshold)[1])  # 3.6 / 8 >= 0.4
+    stopped_rows_stay_stopped = batch_goes_on(rows, log(torch.full((8,), 0.99)), threshold)
+    assert stopped_rows_stay_stopped[0].tolist() == rows.tolist() and not stopped_rows_stay_stopped[1]
+    no_child = torch.full((2,), -math.inf)
+    assert not batch_goes_on(torch.ones(2, dtype=torch.bool), no_child, threshold)[1]
+    one = torch.ones(1, dtype=torch.bool)
+    assert bool(batch_goes_on(one, torch.tensor([threshold]), threshold)[1])
+    assert not batch_goes_on(one, torch.tensor([threshold]).nextafter(torch.tensor(-1.0)), threshold)[1]
 
 
 def test_sequoia_trees_shrink_as_the_batch_grows():
@@ -356,6 +399,28 @@ def test_the_batch_cost_model_shrinks_shapes_as_the_batch_grows():
             ranks = [RankAcceptance([0.8, 0.1, 0.05], menu.width)] * rows
             nodes.append(len(menu.shapes[menu.best(StepSizer(for_batch(profile, rows)), ranks)[0]]))
         assert nodes == sorted(nodes, reverse=True) and nodes[0] > 2 and nodes[-1] == 1, nodes
+
+
+def test_a_batch_is_priced_by_its_slowest_row():
+    """Every row drafts the same shape, and the call lasts as long as its slowest row: a batch of a sure row and an
+    unsure one is priced as two unsure rows, so it drafts the shorter chain the unsure row pays for (the rows' sum
+    would have drafted for the sure one)."""
+    from hf_specdec.plan.shape_sizing import RankAcceptance, level_cuts_menu
+    from hf_specdec.plan.shapes import chain_parents
+    from hf_specdec.plan.step_sizing import StepSizer
+
+    sizes = (1, 4, 8, 16, 32, 64, 128)
+    profile = HardwareProfile(LatencyCurve(sizes, (0.119, 0.106, 0.1425, 0.1889, 0.3254, 0.5818, 1.0937)),
+                              LatencyCurve(sizes, (0.0284, 0.0337, 0.0424, 0.0629, 0.1029, 0.1932, 0.3755)))
+    menu = level_cuts_menu(chain_parents(8))
+    sizer = StepSizer(for_batch(profile, 2))
+    sure, unsure = (RankAcceptance([p, 0.0, 0.0], menu.width) for p in (0.95, 0.5))
+    mixed = menu.seconds_per_token(sizer, [sure, unsure])
+    assert np.allclose(mixed, menu.seconds_per_token(sizer, [unsure, unsure]))
+    chosen = len(menu.shapes[menu.best(sizer, [sure, unsure])[0]])
+    assert chosen < len(menu.shapes[menu.best(sizer, [sure, sure])[0]])
+    summed = menu.seconds_per_step(sizer) / sum(menu.expected_tokens(row.vectors()) for row in (sure, unsure))
+    assert chosen < len(menu.shapes[int(summed.argmin())])
 
 
 def test_a_row_of_a_batch_prices_its_share_of_the_pass_within_the_measured_tokens():
@@ -510,14 +575,38 @@ def test_a_batch_guard_measures_a_plain_step_before_it_judges_by_one():
 
     guard = PlainGuard(patience=2, measure_plain=True)
     for _ in range(2):  # 2 s for 4 tokens; without draft passes 2 s for 4 rows: 0.5 s a token, a win on paper
-        assert not guard.plain_next()
+        assert not guard.plain_next(4)
         guard.observe(2.0, 4, plain=False, rows=4)
-    assert guard.plain_next()  # measure it
-    guard.observe(1.0, 4, plain=True)  # plain batched steps: 0.25 s a token
-    assert not guard.plain_next()
+    assert guard.plain_next(4)  # measure it
+    guard.observe(1.0, 4, plain=True, rows=4)  # plain batched steps: 0.25 s a token
+    assert not guard.plain_next(4)
     for _ in range(2):
         guard.observe(2.0, 4, plain=False, rows=4)
-    assert guard.plain_next() and guard.waiting > 0  # speculation loses to what was measured
+    assert guard.plain_next(4) and guard.waiting > 0  # speculation loses to what was measured
+
+
+def test_a_batch_guard_judges_steps_against_plain_steps_over_as_many_rows():
+    """Rows that finish make a plain batched step dearer per token (here 0.085 s a token over 8 rows, 0.2 over 2):
+    speculative steps over 2 rows at 0.1 s a token win against 2 rows' plain rate, though they would lose against
+    8 rows'; over 8 rows the same rate loses. A row count with no plain step yet is measured before it is judged."""
+    from hf_specdec.plan.guard import PlainGuard
+
+    guard = PlainGuard(patience=2, measure_plain=True, margin=1.0)
+    guard.observe(0.68, 8, plain=True, rows=8)
+    guard.observe(0.4, 2, plain=True, rows=2)
+    for _ in range(3):
+        guard.observe(1.0, 10, plain=False, rows=2)
+        assert not guard.plain_next(2)
+    for _ in range(2):
+        guard.observe(4.0, 40, plain=False, rows=8)
+    assert guard.plain_next(8) and guard.waiting > 0
+    fresh = PlainGuard(patience=2, measure_plain=True, margin=1.0)
+    fresh.observe(0.68, 8, plain=True, rows=8)
+    for _ in range(2):
+        fresh.observe(1.0, 10, plain=False, rows=5)
+    assert fresh.plain_next(5) and fresh.waiting == 0  # a plain step over 5 rows, to judge by
+    fresh.observe(0.5, 5, plain=True, rows=5)
+    assert set(fresh.plain_rates) == {8, 5}
 
 
 @pytest.mark.parametrize("method", ["chain", "specexec"])

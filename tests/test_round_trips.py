@@ -193,7 +193,7 @@ def test_greedy_batch_step_reads_at_most_draft_passes_plus_two(tiny_pair, name, 
 def test_sampled_batch_step_reads_at_most_draft_passes_per_row_plus_two(tiny_pair, name, rows):
     """Sampled rows are verified one after another, each walk reading as a single sequence's does (at most once per
     level it visits with children, so at most the lockstep drafter's passes per row; a plain batched step, which the
-    batch's guard runs once to measure plain decoding, draws each row's token with one read); the drafted tokens
+    batch's guard runs once per row count to measure plain decoding, draws each row's token with one read); the drafted tokens
     and the stopping checks stay one read each for the whole batch."""
     from tests.test_batches import near_draft
 
@@ -204,4 +204,5 @@ def test_sampled_batch_step_reads_at_most_draft_passes_per_row_plus_two(tiny_pai
     for step in counts.steps:
         assert step.reads <= rows * max(step.draft_passes, 1) + 2, (name, rows, [(s.reads, s.draft_passes)
                                                                                  for s in counts.steps])
-    assert sum(step.draft_passes == 0 for step in counts.steps) <= 1  # the guard's one measured plain step
+    # the guard's measured plain steps: one per row count the batch ran at (rows finish), to judge those rows by
+    assert sum(step.draft_passes == 0 for step in counts.steps) <= rows

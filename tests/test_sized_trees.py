@@ -167,7 +167,7 @@ def test_a_probes_first_step_is_repaid_but_not_judged():
     guard = PlainGuard()
     guard.observe(1.0, 1, plain=True)
     assert _steps(guard, 4000, 3.0, 2, first_spec=50.0).count("s") > 10  # it does probe
-    kinds = _steps(PlainGuard(plain_rate=1.0), 4000, 3.0, 2, first_spec=50.0)
+    kinds = _steps(PlainGuard(plain_rates={1: 1.0}), 4000, 3.0, 2, first_spec=50.0)
     assert _seconds_per_token(kinds, 3.0, 2, first_spec=50.0) <= 1 + 1.5 * PlainGuard().probe_share
 
 

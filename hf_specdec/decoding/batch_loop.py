@@ -76,7 +76,7 @@ class RowDrafters:
         if self._steps > 1:  # not the first step: the drafters' first passes read every row's prompt
             began, drafted, plain, rows = self._step
             self.guard.observe(now - began, self._tokens, plain, drafting - drafted, rows=rows)
-        plain = self.guard.plain_next()
+        plain = self.guard.plain_next(len(self.active))
         self._step, self._tokens, self._steps = (now, drafting, plain, len(self.active)), 0, self._steps + 1
         return plain
 

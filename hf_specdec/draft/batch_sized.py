@@ -4,8 +4,9 @@ a plain batched step (every row's root alone, no draft pass) when no tree pays.
 
 The cost model is the single sequence's (`plan.shape_sizing.ShapeMenu` with the `StepSizer`'s corrected curves),
 with the curves as a batch of the rows still decoding sees them (`plan.sizing.for_batch`: a pass over n nodes per
-row costs what rows * n tokens cost, so the trees shrink as the batch grows) and the tokens every row is expected
-to add, each row with the positional acceptance learned from its own verdicts (`RankAcceptance`). The measured guard
+row costs what rows * n tokens cost, so the trees shrink as the batch grows) and the tokens the slowest row is
+expected to add (every row drafts the shape, and the call lasts as long as that row takes), each row with the
+positional acceptance learned from its own verdicts (`RankAcceptance`). The measured guard
 (`plan.guard.PlainGuard`) watches whole steps, every row's tokens together: a batch whose steps keep losing to plain
 batched steps runs plain ones, and probes again later. Without curves (no `sizer`) the menu's largest shape is
 drafted every step, behind the guard alone.
@@ -70,7 +71,7 @@ class SizedLockstepDrafter(LockstepShapeDrafter):
             self.guard.observe(now - self._started - setup, tokens, plain, self.forward_time - draft_before - setup,
                                rows=rows)
         self._started = now
-        if self.guard is not None and self.guard.plain_next():
+        if self.guard is not None and self.guard.plain_next(len(ids)):
             choice = 0
         elif self.sizer is None:
             choice = max(range(len(self.menu.shapes)), key=lambda index: len(self.menu.shapes[index]))

@@ -30,7 +30,7 @@ class ChainConfig(StaticShapeConfig):
         metadata={"help": "Stop a step's chain after a token the draft gives a probability below this (Transformers' "
                   "assistant_confidence_threshold, 0.4 by default there too): long chains where the draft is sure, "
                   "short ones where it is not. None or 0: always num_draft_tokens. A batch drafts one length for "
-                  "all its rows: on while any row's last token is at least this likely."},
+                  "all its rows: on while its rows' chains, averaged, are at least this likely to go on."},
     )
 
     def validate(self) -> None:
