@@ -193,8 +193,8 @@ def test_greedy_batch_step_reads_at_most_draft_passes_plus_two(tiny_pair, name, 
 def test_sampled_batch_step_reads_at_most_draft_passes_per_row_plus_two(tiny_pair, name, rows):
     """Sampled rows are verified one after another, each walk reading as a single sequence's does (at most once per
     level it visits with children, so at most the lockstep drafter's passes per row; a plain batched step, which the
-    batch's guard runs once per row count to measure plain decoding, draws each row's token with one read); the drafted tokens
-    and the stopping checks stay one read each for the whole batch."""
+    batch's guard runs once per row count to measure plain decoding, draws each row's token with one read); the
+    drafted tokens and the stopping checks stay one read each for the whole batch."""
     from tests.test_batches import near_draft
 
     target = tiny_pair[0]

@@ -14,9 +14,9 @@ whole (`batch_goes_on`): a row's chain is still going where its own single-seque
 (every drafted token at least `threshold` likely), and the next level is drafted while the rows' chains, averaged
 over the batch, are at least `threshold` likely to go on. That is the single sequence's rule for one row and, for
 B rows, its price: the next level adds B tokens to the padded target pass, worth it where on average a row's token
-is as likely to be used as one sequence's must be. (Drafting on while any row is sure kept 8-row chains long for one
-row's sake: 0.91x plain batched on Zen 3.) One read per level, which carries the drafted tokens, so a step that
-stops needs no second read. Rows already stopped draft on with the others; their deeper tokens are proposed as usual
+is as likely to be used as one sequence's must be (drafting on while any row is sure would keep 8 rows' chains
+long for one row's sake). One read per level, which carries the drafted tokens, so a step that stops needs no second
+read. Rows already stopped draft on with the others; their deeper tokens are proposed as usual
 (the padded pass holds them anyway). Exact as the single sequence's stop is: it reads drafted tokens only, never a
 verdict.
 """
