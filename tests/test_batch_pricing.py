@@ -132,3 +132,47 @@ def test_a_batch_is_guarded_without_a_margin(monkeypatch):
     target.generate(ids, attention_mask=mask, max_new_tokens=4, do_sample=False, assistant_model=near_draft(target),
                     speculation="chain")
     assert made and all(guard.margin == BATCH_MARGIN and guard.measure_plain for guard in made)
+
+
+def test_a_batch_call_measured_slower_than_plain_makes_the_next_calls_plain():
+    """Plain steps over 4 rows at 0.1 s a token: a call giving them 10, 8, 10 and 6 tokens is plain batched
+    decoding's 9 steps over all 4 rows (the prompt pass gives the first token; finished rows are decoded on), 3.6 s.
+    A call of 4 s loses: the next 2 calls decode plainly, then one probes; a probe that loses waits 4 calls, one that
+    wins resets the wait. Calls over rows whose plain steps were never measured are not judged."""
+    guard = PlainGuard(margin=BATCH_MARGIN, plain_rates={4: 0.1})
+    guard.observe_call(4.0, [10, 8, 10, 6])
+    assert guard.last_call == (4.0, pytest.approx(3.6))
+    assert [guard.plain_call() for _ in range(3)] == [True, True, False]
+    guard.observe_call(3.7, [10, 8, 10, 6])  # the probe loses again
+    assert [guard.plain_call() for _ in range(5)] == [True] * 4 + [False]
+    guard.observe_call(3.5, [10, 8, 10, 6])  # a probe that wins
+    assert not guard.plain_call()
+    guard.observe_call(4.0, [10, 8, 10, 6])
+    assert [guard.plain_call() for _ in range(3)] == [True, True, False]
+    guard.observe_call(100.0, [10, 8, 10])  # 3 rows: plain steps over 3 were never measured
+    assert not guard.plain_call() and guard.last_call == (4.0, pytest.approx(3.6))
+
+
+@pytest.mark.parametrize("plain_rate, plain_calls", [(1e-9, 2), (1e3, 0)])
+def test_a_batch_decodes_plainly_after_a_call_that_lost_to_plain(monkeypatch, plain_rate, plain_calls):
+    """The batch's guard as if plain steps over 2 rows had been measured at `plain_rate` s a token: at 1 ns every
+    speculative call loses, and the 2 calls after it decode with Transformers' own loop (saying why), then one
+    speculates again; at 1000 s none loses and every call speculates. Every output is plain batched generate's."""
+    from hf_specdec.integration import batch as batch_module
+
+    monkeypatch.setattr(batch_module, "PlainGuard", lambda **kwargs: PlainGuard(
+        **{**kwargs, "margin": BATCH_MARGIN, "plain_rates": {2: plain_rate}}))
+    target = tiny_model("qwen2", 0)
+    draft = near_draft(target)
+    ids, mask = padded_batch(15, [0, 3])
+    call = dict(attention_mask=mask, max_new_tokens=NEW, do_sample=False)
+    plain = target.generate(ids, **call)
+    speculated = []
+    for _ in range(4):
+        out = target.generate(ids, **call, assistant_model=draft, speculation="chain", return_dict_in_generate=True)
+        assert torch.equal(out.sequences, plain)
+        stats = out.speculation_stats
+        speculated.append(isinstance(stats, list))  # one entry per row where the batch loop ran
+        assert speculated[-1] or "a recent call of 2 rows" in stats.plan_source and "decoded plainly" in \
+            stats.plan_source
+    assert speculated == [True] + [False] * plain_calls + [True] * (3 - plain_calls)

@@ -619,7 +619,9 @@ def test_the_next_batch_call_goes_on_where_a_losing_one_left(monkeypatch, method
     from hf_specdec.plan.guard import PlainGuard
 
     monkeypatch.setattr(batch_module, "BATCH_MARGIN", 0.0)  # every judgement: speculation loses
-    monkeypatch.setattr(batch_module, "PlainGuard", functools.partial(PlainGuard, patience=2, backoff=1000))
+    # whole calls judged losers too, but none decoded by Transformers' loop: the steps' guard is what is tested
+    monkeypatch.setattr(batch_module, "PlainGuard", functools.partial(PlainGuard, patience=2, backoff=1000,
+                                                                      first_call_wait=0))
     target = tiny_model("qwen2", 0)
     draft = near_draft(target)
     three, three_mask = padded_batch(21, [0, 2, 5])

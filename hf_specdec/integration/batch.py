@@ -4,7 +4,8 @@ per row, one target pass per step over every row still decoding (`decoding.batch
 A method drafting one shape (chain, tree, sequoia) drafts it for every row in lockstep, sized every step for the
 batch where the call has latency curves and the guard is on (`draft.batch_sized`): the method's shape is the
 largest a step drafts, smaller versions of it are chosen as the batch grows or acceptance falls, down to plain
-batched steps, and a call whose first step no tree is predicted to pay for decodes with Transformers' own loop.
+batched steps, and a call whose first step no tree is predicted to pay for decodes with Transformers' own loop, as do
+the next calls of a batch size after one measured slower than plain batched decoding (`PlainGuard.observe_call`).
 Curves come with the method's plan (tree, sequoia), or are looked up for the batch (chain, a shape given).
 
 What a batch refuses (a user cache, static caches, per-token output records, streamers, ...) is checked up front
@@ -71,6 +72,10 @@ def decode_batch(
         result = batch_speculative_loop(model, input_ids, mask, drafter, verifier, logits_processor,
                                         stopping_criteria, pad_token_id, generator=call.generator, stats=stats,
                                         model_kwargs=inputs, cache=cache, returns_cache=returns_cache)
+    guard = getattr(drafter, "guard", None)
+    if guard is not None:  # the whole call, the draft's prompt pass included, judged against plain batched decoding
+        row_stats = result.stats[0]
+        guard.observe_call(row_stats.time_total - row_stats.time_prefill, [row.new_tokens for row in result.stats])
     if not generation_config.return_dict_in_generate:
         return result.sequences
     return SpeculativeDecoderOnlyOutput(sequences=result.sequences, past_key_values=result.cache,
@@ -159,6 +164,23 @@ def batch_drafts(model: PreTrainedModel, rows: int, logits_processor: LogitsProc
         return saving_per_token(per_token)[0] != 0
     # the draft's first pass feeds every row its prompt: prompt tokens per row on the curves the batch sees
     return call_pays(per_token, rows * new_tokens, float(sizer.draft_seconds(prompt)))
+
+
+def batch_plainly(model: PreTrainedModel, rows: int, logits_processor: LogitsProcessorList, call: SpeculationCall,
+                  config: SpeculationConfig, plan: Any = None, prompt: int = 0, new_tokens: int | None = None
+                  ) -> str | None:
+    """Why this batch decodes with Transformers' own loop, or None where it speculates: a recent call of this batch
+    size was measured slower than plain batched decoding (its guard waits: `PlainGuard.plain_call`), or no tree is
+    predicted to pay for it (`batch_drafts`)."""
+    guard = batch_guard(model, call, logits_processor, rows) if config.guard else None
+    if guard is not None and guard.plain_call():
+        seconds, plain = guard.last_call
+        return (f"a recent call of {rows} rows took {seconds:.2f} s to decode against plain batched decoding's "
+                f"{plain:.2f} s (estimated from its measured steps): this call and {guard.calls_waiting} more "
+                "decode plainly before speculation is tried again")
+    if not batch_drafts(model, rows, logits_processor, call, config, plan, prompt, new_tokens):
+        return "no tree is predicted to repay its cost over this batch's new tokens"
+    return None
 
 
 def check_stops(criteria: StoppingCriteriaList) -> None:

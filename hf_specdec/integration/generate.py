@@ -40,7 +40,7 @@ from ..decoding.stats import SpeculationStats
 from ..draft.guarded import GuardedDrafter
 from ..plan.plan_lookup import call_temperature, plan_for_call
 from ..verify import verifier_for
-from .batch import batch_drafts, batch_plan_request, decode_batch
+from .batch import batch_plainly, batch_plan_request, decode_batch
 from .call import SpeculationCall, guard_key
 from .generation_config import FIELD, get_speculation, keep_field_on_load
 from .validation import check_generation_config, check_processors, check_speculation
@@ -189,15 +189,18 @@ def speculative_generate(
         batch_plan, config = batch_curves(batch_request, model, call, generation_config, input_ids, model_kwargs,
                                           ranks, config)
         plan_seconds = time.perf_counter() - start
-    if batch > 1 and config.drafts() and batch_drafts(model, batch, logits_processor, call, config, batch_plan,
-                                                      *call_length(input_ids, model_kwargs, generation_config)):
-        return decode_batch(model, input_ids, logits_processor, stopping_criteria, generation_config, call, config,
-                            verifier, model_kwargs, plan_seconds, batch_plan)  # one target pass per step, every row
+    plainly = "the plan is the root alone"  # why Transformers' own loop decodes the call, if it does
+    if batch > 1 and config.drafts():
+        plainly = batch_plainly(model, batch, logits_processor, call, config, batch_plan,
+                                *call_length(input_ids, model_kwargs, generation_config))
+        if plainly is None:  # one target pass per step, every row
+            return decode_batch(model, input_ids, logits_processor, stopping_criteria, generation_config, call,
+                                config, verifier, model_kwargs, plan_seconds, batch_plan)
     if call.streamer is not None:
         call.streamer.put(input_ids.cpu())
     if not config.drafts() or batch > 1:  # no tree pays (for this batch): Transformers' own loop
         return _decode_plainly(model, input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus,
-                               call, config, verifier.name, model_kwargs)
+                               call, config, verifier.name, model_kwargs, plainly)
     cache = model_kwargs.get("past_key_values")
     rows = max(generation_config.max_length - 1, generation_config.max_cache_len or 0)
     if is_static(cache) and not getattr(cache, "_is_user_defined", False) and generation_config.max_cache_len is None:
@@ -305,9 +308,11 @@ def _decode_plainly(
     config: SpeculationConfig,
     verifier: str,
     model_kwargs: dict[str, Any],
+    why: str = "the plan is the root alone",
 ) -> torch.LongTensor | SpeculativeDecoderOnlyOutput:
-    """The plan is the root alone (no tree pays on this hardware): run Transformers' own decoding loop, so the
-    output is plain `generate`'s bit for bit in any dtype, and say so in the stats."""
+    """No tree pays (`why`: the plan is the root alone on this hardware, or a batch's call is priced or measured
+    losing): run Transformers' own decoding loop, so the output is plain `generate`'s bit for bit in any dtype, and
+    say so in the stats."""
     start = time.perf_counter()
     out = model._sample(input_ids, logits_processor=logits_processor, stopping_criteria=stopping_criteria,
                         generation_config=generation_config, synced_gpus=synced_gpus, streamer=call.streamer,
@@ -317,8 +322,8 @@ def _decode_plainly(
     new_tokens = out.sequences.shape[1] - input_ids.shape[1]
     seconds = time.perf_counter() - start
     stats = SpeculationStats(
-        method=config.method, verifier=verifier, plan_source=f"{config.plan_source}; the plan is the root alone, so "
-        "this call decoded plainly", target_forwards=new_tokens, new_tokens=new_tokens,
+        method=config.method, verifier=verifier, plan_source=f"{config.plan_source}; {why}, so this call decoded "
+        "plainly", target_forwards=new_tokens, new_tokens=new_tokens,
         tokens_per_step=[1] * new_tokens, time_total=seconds, time_verifying=seconds, time_target_forward=seconds,
     )
     fields = {field.name: getattr(out, field.name) for field in dataclasses.fields(out)}

@@ -23,6 +23,13 @@ Rows that finish leave the batch, and a plain batched step's cost per token grow
 on a 2-core Zen 3 against 0.085 s for 8), so plain rates are kept per row count and speculative steps are judged
 against the rate of their own row count, their running means restarting when it changes (judged against 8 rows'
 rate, the last 2 rows' winning steps looked like losses).
+
+A batch's guard also judges whole calls (`observe_call`): steps that win can still lose the call, which pays the
+draft's pass over every prompt and lasts as long as its slowest row (8 rows of 48 tokens on a 2-core Zen 3: every
+step judged a win, the call 0.92x of plain batched decoding, the draft's prompt pass 3.35 s of a 3.4 s gap). A call
+measured slower than plain batched decoding of the same tokens makes the next calls of this batch size decode with
+Transformers' own loop from the start (`plain_call`: no draft prefill at all), `first_call_wait` of them, doubling
+while the probe calls keep losing.
 """
 
 from __future__ import annotations
@@ -64,6 +71,11 @@ class PlainGuard:
     probe_seconds: float = 0.0  # totals over speculative steps since the last judgement that did not lose
     probe_tokens: int = 0
     catching_up: bool = False  # the next speculative step follows a wait: its draft reads the waited tokens
+    first_call_wait: int = 2  # whole calls decoded plainly after a batch call lost; doubles after each lost probe
+    max_call_wait: int = 32
+    calls_waiting: int = 0  # calls left to decode plainly before the next speculative one
+    last_call: tuple[float, float] | None = None  # the last judged call's (seconds, plain decoding's estimate)
+    _call_wait: int = 0
     _base_backoff: int = 0
 
     def new_call(self) -> None:
@@ -120,6 +132,29 @@ class PlainGuard:
             self.probe_seconds, self.probe_tokens = 0.0, 0
             if self.spec_steps == self.patience:
                 self._base_backoff = 0  # the probe won: the next loss backs off briefly again
+
+    def plain_call(self) -> bool:
+        """Whether this batch call should decode plainly from the start (a recent call lost); asked once per call."""
+        if self.calls_waiting > 0:
+            self.calls_waiting -= 1
+            return True
+        return False
+
+    def observe_call(self, seconds: float, row_tokens: list[int]) -> None:
+        """A speculative call over `len(row_tokens)` rows gave them `row_tokens` new tokens in `seconds` after the
+        target's prompt pass (the draft's included). Transformers' plain loop gives the same tokens (greedy) by
+        one step over every row per token after the first (the prompt pass gives it; finished rows are decoded on
+        until the last row ends), at the rate measured for plain steps over that many rows; unjudged until one is."""
+        rows = len(row_tokens)
+        if rows not in self.plain_rates:
+            return
+        plain = (max(row_tokens) - 1) * rows * self.plain_rates[rows]
+        self.last_call = (seconds, plain)
+        if seconds > self.margin * plain:
+            self._call_wait = min(2 * self._call_wait, self.max_call_wait) if self._call_wait else self.first_call_wait
+            self.calls_waiting = self._call_wait
+        else:
+            self._call_wait = 0
 
     def _repaying_wait(self, reference: float, rows: int) -> int:
         """Plain steps (one token per row each) over which the speculative steps since the last judgement that did
