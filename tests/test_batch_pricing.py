@@ -155,13 +155,14 @@ def test_a_batch_call_measured_slower_than_plain_makes_the_next_calls_plain():
 
 @pytest.mark.parametrize("plain_rate, plain_calls", [(1e-9, 2), (1e3, 0)])
 def test_a_batch_decodes_plainly_after_a_call_that_lost_to_plain(monkeypatch, plain_rate, plain_calls):
-    """The batch's guard as if plain steps over 2 rows had been measured at `plain_rate` s a token: at 1 ns every
-    speculative call loses, and the 2 calls after it decode with Transformers' own loop (saying why), then one
-    speculates again; at 1000 s none loses and every call speculates. Every output is plain batched generate's."""
+    """The batch's guard as if plain steps over 2 rows had been measured at `plain_rate` s a token (its steps never
+    judged, so no plain step runs and the rate stays): at 1 ns every speculative call loses, and the 2 calls after
+    it decode with Transformers' own loop (saying why), then one speculates again; at 1000 s none loses and every
+    call speculates. Every output is plain batched generate's."""
     from hf_specdec.integration import batch as batch_module
 
     monkeypatch.setattr(batch_module, "PlainGuard", lambda **kwargs: PlainGuard(
-        **{**kwargs, "margin": BATCH_MARGIN, "plain_rates": {2: plain_rate}}))
+        **{**kwargs, "margin": BATCH_MARGIN, "plain_rates": {2: plain_rate}, "patience": 10**9}))
     target = tiny_model("qwen2", 0)
     draft = near_draft(target)
     ids, mask = padded_batch(15, [0, 3])
