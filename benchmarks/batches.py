@@ -28,6 +28,7 @@ import torch
 
 import hf_specdec  # noqa: F401  (installs `speculation=`)
 from hf_specdec.core.devices import cpu_flags, cpu_model
+from hf_specdec.integration.batch import speculative_rate
 from hf_specdec_tools.models import load_default_pair
 from hf_specdec_tools.prompts import humaneval_prompts
 
@@ -66,6 +67,7 @@ def run_once(target, draft, batch, args, method: str | None) -> dict:
         result["target_forwards"] = [row.target_forwards for row in stats]
         result["draft_forwards"] = [row.draft_forwards for row in stats]
         result["plain_steps"] = [row.plain_steps for row in stats]  # the sizing or the guard ran them plain
+        result["row_rates"] = [speculative_rate(row) for row in stats]  # tokens per speculative step, per row
         result["shrunk_steps"] = [row.shrunk_steps for row in stats]  # the sizing cut the shape for the batch
         result["plan_source"] = stats[0].plan_source
     return result

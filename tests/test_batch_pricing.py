@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from hf_specdec.plan.call_pricing import call_pays, saving_per_token
+from hf_specdec.plan.call_pricing import SLOWEST_ROW_SHARE, call_pays, saving_per_token, slowest_row_share
 from hf_specdec.plan.guard import BATCH_MARGIN, PlainGuard
 from hf_specdec.plan.latency import LatencyCurve
 from hf_specdec.plan.sizing import HardwareProfile
@@ -55,6 +55,91 @@ def test_a_call_too_short_to_repay_the_drafts_prefill_decodes_plainly(monkeypatc
         assert isinstance(stats, list) == speculates  # one entry per row where the batch loop ran
         assert speculates or "decoded plainly" in stats.plan_source
     assert len(drafters) == 1  # only the long call drafted
+
+
+def test_the_slowest_row_share_is_the_least_rate_over_the_mean():
+    """Rows at 4, 2, 4 and 2 tokens a step: the slowest adds 2/3 of the mean. A row that never speculated (0) is not
+    counted, and one row measures no spread."""
+    assert slowest_row_share([4.0, 2.0, 4.0, 2.0]) == pytest.approx(2 / 3)
+    assert slowest_row_share([0.0, 3.0, 1.0]) == pytest.approx(0.5)
+    assert slowest_row_share([3.0]) is None and slowest_row_share([0.0, 3.0]) is None and slowest_row_share([]) is None
+
+
+def test_a_batch_guard_learns_its_rows_spread_from_every_call():
+    """A fresh guard prices with the measured prior; each call's rows move it (a running mean, like its rates), also
+    where plain steps over that many rows were never measured (the call itself is then not judged)."""
+    guard = PlainGuard(margin=BATCH_MARGIN)
+    assert guard.slowest_share == SLOWEST_ROW_SHARE
+    guard.observe_call(4.0, [10, 8, 10, 6], [4.0, 2.0, 4.0, 2.0])
+    expected = guard.memory * SLOWEST_ROW_SHARE + (1 - guard.memory) * 2 / 3
+    assert guard.slowest_share == pytest.approx(expected) and guard.last_call is None
+    guard.observe_call(4.0, [10, 8], [3.0])  # one row that speculated: no spread measured
+    assert guard.slowest_share == pytest.approx(expected)
+
+
+def test_a_shape_is_priced_by_what_its_slowest_row_adds():
+    """Priced at a share of the expected tokens, every drafting shape costs 1/share more per token, down to one token
+    a step (its bonus token); the root alone (plain) costs the same."""
+    from hf_specdec.plan.shape_sizing import RankAcceptance, ShapeMenu
+    from hf_specdec.plan.step_sizing import StepSizer
+
+    menu = ShapeMenu.of([[-1, 0], [-1, 0, 1, 2]])
+    sizer = StepSizer(HardwareProfile(flat_until(16, 0.05), flat_until(16, 0.01)))
+    rows = [RankAcceptance([0.9], menu.width)] * 4
+    mean, slowest = menu.seconds_per_token(sizer, rows), menu.seconds_per_token(sizer, rows, 0.7)
+    expected = menu.expected_tokens(rows[0].vectors())
+    assert slowest[0] == pytest.approx(mean[0])
+    assert slowest[1:] == pytest.approx(mean[1:] * expected[1:] / np.maximum(0.7 * expected[1:], 1.0))
+    assert expected[1] == pytest.approx(1.9)  # at 0.5 that is 0.95 tokens: one, the bonus token
+    assert menu.seconds_per_token(sizer, rows, 0.5)[1] == pytest.approx(mean[1] * expected[1])
+
+
+@pytest.mark.parametrize("share, speculates", [(1.0, True), (SLOWEST_ROW_SHARE, True), (0.3, False)])
+def test_a_batch_priced_by_its_slowest_row_decodes_plainly_when_that_row_cannot_repay_the_call(
+        monkeypatch, share, speculates):
+    """The call of `test_a_call_too_short_to_repay_the_drafts_prefill_decodes_plainly` that speculates (20 new
+    tokens a row) priced with its slowest row adding `share` of its predicted tokens: at the measured prior it still
+    repays the draft's prefill, at 0.3 it does not and Transformers' loop decodes it. Both outputs are plain batched
+    generate's."""
+    from hf_specdec.integration import batch as batch_module
+
+    target = tiny_model("llama", 0)
+    draft = near_draft(target, noise=0.05)
+    sizes = (1, 2, 4, 8, 16, 32, 64, 128)
+    drafters = sized_batch(monkeypatch, HardwareProfile(flat_until(16, 0.050),
+                                                        LatencyCurve(sizes, tuple(0.004 * s for s in sizes))), [0.9])
+    monkeypatch.setattr(batch_module, "SLOWEST_ROW_SHARE", share)  # the guard is off here: the prior prices
+    ids, mask = padded_batch(11, [0, 3])
+    call = dict(attention_mask=mask, max_new_tokens=NEW, do_sample=False)
+    out = target.generate(ids, **call, assistant_model=draft, speculation="chain", return_dict_in_generate=True)
+    assert torch.equal(out.sequences, target.generate(ids, **call))
+    assert isinstance(out.speculation_stats, list) == speculates == bool(drafters)
+    assert speculates or "no tree is predicted to repay" in out.speculation_stats.plan_source
+
+
+def test_a_batch_call_hands_its_guard_each_rows_tokens_per_speculative_step(monkeypatch):
+    """What the guard learns the spread from: per row, new tokens over target steps, plain steps (one token each)
+    taken off both."""
+    from hf_specdec.integration import batch as batch_module
+
+    calls = []
+
+    class Recording(PlainGuard):
+        def observe_call(self, seconds, row_tokens, row_rates=()):
+            calls.append((row_tokens, list(row_rates)))
+            super().observe_call(seconds, row_tokens, row_rates)
+
+    monkeypatch.setattr(batch_module, "PlainGuard", Recording)
+    target = tiny_model("qwen2", 0)
+    ids, mask = padded_batch(16, [0, 2, 4])
+    out = target.generate(ids, attention_mask=mask, max_new_tokens=NEW, do_sample=False,
+                          assistant_model=near_draft(target), speculation="chain", return_dict_in_generate=True)
+    assert len(calls) == 1
+    tokens, rates = calls[0]
+    assert tokens == [row.new_tokens for row in out.speculation_stats]
+    assert rates == [pytest.approx((row.new_tokens - row.plain_steps) / (row.target_forwards - row.plain_steps))
+                     for row in out.speculation_stats]
+    assert all(rate >= 1.0 for rate in rates)
 
 
 def test_the_root_pass_computes_the_output_layer_at_the_roots_only():

@@ -495,12 +495,16 @@ def test_a_bigger_batch_drafts_shorter_chains_and_each_row_counts_them(monkeypat
 def test_a_batch_whose_draft_is_useless_falls_to_plain_batched_steps(monkeypatch):
     """A draft that proposes what the target never keeps: the rows' learned acceptance falls and the sizing runs
     plain batched steps (every row's root alone, no draft pass), probing now and then; each row's stats count its
-    plain steps, and the output is plain batched generate's."""
+    plain steps, and the output is plain batched generate's. (The call is priced with its slowest row at the mean
+    row's acceptance, so that it speculates first: at the prior share the 40 tokens would not repay the draft.)"""
+    from hf_specdec.integration import batch as batch_module
+
     target = tiny_model("llama", 0)
     draft = copy.deepcopy(target)
     with torch.no_grad():  # the target's least likely token, where it keeps its most likely one
         draft.lm_head.weight.neg_()
     sized_batch(monkeypatch, HardwareProfile(flat_until(128, 0.010), flat_until(128, 0.005)), [0.8])
+    monkeypatch.setattr(batch_module, "SLOWEST_ROW_SHARE", 1.0)
     ids, mask = padded_batch(5, [0, 3, 1])
     call = dict(attention_mask=mask, max_new_tokens=40, do_sample=False)
     out = target.generate(ids, **call, assistant_model=draft, speculation="chain", return_dict_in_generate=True)

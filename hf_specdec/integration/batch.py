@@ -4,8 +4,9 @@ per row, one target pass per step over every row still decoding (`decoding.batch
 A method drafting one shape (chain, tree, sequoia) drafts it for every row in lockstep, sized every step for the
 batch where the call has latency curves and the guard is on (`draft.batch_sized`): the method's shape is the
 largest a step drafts, smaller versions of it are chosen as the batch grows or acceptance falls, down to plain
-batched steps, and a call whose first step no tree is predicted to pay for decodes with Transformers' own loop, as do
-the next calls of a batch size after one measured slower than plain batched decoding (`PlainGuard.observe_call`).
+batched steps. A call that no tree is predicted to repay (the draft's prompt pass included, its slowest row priced
+by what earlier calls of its batch size measured) decodes with Transformers' own loop, as do the next calls of a
+batch size after one measured slower than plain batched decoding (`PlainGuard.observe_call`).
 Curves come with the method's plan (tree, sequoia), or are looked up for the batch (chain, a shape given).
 
 What a batch refuses (a user cache, static caches, per-token output records, streamers, ...) is checked up front
@@ -33,7 +34,7 @@ from ..draft.batch_shaped import LockstepShapeDrafter
 from ..draft.batch_sized import SizedLockstepDrafter
 from ..methods.static_shape import StaticShapeConfig
 from ..methods.step_sized import PLAN_BUDGET, online_sizer
-from ..plan.call_pricing import call_pays, saving_per_token
+from ..plan.call_pricing import SLOWEST_ROW_SHARE, call_pays, saving_per_token
 from ..plan.guard import BATCH_MARGIN, PlainGuard, remembered_guard
 from ..plan.shape_sizing import RankAcceptance, ShapeMenu
 from ..plan.sizing import for_batch
@@ -75,11 +76,18 @@ def decode_batch(
     guard = getattr(drafter, "guard", None)
     if guard is not None:  # the whole call, the draft's prompt pass included, judged against plain batched decoding
         row_stats = result.stats[0]
-        guard.observe_call(row_stats.time_total - row_stats.time_prefill, [row.new_tokens for row in result.stats])
+        guard.observe_call(row_stats.time_total - row_stats.time_prefill, [row.new_tokens for row in result.stats],
+                           [speculative_rate(row) for row in result.stats])
     if not generation_config.return_dict_in_generate:
         return result.sequences
     return SpeculativeDecoderOnlyOutput(sequences=result.sequences, past_key_values=result.cache,
                                         speculation_stats=result.stats)
+
+
+def speculative_rate(stats: SpeculationStats) -> float:
+    """A row's tokens per speculative step (plain steps, the root alone, emit one token each); 0 without one."""
+    steps = stats.target_forwards - stats.plain_steps
+    return (stats.new_tokens - stats.plain_steps) / steps if steps > 0 else 0.0
 
 
 def batch_drafter(model: PreTrainedModel, rows: int, logits_processor: LogitsProcessorList, call: SpeculationCall,
@@ -145,12 +153,13 @@ def _sized_in_a_batch(config: StaticShapeConfig) -> bool:
 
 
 def batch_drafts(model: PreTrainedModel, rows: int, logits_processor: LogitsProcessorList, call: SpeculationCall,
-                 config: SpeculationConfig, plan: Any = None, prompt: int = 0, new_tokens: int | None = None) -> bool:
+                 config: SpeculationConfig, plan: Any = None, prompt: int = 0, new_tokens: int | None = None,
+                 slowest_share: float = SLOWEST_ROW_SHARE) -> bool:
     """Whether any tree pays for this batch: a fixed shape sized for it may be predicted to lose to plain batched
     steps from the first step, or to save less over the call's `new_tokens` per row than the draft's prefill over
     every row's `prompt` tokens costs (`plan.call_pricing`); then the batch decodes with Transformers' own loop, as a
     root-only plan does for one sequence. Predicted with the curves as `rows` rows see them and the plan's acceptance
-    for every row."""
+    for every row, the slowest row adding `slowest_share` of what it predicts (`call_pricing.SLOWEST_ROW_SHARE`)."""
     if not isinstance(config, StaticShapeConfig):
         return True
     sizing = batch_sizing(config, plan)
@@ -159,7 +168,8 @@ def batch_drafts(model: PreTrainedModel, rows: int, logits_processor: LogitsProc
     menu = config.shape_menu()
     sizer = online_sizer(sizing.profile, model, call.assistant_model, logits_processor)
     sizer.profile = for_batch(sizer.profile, rows)
-    per_token = menu.seconds_per_token(sizer, [RankAcceptance(sizing.acceptance, menu.width)] * rows)
+    per_token = menu.seconds_per_token(sizer, [RankAcceptance(sizing.acceptance, menu.width)] * rows,
+                                       slowest_share if rows > 1 else 1.0)
     if new_tokens is None:
         return saving_per_token(per_token)[0] != 0
     # the draft's first pass feeds every row its prompt: prompt tokens per row on the curves the batch sees
@@ -178,7 +188,8 @@ def batch_plainly(model: PreTrainedModel, rows: int, logits_processor: LogitsPro
         return (f"a recent call of {rows} rows took {seconds:.2f} s to decode against plain batched decoding's "
                 f"{plain:.2f} s (estimated from its measured steps): this call and {guard.calls_waiting} more "
                 "decode plainly before speculation is tried again")
-    if not batch_drafts(model, rows, logits_processor, call, config, plan, prompt, new_tokens):
+    share = guard.slowest_share if guard is not None else SLOWEST_ROW_SHARE
+    if not batch_drafts(model, rows, logits_processor, call, config, plan, prompt, new_tokens, share):
         return "no tree is predicted to repay its cost over this batch's new tokens"
     return None
 

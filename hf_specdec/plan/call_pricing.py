@@ -5,11 +5,29 @@ batched decoding never runs. Only the steps after it can repay that, by what eac
 a plain batched step, over the tokens the call may still generate. On a CPU where a batch of 4 makes the target's
 pass over 4 tokens cost what 1 does, the saving per token is small, and over a short call (48 new tokens) the
 draft's prefill alone outweighs it: such a call is better decoded by Transformers' own loop from the start.
+
+The call also lasts as long as its slowest row, and rows accept unevenly: prompts differ. Priced with every row at
+the plan's acceptance, the steps' saving is the mean row's, which the call never sees; it is priced with the slowest
+row's tokens per step, `SLOWEST_ROW_SHARE` of the rows' mean until a call of the batch size measures it
+(`PlainGuard.observe_call`).
 """
 
 from __future__ import annotations
 
 import numpy as np
+
+#: the slowest row's tokens per speculative step as a share of the rows' mean, before a batch call has measured it:
+#: 0.71, the median over 51 calls of the real pair (int8 draft) on HumanEval prompts 0..B-1, 48 new tokens, `chain`
+#: and `sequoia` (B = 2: 0.71, 4: 0.69, 8: 0.77; range 0.58-0.80; `benchmarks/slowest_row_share.py`), rounded down.
+#: Priced at the mean row, a call of 8 rows on a 2-core Zen 3 was predicted to save 19.6 s against the draft's 6.3 s
+#: prompt pass, and lost to plain batched decoding (0.93x); priced at this share the saving is 9.4 s.
+SLOWEST_ROW_SHARE = 0.7
+
+
+def slowest_row_share(row_rates: list[float]) -> float | None:
+    """The least of `row_rates` (each row's tokens per speculative step) over their mean; None under 2 rows."""
+    rates = [rate for rate in row_rates if rate > 0]
+    return min(rates) / (sum(rates) / len(rates)) if len(rates) > 1 else None
 
 
 def saving_per_token(per_token: np.ndarray) -> tuple[int, float]:

@@ -29,7 +29,8 @@ draft's pass over every prompt and lasts as long as its slowest row (8 rows of 4
 step judged a win, the call 0.92x of plain batched decoding, the draft's prompt pass 3.35 s of a 3.4 s gap). A call
 measured slower than plain batched decoding of the same tokens makes the next calls of this batch size decode with
 Transformers' own loop from the start (`plain_call`: no draft prefill at all), `first_call_wait` of them, doubling
-while the probe calls keep losing.
+while the probe calls keep losing. It also keeps what the calls of its batch size measured of their rows' uneven
+acceptance (`slowest_share`), which prices the next call (`call_pricing`).
 """
 
 from __future__ import annotations
@@ -38,6 +39,8 @@ import math
 import weakref
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
+
+from .call_pricing import SLOWEST_ROW_SHARE, slowest_row_share
 
 #: the margin a batch's guard judges with: none. A single sequence keeps speculating within 10% of plain (timing noise
 #: must not flip a step that wins); a batch, where speculation earns least and plain batched decoding is the rival,
@@ -75,6 +78,7 @@ class PlainGuard:
     max_call_wait: int = 32
     calls_waiting: int = 0  # calls left to decode plainly before the next speculative one
     last_call: tuple[float, float] | None = None  # the last judged call's (seconds, plain decoding's estimate)
+    slowest_share: float = SLOWEST_ROW_SHARE  # the slowest row's tokens per step over the rows' mean (running mean)
     _call_wait: int = 0
     _base_backoff: int = 0
 
@@ -140,11 +144,15 @@ class PlainGuard:
             return True
         return False
 
-    def observe_call(self, seconds: float, row_tokens: list[int]) -> None:
+    def observe_call(self, seconds: float, row_tokens: list[int], row_rates: list[float] = ()) -> None:
         """A speculative call over `len(row_tokens)` rows gave them `row_tokens` new tokens in `seconds` after the
         target's prompt pass (the draft's included). Transformers' plain loop gives the same tokens (greedy) by
         one step over every row per token after the first (the prompt pass gives it; finished rows are decoded on
-        until the last row ends), at the rate measured for plain steps over that many rows; unjudged until one is."""
+        until the last row ends), at the rate measured for plain steps over that many rows; unjudged until one is.
+        `row_rates`: each row's tokens per speculative step, for `slowest_share`."""
+        share = slowest_row_share(list(row_rates))
+        if share is not None:
+            self.slowest_share = self._mean(self.slowest_share, share)
         rows = len(row_tokens)
         if rows not in self.plain_rates:
             return

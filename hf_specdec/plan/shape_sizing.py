@@ -138,15 +138,18 @@ class ShapeMenu:
             profile.target(np.array([len(s) for s in self.shapes]))))
         return _step_seconds(sizer, drafting, target)
 
-    def seconds_per_token(self, sizer: StepSizer, acceptance: Acceptances) -> np.ndarray:
+    def seconds_per_token(self, sizer: StepSizer, acceptance: Acceptances, slowest_share: float = 1.0) -> np.ndarray:
         """Predicted seconds per token of every shape (index 0: plain). `acceptance`: one sequence's, or one per row
         of a batch drafting the shape for every row (the sizer's curves are then the batch's, `sizing.for_batch`).
         A batch's step counts as every row adding what its slowest row is expected to: the call lasts as long as
         that row takes, and a row that finishes first leaves a pass that costs about as much without it (a plain
         step over 8 rows cost 1.1-1.4x one over 1 on a 2-core Zen 3). (Traced at 8 rows on that CPU: the slowest
-        rows took 17-18 steps for 48 tokens, the others 8-14.)"""
+        rows took 17-18 steps for 48 tokens, the others 8-14.) `slowest_share`: what the slowest row adds as a share of
+        what its acceptance predicts, for rows whose acceptance is one prior (`call_pricing.SLOWEST_ROW_SHARE`); a step
+        adds at least its bonus token."""
         rows = [acceptance] if isinstance(acceptance, RankAcceptance) else list(acceptance)
         slowest = np.min([self.expected_tokens(row.vectors()) for row in rows], axis=0)
+        slowest = np.maximum(slowest_share * slowest, 1.0) if slowest_share != 1.0 else slowest
         return self.seconds_per_step(sizer) / (len(rows) * slowest)
 
     def best(self, sizer: StepSizer, acceptance: Acceptances) -> tuple[int, float]:
