@@ -168,8 +168,7 @@ def batch_drafts(model: PreTrainedModel, rows: int, logits_processor: LogitsProc
     menu = config.shape_menu()
     sizer = online_sizer(sizing.profile, model, call.assistant_model, logits_processor)
     sizer.profile = for_batch(sizer.profile, rows)
-    per_token = menu.seconds_per_token(sizer, [RankAcceptance(sizing.acceptance, menu.width)] * rows,
-                                       slowest_share if rows > 1 else 1.0)
+    per_token = menu.seconds_per_token(sizer, [RankAcceptance(sizing.acceptance, menu.width)] * rows, slowest_share)
     if new_tokens is None:
         return saving_per_token(per_token)[0] != 0
     # the draft's first pass feeds every row its prompt: prompt tokens per row on the curves the batch sees

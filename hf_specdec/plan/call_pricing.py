@@ -14,6 +14,8 @@ row's tokens per step, `SLOWEST_ROW_SHARE` of the rows' mean until a call of the
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 #: the slowest row's tokens per speculative step as a share of the rows' mean, before a batch call has measured it:
@@ -25,7 +27,7 @@ import numpy as np
 SLOWEST_ROW_SHARE = 0.7
 
 
-def slowest_row_share(row_rates: list[float]) -> float | None:
+def slowest_row_share(row_rates: Sequence[float]) -> float | None:
     """The least of `row_rates` (each row's tokens per speculative step) over their mean; None under 2 rows."""
     rates = [rate for rate in row_rates if rate > 0]
     return min(rates) / (sum(rates) / len(rates)) if len(rates) > 1 else None

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import math
 import weakref
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 
 from .call_pricing import SLOWEST_ROW_SHARE, slowest_row_share
@@ -144,13 +144,13 @@ class PlainGuard:
             return True
         return False
 
-    def observe_call(self, seconds: float, row_tokens: list[int], row_rates: list[float] = ()) -> None:
+    def observe_call(self, seconds: float, row_tokens: list[int], row_rates: Sequence[float] = ()) -> None:
         """A speculative call over `len(row_tokens)` rows gave them `row_tokens` new tokens in `seconds` after the
         target's prompt pass (the draft's included). Transformers' plain loop gives the same tokens (greedy) by
         one step over every row per token after the first (the prompt pass gives it; finished rows are decoded on
         until the last row ends), at the rate measured for plain steps over that many rows; unjudged until one is.
         `row_rates`: each row's tokens per speculative step, for `slowest_share`."""
-        share = slowest_row_share(list(row_rates))
+        share = slowest_row_share(row_rates)
         if share is not None:
             self.slowest_share = self._mean(self.slowest_share, share)
         rows = len(row_tokens)

@@ -149,7 +149,7 @@ class ShapeMenu:
         adds at least its bonus token."""
         rows = [acceptance] if isinstance(acceptance, RankAcceptance) else list(acceptance)
         slowest = np.min([self.expected_tokens(row.vectors()) for row in rows], axis=0)
-        slowest = np.maximum(slowest_share * slowest, 1.0) if slowest_share != 1.0 else slowest
+        slowest = np.maximum(slowest_share * slowest, 1.0)  # every shape's tokens count the root: 1 at 1.0
         return self.seconds_per_step(sizer) / (len(rows) * slowest)
 
     def best(self, sizer: StepSizer, acceptance: Acceptances) -> tuple[int, float]:
