@@ -18,7 +18,10 @@ not at every call's start.
 A batch drafting for all its rows at once is guarded as a whole: a step's tokens are every row's, and a plain step
 (every row's root alone) is plain batched decoding's step, which emits one token per row. There a target pass over
 every row's tree costs far more than one over every row's root, so the estimate flatters plain decoding's rival:
-`measure_plain` runs one plain step once `patience` speculative steps have run without one, to judge them by.
+`measure_plain` runs one plain step once `patience` speculative steps have run without one, to judge them by, and
+again in every call (once per row count), so that the plain rate a call is judged by is a running mean over calls,
+not one step's timing (a plain step's time moves 10-15% from minute to minute on a 2-core CPU, and 8-row calls
+that lost to Transformers' loop by up to 12% were judged wins against one high sample).
 Rows that finish leave the batch, and a plain batched step's cost per token grows as they do (2 rows: 0.2 s a token
 on a 2-core Zen 3 against 0.085 s for 8), so plain rates are kept per row count and speculative steps are judged
 against the rate of their own row count, their running means restarting when it changes (judged against 8 rows'
@@ -74,6 +77,7 @@ class PlainGuard:
     probe_seconds: float = 0.0  # totals over speculative steps since the last judgement that did not lose
     probe_tokens: int = 0
     catching_up: bool = False  # the next speculative step follows a wait: its draft reads the waited tokens
+    measured: set[int] = field(default_factory=set)  # row counts whose plain step this call has measured
     first_call_wait: int = 2  # whole calls decoded plainly after a batch call lost; doubles after each lost probe
     max_call_wait: int = 32
     calls_waiting: int = 0  # calls left to decode plainly before the next speculative one
@@ -85,6 +89,7 @@ class PlainGuard:
     def new_call(self) -> None:
         """A call begins: the judgement so far carries over (a wait under way goes on); the step counts restart."""
         self.plain_steps = 0
+        self.measured = set()
 
     def plain_next(self, rows: int = 1) -> bool:
         """Whether the next step, over `rows` rows, should be a plain one: asked once per step, as it is issued. A
@@ -97,7 +102,7 @@ class PlainGuard:
                 self.spec_steps = self.probe_tokens = 0
                 self.catching_up = True
             return True
-        return (self.measure_plain and rows not in self.plain_rates and rows == self.rows
+        return (self.measure_plain and rows not in self.measured and rows == self.rows
                 and self.spec_steps >= self.patience)
 
     def reference(self) -> float | None:
@@ -109,6 +114,7 @@ class PlainGuard:
         """A step took `seconds` (`draft_seconds` of them in draft passes) and emitted `tokens`; `plain`: it verified
         the root alone (every row's, for a batch of `rows` rows)."""
         if plain:
+            self.measured.add(rows)
             rate = seconds / max(tokens, 1)
             self.plain_rates[rows] = self._mean(self.plain_rates[rows], rate) if rows in self.plain_rates else rate
             return
