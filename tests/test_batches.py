@@ -589,27 +589,29 @@ def test_a_batch_guard_measures_a_plain_step_before_it_judges_by_one():
     assert guard.plain_next(4) and guard.waiting > 0  # speculation loses to what was measured
 
 
-def test_a_batch_guard_measures_a_plain_step_in_every_call():
-    """A row count measured in one call is measured again in the next (once a call; at its start, the speculative
-    steps judged so far carrying over): the rate its calls are judged by is a running mean over calls (memory
-    0.7), not the first call's one step."""
+def test_a_batch_guard_measures_a_plain_step_in_every_call_long_enough():
+    """A row count measured in one call is measured again in the next once that call has run `patience` speculative
+    steps over it (once a call): the rate calls are judged by is a running mean over calls (memory 0.7), not the
+    first call's one step. A call shorter than that measures none (a plain step would cost it much of its saving)."""
     from hf_specdec.plan.guard import PlainGuard
 
     guard = PlainGuard(patience=2, measure_plain=True)
-    guard.new_call()
-    for _ in range(2):
-        assert not guard.plain_next(4)
-        guard.observe(2.0, 16, plain=False, rows=4)
-    assert guard.plain_next(4)
-    guard.observe(1.0, 4, plain=True, rows=4)  # 0.25 s a token
-    assert not guard.plain_next(4)
-    guard.new_call()
-    assert guard.plain_next(4)
-    guard.observe(2.0, 4, plain=True, rows=4)  # 0.5 s a token
-    for _ in range(3):  # measured: not again in this call
-        assert not guard.plain_next(4)
-        guard.observe(2.0, 16, plain=False, rows=4)
+    for seconds in (1.0, 2.0):  # each call's plain step: 0.25, then 0.5 s a token
+        guard.new_call()
+        for _ in range(2):
+            assert not guard.plain_next(4)
+            guard.observe(2.0, 16, plain=False, rows=4)
+        assert guard.plain_next(4)
+        guard.observe(seconds, 4, plain=True, rows=4)
+        for _ in range(3):  # measured: not again in this call
+            assert not guard.plain_next(4)
+            guard.observe(2.0, 16, plain=False, rows=4)
     assert guard.plain_rates[4] == pytest.approx(0.7 * 0.25 + 0.3 * 0.5)
+    guard.new_call()  # a short call: one speculative step, then it ends
+    assert not guard.plain_next(4)
+    guard.observe(2.0, 16, plain=False, rows=4)
+    guard.new_call()
+    assert not guard.plain_next(4)
 
 
 def test_a_batch_guard_judges_steps_against_plain_steps_over_as_many_rows():

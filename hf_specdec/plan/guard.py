@@ -19,9 +19,11 @@ A batch drafting for all its rows at once is guarded as a whole: a step's tokens
 (every row's root alone) is plain batched decoding's step, which emits one token per row. There a target pass over
 every row's tree costs far more than one over every row's root, so the estimate flatters plain decoding's rival:
 `measure_plain` runs one plain step once `patience` speculative steps have run without one, to judge them by, and
-again in every call (once per row count), so that the plain rate a call is judged by is a running mean over calls,
-not one step's timing (a plain step's time moves 10-15% from minute to minute on a 2-core CPU, and 8-row calls
-that lost to Transformers' loop by up to 12% were judged wins against one high sample).
+again in every call that runs `patience` speculative steps over that many rows (once per call and row count), so
+that the plain rate a call is judged by is a running mean over calls, not one step's timing (a plain step's time
+moves 10-15% from minute to minute on a 2-core CPU, and 8-row calls that lost to Transformers' loop by up to 12%
+were judged wins against one high sample). A call too short for that measures none: one plain step would cost it
+much of what speculation saves.
 Rows that finish leave the batch, and a plain batched step's cost per token grows as they do (2 rows: 0.2 s a token
 on a 2-core Zen 3 against 0.085 s for 8), so plain rates are kept per row count and speculative steps are judged
 against the rate of their own row count, their running means restarting when it changes (judged against 8 rows'
@@ -78,6 +80,7 @@ class PlainGuard:
     probe_tokens: int = 0
     catching_up: bool = False  # the next speculative step follows a wait: its draft reads the waited tokens
     measured: set[int] = field(default_factory=set)  # row counts whose plain step this call has measured
+    call_spec_steps: int = 0  # speculative steps this call has run over `rows` rows
     first_call_wait: int = 2  # whole calls decoded plainly after a batch call lost; doubles after each lost probe
     max_call_wait: int = 32
     calls_waiting: int = 0  # calls left to decode plainly before the next speculative one
@@ -89,7 +92,7 @@ class PlainGuard:
     def new_call(self) -> None:
         """A call begins: the judgement so far carries over (a wait under way goes on); the step counts restart."""
         self.plain_steps = 0
-        self.measured = set()
+        self.measured, self.call_spec_steps = set(), 0
 
     def plain_next(self, rows: int = 1) -> bool:
         """Whether the next step, over `rows` rows, should be a plain one: asked once per step, as it is issued. A
@@ -102,8 +105,8 @@ class PlainGuard:
                 self.spec_steps = self.probe_tokens = 0
                 self.catching_up = True
             return True
-        return (self.measure_plain and rows not in self.measured and rows == self.rows
-                and self.spec_steps >= self.patience)
+        due = rows not in self.plain_rates or (rows not in self.measured and self.call_spec_steps >= self.patience)
+        return self.measure_plain and due and rows == self.rows and self.spec_steps >= self.patience
 
     def reference(self) -> float | None:
         """Seconds per token of plain decoding over the judged steps' rows: measured, else estimated from the
@@ -119,7 +122,8 @@ class PlainGuard:
             self.plain_rates[rows] = self._mean(self.plain_rates[rows], rate) if rows in self.plain_rates else rate
             return
         if rows != self.rows:  # rows finished (or a new call's batch): judged afresh against their own plain rate
-            self.rows, self.spec_steps = rows, 0
+            self.rows, self.spec_steps, self.call_spec_steps = rows, 0, 0
+        self.call_spec_steps += 1
         self.probe_seconds += seconds  # what a lost probe repays: every speculative step's cost
         self.probe_tokens += tokens
         if self.catching_up:  # its draft pass read every token of the wait: a cost of probing, not a measure of
