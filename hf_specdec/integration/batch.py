@@ -34,7 +34,7 @@ from ..draft.batch_shaped import LockstepShapeDrafter
 from ..draft.batch_sized import SizedLockstepDrafter
 from ..methods.static_shape import StaticShapeConfig
 from ..methods.step_sized import PLAN_BUDGET, online_sizer
-from ..plan.call_pricing import SLOWEST_ROW_SHARE, call_pays, saving_per_token
+from ..plan.call_pricing import PRICING_MARGIN, SLOWEST_ROW_SHARE, call_pays, saving_per_token
 from ..plan.guard import BATCH_MARGIN, PlainGuard, remembered_guard
 from ..plan.shape_sizing import RankAcceptance, ShapeMenu
 from ..plan.sizing import for_batch
@@ -157,9 +157,10 @@ def batch_drafts(model: PreTrainedModel, rows: int, logits_processor: LogitsProc
                  slowest_share: float = SLOWEST_ROW_SHARE) -> bool:
     """Whether any tree pays for this batch: a fixed shape sized for it may be predicted to lose to plain batched
     steps from the first step, or to save less over the call's `new_tokens` per row than the draft's prefill over
-    every row's `prompt` tokens costs (`plan.call_pricing`); then the batch decodes with Transformers' own loop, as a
-    root-only plan does for one sequence. Predicted with the curves as `rows` rows see them and the plan's acceptance
-    for every row, the slowest row adding `slowest_share` of what it predicts (`call_pricing.SLOWEST_ROW_SHARE`)."""
+    every row's `prompt` tokens costs, with a margin for the prediction's error (`plan.call_pricing`); then the
+    batch decodes with Transformers' own loop, as a root-only plan does for one sequence. Predicted with the curves
+    as `rows` rows see them and the plan's acceptance for every row, the slowest row adding `slowest_share` of what
+    it predicts (`call_pricing.SLOWEST_ROW_SHARE`)."""
     if not isinstance(config, StaticShapeConfig):
         return True
     sizing = batch_sizing(config, plan)
@@ -189,7 +190,8 @@ def batch_plainly(model: PreTrainedModel, rows: int, logits_processor: LogitsPro
                 "decode plainly before speculation is tried again")
     share = guard.slowest_share if guard is not None else SLOWEST_ROW_SHARE
     if not batch_drafts(model, rows, logits_processor, call, config, plan, prompt, new_tokens, share):
-        return "no tree is predicted to repay its cost over this batch's new tokens"
+        return (f"no tree is predicted to repay its cost over this batch's new tokens with {PRICING_MARGIN:.0%} of "
+                "plain batched decoding's time to spare")
     return None
 
 
