@@ -11,13 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from hf_specdec.plan.call_pricing import (
-    PRICING_MARGIN,
-    SLOWEST_ROW_SHARE,
-    call_pays,
-    saving_per_token,
-    slowest_row_share,
-)
+from hf_specdec.plan.call_pricing import SLOWEST_ROW_SHARE, call_pays, saving_per_token, slowest_row_share
 from hf_specdec.plan.guard import BATCH_MARGIN, PlainGuard
 from hf_specdec.plan.latency import LatencyCurve
 from hf_specdec.plan.sizing import HardwareProfile
@@ -38,19 +32,19 @@ def test_call_pays_only_when_the_saving_over_the_call_repays_the_setup():
     assert saving_per_token(per_token) == (2, pytest.approx(0.005))
     assert call_pays(per_token, 100, 0.4, margin=0.0)  # 0.5 s saved
     assert not call_pays(per_token, 60, 0.4, margin=0.0)  # 0.3 s saved: the setup is not repaid
+    assert not call_pays(np.array([0.02, 0.03]), 10_000, 0.0)  # nothing beats plain, whatever the length
+    assert saving_per_token(np.array([0.02, 0.03])) == (0, 0.0)
 
 
 def test_a_call_must_be_predicted_to_save_the_margin_of_plain_decoding():
     """Plain decoding 25 ms a token; the best shape saves 5 ms (20%). Over 100 tokens (2.5 s plain) a setup of
-    0.1 s leaves 0.4 s (16%): above a 10% margin; a setup of 0.3 s leaves 0.2 s (8%): a near-tie, decoded plainly."""
+    0.1 s leaves 0.4 s (16%): above the default 10% margin; a setup of 0.3 s leaves 0.2 s (8%): a near-tie,
+    decoded plainly."""
     per_token = np.array([0.025, 0.030, 0.020, 0.022])
-    assert PRICING_MARGIN == pytest.approx(0.1)
     assert call_pays(per_token, 100, 0.1)
     assert call_pays(per_token, 100, 0.3, margin=0.0)  # repaid, but by less than the prediction's error
     assert not call_pays(per_token, 100, 0.3)
     assert not call_pays(per_token, 10**6, 0.0, margin=0.25)  # never: the steps save 20% of plain at most
-    assert not call_pays(np.array([0.02, 0.03]), 10_000, 0.0)  # nothing beats plain, whatever the length
-    assert saving_per_token(np.array([0.02, 0.03])) == (0, 0.0)
 
 
 def test_a_call_too_short_to_repay_the_drafts_prefill_decodes_plainly(monkeypatch):
