@@ -28,7 +28,7 @@ import numpy as np
 #: and `sequoia` (B = 2: 0.71, 4: 0.69, 8: 0.77; range 0.58-0.80; `benchmarks/slowest_row_share.py`), rounded down.
 #: Priced at the mean row, a call of 8 rows on a 2-core Zen 3 was predicted to save 19.6 s against the draft's 6.3 s
 #: prompt pass, and lost to plain batched decoding (0.93x). Priced at this share the saving is 9.4 s, still above
-#: it: that call is a near-tie there (0.87-1.06x over runs), which the whole-call judgement is left to settle.
+#: it: that call is a near-tie there (0.87-1.06x over runs), which `PRICING_MARGIN` leaves to plain decoding.
 SLOWEST_ROW_SHARE = 0.7
 
 #: the net saving (the steps' saving less the draft's prefill) a call must be predicted to make, as a share of plain
