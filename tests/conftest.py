@@ -103,33 +103,38 @@ def guard_never_fires(monkeypatch):
 @pytest.fixture(autouse=True)
 def tree_sizing_sees_a_cheap_draft(monkeypatch):
     """`tree` at its default shape, and a batch's fixed shapes (chain, tree, sequoia: `draft.batch_sized`), are sized
-    every step with the pair's latency curves. The suite's tiny drafts cost
-    what their targets do, and curves measured on a busy machine are noise, so there the sizing would (rightly, or
-    by chance) run plain steps. Tests that check `tree` really speculates assume hardware where speculation pays;
-    this states it: the cost model sees a target pass of 10 ms whatever its size and a draft pass of 1 ms, no
-    correction from measured passes (timing_memory=1: load cannot move it), and a first child kept 80% of the time
-    before any verdict (plans are stored per architecture, so a plan another test calibrated with a poor draft must
-    not start this draft at plain steps; verdicts still teach it). How the sizing chooses with costly and cheap
-    drafts is tested in test_sized_trees.py with its own curves."""
+    every step with the pair's latency curves, and a batch call is priced with them before it starts. The suite's
+    tiny drafts cost what their targets do, and curves measured on a busy machine are noise, so there the sizing
+    would (rightly, or by chance) run plain steps. Tests that check a method really speculates assume hardware where
+    speculation pays; this states it: the cost model sees a target pass of 10 ms whatever its size and a draft pass
+    of 0.2 ms (a batch whose rows draft one after another, `specexec`'s, is priced with their passes summed: 4 rows
+    still draft a level in under a tenth of a target pass), no correction from measured passes (timing_memory=1:
+    load cannot move it), and a first child kept 80% of the time before any verdict (plans are stored per
+    architecture, so a plan another test calibrated with a poor draft must not start this draft at plain steps;
+    verdicts still teach it; a batch drafted row by row is priced on the DP's trees for that vector, not a stored
+    plan's). How the sizing chooses with costly and cheap drafts is tested in test_sized_trees.py
+    with its own curves."""
     import dataclasses
 
     from hf_specdec.integration import batch
     from hf_specdec.methods.tree import config as tree_config
     from hf_specdec.plan.latency import LatencyCurve
-    from hf_specdec.plan.shape_sizing import RankAcceptance
+    from hf_specdec.plan.shape_sizing import RankAcceptance, sequoia_menu
 
     measured = tree_config.online_sizer
 
     def cheap_draft(profile, target, draft, processors):
         sizer = measured(profile, target, draft, processors)
         flat = lambda seconds: LatencyCurve((1, 128), (seconds, seconds))  # noqa: E731
-        sizer.profile = dataclasses.replace(profile, target=flat(0.01), draft=flat(0.001), step_overhead=0.0)
+        sizer.profile = dataclasses.replace(profile, target=flat(0.01), draft=flat(0.0002), step_overhead=0.0)
         sizer.timing_memory = 1.0
         return sizer
 
+    prior = [0.8, 0.1, 0.05]
     for module in (tree_config, batch):  # a batch's fixed shapes are sized every step with the same model
         monkeypatch.setattr(module, "online_sizer", cheap_draft)
-        monkeypatch.setattr(module, "RankAcceptance", lambda prior, ranks: RankAcceptance([0.8, 0.1, 0.05], ranks))
+        monkeypatch.setattr(module, "RankAcceptance", lambda vector, ranks: RankAcceptance(prior, ranks))
+    monkeypatch.setattr(batch, "sequoia_menu", lambda vector, budget, depth: sequoia_menu(prior, budget, depth))
 
 
 

@@ -6,6 +6,7 @@ prefill, and a batch's guard allows no loss."""
 from __future__ import annotations
 
 import time
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -126,6 +127,54 @@ def test_a_batch_priced_by_its_slowest_row_decodes_plainly_when_that_row_cannot_
     assert torch.equal(out.sequences, target.generate(ids, **call))
     assert isinstance(out.speculation_stats, list) == speculates == bool(drafters)
     assert speculates or "no tree is predicted to repay" in out.speculation_stats.plan_source
+
+
+def test_rows_drafting_one_after_another_sum_their_draft_passes():
+    """A pass over n nodes per row, for rows drafting their own trees: the target's is one pass over rows * n tokens
+    (as for rows drafting in lockstep), the draft's `rows` passes over n tokens (lockstep: one over rows * n)."""
+    from hf_specdec.plan.sizing import for_batch, row_by_row
+
+    sizes = (1, 2, 4, 8, 16, 32, 64, 128)
+    profile = HardwareProfile(flat_until(16, 0.05), LatencyCurve(sizes, tuple(0.01 + 0.001 * s for s in sizes)))
+    for rows in (1, 2, 4):
+        lockstep, one_by_one = for_batch(profile, rows), row_by_row(profile, rows)
+        assert one_by_one.target == lockstep.target
+        for n in (1, 4, 16):
+            assert one_by_one.target(n) == pytest.approx(profile.target(rows * n))
+            assert one_by_one.draft(n) == pytest.approx(rows * profile.draft(n))
+            assert lockstep.draft(n) == pytest.approx(profile.draft(rows * n))
+    assert row_by_row(profile, 4).draft(4) > for_batch(profile, 4).draft(4)  # 4 x 14 ms against 26 ms
+
+
+@pytest.mark.parametrize("method", ["specexec", "staged"])
+def test_a_batch_drafted_row_by_row_is_priced_before_its_call(monkeypatch, method):
+    """`specexec` and `staged` draft every row's tree in its own passes, one row after another. A target pass of
+    50 ms (flat up to 16 tokens) and a draft pass of 10 ms: 4 rows drafting a chain in lockstep share each draft
+    pass, and the chain is predicted to repay the call; 4 rows drafting one after another pay 40 ms a level, no tree
+    is, and Transformers' loop decodes the call. With a 1 ms draft pass the method speculates. Every output is plain
+    batched generate's."""
+    from hf_specdec.integration import batch as batch_module
+    from hf_specdec.integration import generate as integration
+    from hf_specdec.plan.shape_sizing import sequoia_menu
+
+    target = tiny_model("llama", 0)
+    draft = near_draft(target, noise=0.05)
+    ids, mask = padded_batch(11, [0, 3, 2, 1])
+    monkeypatch.setattr(batch_module, "sequoia_menu", sequoia_menu)  # the DP's trees for the plan's own vector
+    call = dict(attention_mask=mask, max_new_tokens=NEW, do_sample=False, return_dict_in_generate=True)
+    plain = target.generate(ids, **call).sequences
+    drafters = sized_batch(monkeypatch, HardwareProfile(flat_until(16, 0.05), flat_until(16, 0.01)), [0.9])
+    out = target.generate(ids, **call, assistant_model=draft, speculation="chain")
+    assert torch.equal(out.sequences, plain) and isinstance(out.speculation_stats, list) and drafters
+    out = target.generate(ids, **call, assistant_model=draft, speculation=method)
+    assert torch.equal(out.sequences, plain)
+    assert "no tree is predicted to repay" in out.speculation_stats.plan_source
+    cheap = SimpleNamespace(profile=HardwareProfile(flat_until(16, 0.05), flat_until(16, 0.001)), acceptance=[0.9])
+    monkeypatch.setattr(integration, "plan_for_call", lambda *args, **kwargs: (cheap, "curves given here"))
+    out = target.generate(ids, **call, assistant_model=draft, speculation=method)
+    assert torch.equal(out.sequences, plain)
+    assert isinstance(out.speculation_stats, list)
+    assert max(max(row.tokens_per_step) for row in out.speculation_stats) > 1  # drafted tokens were accepted
 
 
 def test_a_batch_call_hands_its_guard_each_rows_tokens_per_speculative_step(monkeypatch):

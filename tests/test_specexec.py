@@ -59,7 +59,7 @@ def test_default_sizes_trees_every_step_from_the_latency_curve(monkeypatch):
     from hf_specdec.plan.step_sizing import StepSizer
     from tests.test_batches import flat_until
 
-    plan = SimpleNamespace(profile=HardwareProfile(flat_until(128, 0.010), flat_until(128, 0.001)))
+    plan = SimpleNamespace(profile=HardwareProfile(flat_until(128, 0.010), flat_until(128, 0.001)), acceptance=[0.9])
     monkeypatch.setattr(integration, "plan_for_call", lambda *args, **kwargs: (plan, "curves given here"))
     monkeypatch.setattr(step_sized, "online_sizer", lambda profile, target, draft, processors: StepSizer(
         profile, learned_acceptance(draft, (id(target), processors_key(processors))), timing_memory=1.0))

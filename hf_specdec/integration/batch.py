@@ -6,7 +6,8 @@ batch where the call has latency curves and the guard is on (`draft.batch_sized`
 largest a step drafts, smaller versions of it are chosen as the batch grows or acceptance falls, down to plain
 batched steps. A call that no tree is predicted to repay (the draft's prompt pass included, its slowest row priced
 by what earlier calls of its batch size measured) decodes with Transformers' own loop, as do the next calls of a
-batch size after one measured slower than plain batched decoding (`PlainGuard.observe_call`).
+batch size after one measured slower than plain batched decoding (`PlainGuard.observe_call`). A method drafting
+row by row (specexec, staged) is priced before its call the same way, its rows' draft passes summed.
 Curves come with the method's plan (tree, sequoia), or are looked up for the batch (chain, a shape given).
 
 What a batch refuses (a user cache, static caches, per-token output records, streamers, ...) is checked up front
@@ -33,11 +34,11 @@ from ..decoding.stats import SpeculationStats
 from ..draft.batch_shaped import LockstepShapeDrafter
 from ..draft.batch_sized import SizedLockstepDrafter
 from ..methods.static_shape import StaticShapeConfig
-from ..methods.step_sized import PLAN_BUDGET, online_sizer
+from ..methods.step_sized import PLAN_BUDGET, StepSizedConfig, online_sizer
 from ..plan.call_pricing import PRICING_MARGIN, SLOWEST_ROW_SHARE, call_pays, saving_per_token
 from ..plan.guard import BATCH_MARGIN, PlainGuard, remembered_guard
-from ..plan.shape_sizing import RankAcceptance, ShapeMenu
-from ..plan.sizing import for_batch
+from ..plan.shape_sizing import RankAcceptance, ShapeMenu, sequoia_menu
+from ..plan.sizing import for_batch, row_by_row
 from .call import SpeculationCall, guard_key
 
 
@@ -160,16 +161,25 @@ def batch_drafts(model: PreTrainedModel, rows: int, logits_processor: LogitsProc
     every row's `prompt` tokens costs, with a margin for the prediction's error (`plan.call_pricing`); then the
     batch decodes with Transformers' own loop, as a root-only plan does for one sequence. Predicted with the curves
     as `rows` rows see them and the plan's acceptance for every row, the slowest row adding `slowest_share` of what
-    it predicts (`call_pricing.SLOWEST_ROW_SHARE`)."""
-    if not isinstance(config, StaticShapeConfig):
+    it predicts (`call_pricing.SLOWEST_ROW_SHARE`).
+
+    A method drafting row by row with curves (specexec, staged sized every step) is priced as the DP's best trees
+    for the plan's acceptance would be (its own trees are not known before they are drafted), every row's draft
+    passes and prompt pass run one after another (`sizing.row_by_row`). Staged's lower stages make its drafting
+    cheaper than that: it is priced on the safe side. Other methods (prompt lookup, a fixed budget) are unpriced."""
+    if isinstance(config, StaticShapeConfig):
+        sizing = batch_sizing(config, plan)
+        if sizing is None:
+            return len(config.shape()) > 1
+        menu, acceptance, profile, batched = config.shape_menu(), sizing.acceptance, sizing.profile, for_batch
+    elif isinstance(config, StepSizedConfig) and config.profile is not None and config.acceptance is not None:
+        menu = sequoia_menu(config.acceptance, PLAN_BUDGET, config.max_depth)
+        acceptance, profile, batched = config.acceptance, config.profile, row_by_row
+    else:
         return True
-    sizing = batch_sizing(config, plan)
-    if sizing is None:
-        return len(config.shape()) > 1
-    menu = config.shape_menu()
-    sizer = online_sizer(sizing.profile, model, call.assistant_model, logits_processor)
-    sizer.profile = for_batch(sizer.profile, rows)
-    per_token = menu.seconds_per_token(sizer, [RankAcceptance(sizing.acceptance, menu.width)] * rows, slowest_share)
+    sizer = online_sizer(profile, model, call.assistant_model, logits_processor)
+    sizer.profile = batched(sizer.profile, rows)
+    per_token = menu.seconds_per_token(sizer, [RankAcceptance(acceptance, menu.width)] * rows, slowest_share)
     if new_tokens is None:
         return saving_per_token(per_token)[0] != 0
     # the draft's first pass feeds every row its prompt: prompt tokens per row on the curves the batch sees

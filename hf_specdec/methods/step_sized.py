@@ -21,12 +21,16 @@ class StepSizedConfig(SpeculationConfig):
     """A best-first method whose `budget=None` means: size the tree every step (plan/step_sizing.py).
 
     The sizing needs this pair's latency curves on this hardware: `plan_request` asks the integration for them
-    (stored, re-sized, or measured at first use) and `with_plan` keeps them in `profile`. A subclass declares the
+    (stored, re-sized, or measured at first use) and `with_plan` keeps them in `profile` (and the plan's acceptance
+    vector in `acceptance`, to price a batch call: `integration.batch.batch_drafts`). A subclass declares the
     settings `budget: int | None` (None: sized every step) and `max_depth: int`.
     """
 
     profile: Any = set_by_with_plan(
         None, "the latency curves (`HardwareProfile`) trees are sized with every step; None with a fixed budget."
+    )
+    acceptance: Any = set_by_with_plan(
+        None, "the plan's calibrated acceptance vector: what a batch call is priced with before its rows draft."
     )
 
     def plan_request(self) -> PlanRequest | None:
@@ -34,7 +38,7 @@ class StepSizedConfig(SpeculationConfig):
 
     def with_plan(self, plan: Any, source: str) -> StepSizedConfig:
         resolved = dataclasses.replace(self)
-        resolved.profile = plan.profile
+        resolved.profile, resolved.acceptance = plan.profile, list(plan.acceptance)
         resolved.plan_source = f"trees sized every step with the latency curves of {source}"
         return resolved
 
