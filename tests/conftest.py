@@ -112,8 +112,8 @@ def tree_sizing_sees_a_cheap_draft(monkeypatch):
     load cannot move it), and a first child kept 80% of the time before any verdict (plans are stored per
     architecture, so a plan another test calibrated with a poor draft must not start this draft at plain steps;
     verdicts still teach it; a batch drafted row by row is priced on the DP's trees for that vector, not a stored
-    plan's). How the sizing chooses with costly and cheap drafts is tested in test_sized_trees.py
-    with its own curves."""
+    plan's). How the sizing chooses with costly and cheap drafts is tested in test_sized_trees.py with its own
+    curves."""
     import dataclasses
 
     from hf_specdec.integration import batch

@@ -139,7 +139,7 @@ def default_beams(budget: int) -> int:
 def for_batch(profile: HardwareProfile, rows: int) -> HardwareProfile:
     """`profile` as a batch of `rows` sequences sees it: a pass over n nodes per row is a pass over rows * n tokens,
     for the target and for a draft that drafts every row in lockstep; `choose_plan` on it sizes one row's tree."""
-    return HardwareProfile(_batched(profile.target, rows), _batched(profile.draft, rows), dict(profile.placement),
+    return HardwareProfile(_rescaled(profile.target, rows), _rescaled(profile.draft, rows), dict(profile.placement),
                            profile.step_overhead)
 
 
@@ -147,14 +147,14 @@ def row_by_row(profile: HardwareProfile, rows: int) -> HardwareProfile:
     """`profile` as a batch of `rows` sequences sees it where every row drafts its own tree, one row after another
     (specexec, staged: a drafter per row), and one target pass verifies every row's nodes: a draft pass over n nodes
     per row is `rows` passes over n tokens, the target's a pass over rows * n tokens."""
-    draft = profile.draft
-    summed = LatencyCurve(draft.sizes, tuple(rows * float(draft(size)) for size in draft.sizes), draft.past_length)
-    return HardwareProfile(_batched(profile.target, rows), summed, dict(profile.placement), profile.step_overhead)
+    return HardwareProfile(_rescaled(profile.target, rows), _rescaled(profile.draft, 1, times=rows),
+                           dict(profile.placement), profile.step_overhead)
 
 
-def _batched(curve: LatencyCurve, rows: int) -> LatencyCurve:
-    """`curve` over n tokens per row of `rows` rows: its time over rows * n tokens."""
-    return LatencyCurve(curve.sizes, tuple(float(curve(rows * size)) for size in curve.sizes), curve.past_length)
+def _rescaled(curve: LatencyCurve, rows: int, times: int = 1) -> LatencyCurve:
+    """`curve` over n tokens per row of `rows` rows: `times` its time over rows * n tokens."""
+    return LatencyCurve(curve.sizes, tuple(times * float(curve(rows * size)) for size in curve.sizes),
+                        curve.past_length)
 
 
 def row_share(profile: HardwareProfile, rows: int) -> HardwareProfile:
