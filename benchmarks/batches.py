@@ -99,6 +99,8 @@ def main() -> None:
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     parser.add_argument("--prepack", action="store_true", help="hf_specdec.prepack the target (both sides use it)")
     parser.add_argument("--int8-draft", action="store_true", help="draft with hf_specdec.quantize_draft's int8 copy")
+    parser.add_argument("--first-prompt", type=int, default=0,
+                        help="HumanEval prompts FIRST..FIRST+B-1 make a batch of B (another set than 0..B-1)")
     parser.add_argument("--output", type=Path, default=Path("bench-results/batches"))
     args = parser.parse_args()
 
@@ -109,9 +111,10 @@ def main() -> None:
         draft = hf_specdec.quantize_draft(draft)
     tokenizer.padding_side = "left"
     methods = args.method or ["chain"]
+    prompt_set = f"HumanEval {args.first_prompt}..{args.first_prompt}+B-1"
     rows = []
     for size in [int(b) for b in args.batches.split(",")]:
-        prompts = humaneval_prompts(size)
+        prompts = humaneval_prompts(size, start=args.first_prompt)
         batch = tokenizer(prompts, return_tensors="pt", padding=True)
         runs = {"plain": [], "prompt": [], **{method: [] for method in methods}}
         warm = argparse.Namespace(**{**vars(args), "new_tokens": 4})
@@ -155,14 +158,14 @@ def main() -> None:
                "threads": torch.get_num_threads(), "torch": torch.__version__, "load_average": os.getloadavg()}
     settings = {"methods": methods, "config": json.loads(args.config), "dtype": args.dtype,
                 "prepacked_target": args.prepack, "int8_draft": args.int8_draft,
-                "new_tokens": args.new_tokens, "repeats": args.repeats, "prompts": "HumanEval 0..B-1, left-padded",
+                "new_tokens": args.new_tokens, "repeats": args.repeats, "prompts": f"{prompt_set}, left-padded",
                 "decoding": "greedy"}
     args.output.mkdir(parents=True, exist_ok=True)
     (args.output / "results.json").write_text(json.dumps({"settings": settings, "machine": machine, "rows": rows}))
     lines = [f"Speculation on a batch: {', '.join(methods)} {args.config}, {args.dtype}"
              f"{', prepacked target' if args.prepack else ''}{', int8 draft' if args.int8_draft else ''}, greedy, "
              f"{args.new_tokens} new "
-             f"tokens per row, HumanEval prompts 0..B-1; medians of {args.repeats} interleaved runs.",
+             f"tokens per row, {prompt_set}; medians of {args.repeats} interleaved runs.",
              f"Machine: {machine['cpu']} ({', '.join(machine['flags'])}), {machine['threads']} threads, load "
              f"{machine['load_average'][0]:.2f}.", "",
              "| batch | method | plain tok/s | speculative tok/s | ratio | prompt pass s | after it: plain tok/s | "
