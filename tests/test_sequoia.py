@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import time
 
 import numpy as np
 import pytest
@@ -350,3 +351,22 @@ def test_a_plan_from_other_hardware_lends_its_acceptance_and_is_resized(pair, pl
     again = target.generate(ids, assistant_model=draft, speculation="sequoia", max_new_tokens=16, do_sample=False,
                             return_dict_in_generate=True)
     assert again.speculation_stats.plan_source.startswith(f"saved plan {resized_path.name}")
+
+
+def test_a_slow_spell_of_the_machine_does_not_price_one_size(monkeypatch):
+    # Three passes in a row run slow (a busy neighbour) while the curve is measured: timed size after size, they
+    # were the three timings of size 3 (the prefill, then a warm-up and 3 timings per size: passes 6-8), whose
+    # median then read the spell. In rounds over the sizes each size sees at most one of them.
+    model = tiny_model("qwen2", 0)
+    forward, calls, spell = model.forward, [0], 0.2
+
+    def busy_forward(*args, **kwargs):
+        calls[0] += 1
+        if calls[0] - 1 in (6, 7, 8):
+            time.sleep(spell)
+        return forward(*args, **kwargs)
+
+    monkeypatch.setattr(model, "forward", busy_forward)
+    curve = measure_latency(model, sizes=(1, 3, 8), past_length=16, repeats=3, progress=False, stop_ratio=None)
+    assert calls[0] == 1 + 3 * 4  # the prefill, then a warm-up and 3 timings per size: the spell fell inside
+    assert curve.sizes == (1, 3, 8) and max(curve.seconds) < spell / 2, curve.seconds

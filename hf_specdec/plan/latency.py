@@ -134,9 +134,13 @@ def measure_latency(
     """Time `model` on n new tokens (a star tree under one root: the costliest mask shape) for each n in `sizes`.
 
     Each measurement restores the cache to `past_length` tokens first, so every pass sees the same context.
-    Median over `repeats` after one warm-up pass per size. Sizes stop once a pass costs more than `stop_ratio`
-    times the smallest one: no tree that slow can pay for itself, and on hardware where cost grows with every
-    token (bfloat16 on a CPU without native support) the largest sizes would take minutes. The curve extrapolates.
+    Every size gets a warm-up pass and a first timing, smallest first; sizes stop once a pass costs more than
+    `stop_ratio` times the smallest one: no tree that slow can pay for itself, and on hardware where cost grows with
+    every token (bfloat16 on a CPU without native support) the largest sizes would take minutes. The curve
+    extrapolates. The other `repeats - 1` timings run in rounds over every kept size, and each size keeps the median
+    of its `repeats`: a slow spell of the machine (a busy neighbour) then lands on one timing of several sizes, not
+    on every timing of one (timed size by size, one spell priced a 32-token pass on a 2-core Zen 3 at 1.76 s where
+    its neighbours put it at 1.52, and steered 4-row batches away from 8-node trees).
     """
     sizes = sorted({int(s) for s in sizes})
     device, dtype = execution_device(model), model.dtype
@@ -147,25 +151,36 @@ def measure_latency(
     generator = torch.Generator().manual_seed(0)
     prompt = torch.randint(vocab // 4, vocab // 2, (1, past_length), generator=generator)
     cache = DynamicCache()  # full-length layers, so `crop` can restore the past whatever the model's window
-    seconds = []
-    with torch.no_grad():
+    stars: dict[int, dict] = {}  # per size: its pass's inputs
+    times: dict[int, list[float]] = {}  # per kept size: its timings
+
+    def timed(n: int) -> float:
+        start = time.perf_counter()
+        model(**stars[n], past_key_values=cache, use_cache=True)
+        for place in compute_devices(model) if device.type == "cuda" else ():
+            torch.cuda.synchronize(place)
+        seconds = time.perf_counter() - start
+        crop(cache, past_length)
+        bar.update()
+        return seconds
+
+    bar = tqdm(total=len(sizes) * (repeats + 1), desc=desc or f"latency {type(model).__name__}", unit="pass",
+               disable=not progress)
+    with torch.no_grad(), bar:
         model(input_ids=prompt.to(device), past_key_values=cache, use_cache=True, logits_to_keep=1)
-        for n in tqdm(sizes, desc=desc or f"latency {type(model).__name__}", unit="size", disable=not progress):
+        for n in sizes:
             star = TokenTree.from_parents(torch.randint(vocab // 4, vocab // 2, (n,), generator=generator),
                                           [-1] + [0] * (n - 1))  # every node descends from the first one
-            tokens = star.tokens[None].to(device)
-            mask = layout.tree_masks(star, past_length, dtype, device)
-            positions = star.position_ids(past_length).to(device)
-            times = []
-            for _ in range(repeats + 1):
-                start = time.perf_counter()
-                model(input_ids=tokens, attention_mask=mask, position_ids=positions, past_key_values=cache,
-                      use_cache=True)
-                for place in compute_devices(model) if device.type == "cuda" else ():
-                    torch.cuda.synchronize(place)
-                times.append(time.perf_counter() - start)
-                crop(cache, past_length)
-            seconds.append(statistics.median(times[1:]))
-            if stop_ratio is not None and len(seconds) > 1 and seconds[-1] > stop_ratio * seconds[0]:
+            stars[n] = {"input_ids": star.tokens[None].to(device),
+                        "attention_mask": layout.tree_masks(star, past_length, dtype, device),
+                        "position_ids": star.position_ids(past_length).to(device)}
+            timed(n)  # warm-up
+            times[n] = [timed(n)]
+            if stop_ratio is not None and len(times) > 1 and times[n][0] > stop_ratio * times[sizes[0]][0]:
                 break
-    return LatencyCurve(tuple(sizes[: len(seconds)]), tuple(seconds), past_length)
+        bar.total = len(times) * (repeats + 1)  # the sizes cut off are not timed again
+        bar.refresh()
+        for _ in range(repeats - 1):  # the same order every round: a size's timings lie a round apart
+            for n in times:
+                times[n].append(timed(n))
+    return LatencyCurve(tuple(times), tuple(statistics.median(t) for t in times.values()), past_length)
