@@ -153,6 +153,8 @@ def measure_latency(
     cache = DynamicCache()  # full-length layers, so `crop` can restore the past whatever the model's window
     stars: dict[int, dict] = {}  # per size: its pass's inputs
     times: dict[int, list[float]] = {}  # per kept size: its timings
+    bar = tqdm(total=len(sizes) * (repeats + 1), desc=desc or f"latency {type(model).__name__}", unit="pass",
+               disable=not progress)
 
     def timed(n: int) -> float:
         start = time.perf_counter()
@@ -164,8 +166,6 @@ def measure_latency(
         bar.update()
         return seconds
 
-    bar = tqdm(total=len(sizes) * (repeats + 1), desc=desc or f"latency {type(model).__name__}", unit="pass",
-               disable=not progress)
     with torch.no_grad(), bar:
         model(input_ids=prompt.to(device), past_key_values=cache, use_cache=True, logits_to_keep=1)
         for n in sizes:
