@@ -224,11 +224,12 @@ class ModelTreeDrafter(DraftModelCounts, Drafter):
         self.runner.commit(self.sequence.read(input_ids), forwarded_prefix(slots))
 
 
-def read_with_tokens(flag: torch.Tensor, tokens: torch.Tensor) -> tuple[bool, list[int]]:
-    """A one-element bool `flag` and the drafted `tokens` (flattened) in one host read: a drafter deciding whether
-    to draft deeper gets, should it stop, the tokens it would otherwise read in a second transfer."""
-    read = torch.cat([flag.reshape(1).long(), tokens.flatten()]).tolist()
-    return bool(read[0]), read[1:]
+def read_with_tokens(value: torch.Tensor, tokens: torch.Tensor) -> tuple[float, list[int]]:
+    """A one-element `value` (a flag or a probability) and the drafted `tokens` (flattened) in one host read: a
+    drafter deciding whether to draft deeper gets, should it stop, the tokens it would otherwise read in a second
+    transfer. Read as float32, which holds every token id below 2**24 exactly."""
+    read = torch.cat([value.reshape(1).float(), tokens.flatten().float()]).tolist()
+    return read[0], [int(token) for token in read[1:]]
 
 
 def _log_probs(scores: torch.Tensor, picked: torch.Tensor, kids: torch.Tensor) -> Callable[[], torch.Tensor]:

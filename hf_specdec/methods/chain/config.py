@@ -32,6 +32,14 @@ class ChainConfig(StaticShapeConfig):
                   "short ones where it is not. None or 0: always num_draft_tokens. A batch drafts one length for "
                   "all its rows: on while its rows' chains, averaged, are at least this likely to go on."},
     )
+    adapt_threshold: bool = field(
+        default=True,
+        metadata={"help": "Learn the threshold during the call, starting from confidence_threshold, as Transformers' "
+                  "assisted generation does where scikit-learn is installed: after every step, the one that would "
+                  "have cost least over the draft probabilities and verdicts seen so far (a rejected token drafted "
+                  "on costs 1, a kept token stopped at 3; plan/confidence.py). False: the threshold stays. A batch "
+                  "keeps it fixed."},
+    )
 
     def validate(self) -> None:
         if not isinstance(self.num_draft_tokens, int) or self.num_draft_tokens < 1:
@@ -40,6 +48,8 @@ class ChainConfig(StaticShapeConfig):
         if threshold is not None and (isinstance(threshold, bool) or not isinstance(threshold, (int, float))
                                       or not 0 <= threshold < 1):
             raise ValueError(f"confidence_threshold must be a probability in [0, 1) or None, got {threshold!r}.")
+        if not isinstance(self.adapt_threshold, bool):
+            raise ValueError(f"adapt_threshold must be True or False, got {self.adapt_threshold!r}.")
 
     def stop_below(self) -> float | None:
         return float(self.confidence_threshold) if self.confidence_threshold else None  # 0 stops nothing
@@ -54,8 +64,8 @@ class ChainConfig(StaticShapeConfig):
     ) -> ModelTreeDrafter:
         if self.stop_below() is None:  # the whole chain every step
             return super().make_drafter(target, assistant_model, logits_processor, child_selection, generator)
-        return ConfidentChainDrafter(assistant_model, self.shape(), self.stop_below(),
-                                     logits_processor, child_selection, generator, vocab_size(target))
+        return ConfidentChainDrafter(assistant_model, self.shape(), self.stop_below(), logits_processor,
+                                     child_selection, generator, vocab_size(target), adapt=self.adapt_threshold)
 
     def shape(self) -> list[int]:
         return chain_parents(self.num_draft_tokens)
