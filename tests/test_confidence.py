@@ -82,7 +82,7 @@ def test_a_chain_stops_on_the_learned_threshold_and_stays_lossless(tiny_pair, mo
     target, _ = tiny_pair
     draft = _noisy_copy(target)
     ids = random_prompt(torch.Generator().manual_seed(5), 6)
-    config = ChainConfig(num_draft_tokens=6, confidence_threshold=0.05, guard=False)
+    config = ChainConfig(num_draft_tokens=6, confidence_threshold=0.05, guard=False, adapt_threshold=True)
     out = target.generate(ids, assistant_model=draft, speculation=config, do_sample=False, max_new_tokens=60)
     assert torch.equal(out, target.generate(ids, do_sample=False, max_new_tokens=60))
     assert len({threshold for threshold, _, _ in steps}) > 1  # the premise: it learned something
@@ -91,11 +91,11 @@ def test_a_chain_stops_on_the_learned_threshold_and_stays_lossless(tiny_pair, mo
         assert len(probs) == 5 or (probs and probs[-1] < threshold)  # the whole chain, or a stop below it
 
 
-def test_adapt_threshold_false_keeps_it(tiny_pair, monkeypatch):
+def test_the_default_keeps_the_threshold(tiny_pair, monkeypatch):
     made = []
     monkeypatch.setattr(confident_chain, "LearnedThreshold", lambda threshold: made.append(threshold))
     target, draft = tiny_pair
     ids = random_prompt(torch.Generator().manual_seed(5), 6)
-    config = ChainConfig(num_draft_tokens=6, confidence_threshold=0.05, adapt_threshold=False)
+    config = ChainConfig(num_draft_tokens=6, confidence_threshold=0.05)
     target.generate(ids, assistant_model=draft, speculation=config, do_sample=False, max_new_tokens=20)
     assert made == []
