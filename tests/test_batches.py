@@ -283,7 +283,7 @@ def test_a_batch_of_one_prompt_repeated_stops_its_chain_where_the_single_sequenc
     drafts, step by step, the levels the single sequence's stop drafts: the same draft passes and target steps."""
     target, draft = near_pair
     ids, _ = padded_batch(5, [0])
-    # the tiny draft: 2-10% sure; the threshold fixed in both (a single sequence learns it, a batch keeps it)
+    # the tiny draft: 2-10% sure; the threshold fixed on both sides (a single sequence can learn it, a batch cannot)
     config = {"num_draft_tokens": 6, "confidence_threshold": 0.06, "guard": False, "adapt_threshold": False}
     call = dict(max_new_tokens=NEW, assistant_model=draft, speculation="chain", return_dict_in_generate=True,
                 speculation_config=config)

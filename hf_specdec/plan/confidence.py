@@ -52,8 +52,8 @@ class LearnedThreshold:
     def observe(self, probs: list[float], accepted: int) -> None:
         """A step drafted tokens with draft probabilities `probs` (root side first, as many as were read) and the
         target kept the first `accepted` of its tokens."""
-        samples = min(accepted, len(probs)) + (len(probs) > accepted)
-        self.probs += probs[:samples]
-        self.kept += [True] * min(accepted, len(probs)) + [False] * (len(probs) > accepted)
+        kept, rejected = min(accepted, len(probs)), int(len(probs) > accepted)
+        self.probs += probs[: kept + rejected]
+        self.kept += [True] * kept + [False] * rejected
         if len(self.probs) > MIN_SAMPLES and 0 < sum(self.kept) < len(self.kept):
             self.threshold = least_cost_threshold(self.probs, self.kept)
