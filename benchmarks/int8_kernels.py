@@ -21,7 +21,6 @@ rounds (median of `--repeats` calls each, median over rounds). Writes results.js
 
 from __future__ import annotations
 
-import argparse
 import copy
 import gc
 import json
@@ -36,7 +35,7 @@ from transformers import AutoConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from linear_kernels import FLAGS, target_shapes, timed  # noqa: E402
+from linear_kernels import FLAGS, kernel_tables, target_shapes, timed, timing_arguments  # noqa: E402
 
 from hf_specdec.core.devices import cpu_flags, cpu_model  # noqa: E402
 from hf_specdec_tools.models.fetch import DEFAULT_DRAFT, fetch  # noqa: E402
@@ -110,33 +109,20 @@ def measure_cell(out_features: int, in_features: int, rows: int, args) -> dict:
 
 
 def write_readme(path: Path, results: dict) -> None:
-    sizes, machine = results["settings"]["rows"], results["machine"]
+    machine = results["machine"]
     lines = [f"# The draft's int8 Linear layers, kernel by kernel ({machine['cpu']}, {', '.join(machine['flags'])})",
              "", f"torch {machine['torch']}, torchao {results['torchao']}, {machine['threads']} threads; the shapes of "
              f"{results['model']}. ms per layer call (at most {results['settings']['max_copies']} copies of a layer "
              f"cycled), median over rounds of the median of {results['settings']['repeats']} calls; interleaved per "
              "cell.", ""]
-    for name, *_ in results["shapes"]:
-        lines += [f"## {name}", "", "| rows | " + " | ".join(VARIANTS) + " |", "|---|" + "---|" * len(VARIANTS)]
-        for rows in sizes:
-            cell = results["cells"][f"{name}/{rows}"]
-            lines.append(f"| {rows} | " + " | ".join(f"{cell['ms'][v]:.3f}" for v in VARIANTS) + " |")
-        lines.append("")
-    lines += ["## The pass they add up to (ms; attention, norms and the embedding left out)", "",
-              "| rows | " + " | ".join(VARIANTS) + " |", "|---|" + "---|" * len(VARIANTS)]
-    for rows in sizes:
-        lines.append(f"| {rows} | " + " | ".join(f"{results['pass_ms'][v][str(rows)]:.1f}" for v in VARIANTS) + " |")
+    lines += kernel_tables(results, list(VARIANTS), cell_digits=3, pass_digits=1)
     path.write_text("\n".join(lines) + "\n")
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rows", default="1,4,16,32", help="rows per call (comma-separated)")
-    parser.add_argument("--repeats", type=int, default=5, help="calls per variant in a round (median)")
-    parser.add_argument("--rounds", type=int, default=2, help="interleaved rounds per cell (median)")
+    parser = timing_arguments(__doc__.split("\n\n")[0], "1,4,16,32")
     parser.add_argument("--max-copies", type=int, default=16,
                         help="at most this many copies of a layer per cell (each compiled copy is autotuned apart)")
-    parser.add_argument("--output", type=Path, required=True)
     args = parser.parse_args()
     try:
         import torchao

@@ -119,34 +119,46 @@ def measure_cell(out_features: int, in_features: int, rows: int, args) -> dict:
             "copies": copies, "compile_seconds": compile_seconds, "max_abs_difference_to_aten": difference}
 
 
-def write_readme(path: Path, results: dict) -> None:
-    sizes, variants = results["settings"]["rows"], list(EAGER) + ["inductor-cpp-gemm"]
-    machine = results["machine"]
-    lines = [f"# The target's Linear layers, kernel by kernel ({machine['cpu']}, {', '.join(machine['flags'])})", "",
-             f"torch {machine['torch']}, {machine['threads']} threads; float32; the shapes of {results['model']}. "
-             "ms per layer call, median over rounds of the median of "
-             f"{results['settings']['repeats']} calls; interleaved per cell.", ""]
+def kernel_tables(results: dict, variants: list[str], cell_digits: int = 2, pass_digits: int = 0) -> list[str]:
+    """README lines: a table per shape (ms per layer call by rows) and the pass they add up to."""
+    sizes, lines = results["settings"]["rows"], []
     for name, *_ in results["shapes"]:
         lines += [f"## {name}", "", "| rows | " + " | ".join(variants) + " |",
                   "|---|" + "---|" * len(variants)]
         for rows in sizes:
             cell = results["cells"][f"{name}/{rows}"]
-            lines.append(f"| {rows} | " + " | ".join(f"{cell['ms'][v]:.2f}" for v in variants) + " |")
+            lines.append(f"| {rows} | " + " | ".join(f"{cell['ms'][v]:.{cell_digits}f}" for v in variants) + " |")
         lines.append("")
     lines += ["## The pass they add up to (ms; attention, norms and the embedding left out)", "",
               "| rows | " + " | ".join(variants) + " |", "|---|" + "---|" * len(variants)]
     for rows in sizes:
-        lines.append(f"| {rows} | " + " | ".join(f"{results['pass_ms'][v][str(rows)]:.0f}" for v in variants) + " |")
+        lines.append(f"| {rows} | " + " | ".join(f"{results['pass_ms'][v][str(rows)]:.{pass_digits}f}"
+                                                  for v in variants) + " |")
+    return lines
+
+
+def write_readme(path: Path, results: dict) -> None:
+    machine = results["machine"]
+    lines = [f"# The target's Linear layers, kernel by kernel ({machine['cpu']}, {', '.join(machine['flags'])})", "",
+             f"torch {machine['torch']}, {machine['threads']} threads; float32; the shapes of {results['model']}. "
+             "ms per layer call, median over rounds of the median of "
+             f"{results['settings']['repeats']} calls; interleaved per cell.", ""]
+    lines += kernel_tables(results, list(EAGER) + ["inductor-cpp-gemm"])
     path.write_text("\n".join(lines) + "\n")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rows", default="1,2,4,8,16,32", help="rows per call (comma-separated)")
+def timing_arguments(description: str, rows: str) -> argparse.ArgumentParser:
+    """The options both kernel benchmarks take: rows per call, repeats, rounds, output folder."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--rows", default=rows, help="rows per call (comma-separated)")
     parser.add_argument("--repeats", type=int, default=5, help="calls per variant in a round (median)")
     parser.add_argument("--rounds", type=int, default=2, help="interleaved rounds per cell (median)")
     parser.add_argument("--output", type=Path, required=True)
-    args = parser.parse_args()
+    return parser
+
+
+def main() -> None:
+    args = timing_arguments(__doc__.split("\n\n")[0], "1,2,4,8,16,32").parse_args()
     sizes = [int(rows) for rows in args.rows.split(",")]
     config = AutoConfig.from_pretrained(fetch(DEFAULT_TARGET, progress=False))
     shapes = target_shapes(config)
