@@ -23,10 +23,8 @@ from __future__ import annotations
 
 import copy
 import gc
-import json
 import statistics
 import sys
-import time
 import warnings
 from pathlib import Path
 
@@ -35,9 +33,15 @@ from transformers import AutoConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from linear_kernels import FLAGS, kernel_tables, target_shapes, timed, timing_arguments  # noqa: E402
+from linear_kernels import (  # noqa: E402
+    compiled,
+    kernel_tables,
+    run_kernels,
+    target_shapes,
+    timed,
+    timing_arguments,
+)
 
-from hf_specdec.core.devices import cpu_flags, cpu_model  # noqa: E402
 from hf_specdec_tools.models.fetch import DEFAULT_DRAFT, fetch  # noqa: E402
 
 VARIANTS = ("fbgemm-dynamic", "torchao-dynamic", "torchao-weight-only")
@@ -56,20 +60,13 @@ class Stack(torch.nn.Module):
 
 
 def torchao_stack(stack: Stack, config, x: torch.Tensor):
-    """`stack` quantized by torchao's `config` and compiled (frozen weights, inductor's GEMM templates);
-    (callable, compile seconds)."""
-    import torch._inductor.config as inductor
+    """`stack` quantized by torchao's `config` and compiled as `linear_kernels.compiled` compiles (frozen weights,
+    inductor's GEMM templates); (callable, compile seconds)."""
     from torchao.quantization import quantize_
 
     quantized = copy.deepcopy(stack)
     quantize_(quantized, config)
-    torch._dynamo.reset()
-    with inductor.patch(freezing=True, max_autotune=True, max_autotune_gemm_backends="CPP,ATEN"):
-        call = torch.compile(quantized, dynamic=False)
-        start = time.perf_counter()
-        with torch.no_grad():
-            call(x)
-        return call, time.perf_counter() - start
+    return compiled(quantized, x)
 
 
 def measure_cell(out_features: int, in_features: int, rows: int, args) -> dict:
@@ -128,26 +125,9 @@ def main() -> None:
         import torchao
     except ImportError:
         parser.error("this benchmark compares against torchao: pip install torchao")
-    sizes = [int(rows) for rows in args.rows.split(",")]
     shapes = target_shapes(AutoConfig.from_pretrained(fetch(DEFAULT_DRAFT, progress=False)))
-    cells = {}
-    for name, out_features, in_features, _ in shapes:
-        for rows in sizes:
-            cells[f"{name}/{rows}"] = cell = measure_cell(out_features, in_features, rows, args)
-            print(name, rows, {v: round(ms, 3) for v, ms in cell["ms"].items()}, flush=True)
-    pass_ms = {v: {str(rows): sum(count * cells[f"{name}/{rows}"]["ms"][v] for name, _, _, count in shapes)
-                   for rows in sizes} for v in VARIANTS}
-    results = {
-        "model": DEFAULT_DRAFT.title, "torchao": torchao.__version__,
-        "machine": {"cpu": cpu_model(), "flags": [f for f in FLAGS if f in cpu_flags()],
-                    "threads": torch.get_num_threads(), "torch": torch.__version__},
-        "settings": {"rows": sizes, "repeats": args.repeats, "rounds": args.rounds, "max_copies": args.max_copies},
-        "shapes": shapes, "cells": cells, "pass_ms": pass_ms,
-    }
-    args.output.mkdir(parents=True, exist_ok=True)
-    (args.output / "results.json").write_text(json.dumps(results, indent=1))
-    write_readme(args.output / "README.md", results)
-    print((args.output / "README.md").read_text())
+    run_kernels(args, shapes, list(VARIANTS), measure_cell, DEFAULT_DRAFT.title, {"max_copies": args.max_copies},
+                write_readme, torchao=torchao.__version__)
 
 
 if __name__ == "__main__":

@@ -65,7 +65,7 @@ class Stack(torch.nn.Module):
         return [F.linear(x, w) for w in self.weights]
 
 
-def compiled(stack: Stack, x: torch.Tensor):
+def compiled(stack: torch.nn.Module, x: torch.Tensor):
     """`stack` compiled with frozen weights and inductor's CPP GEMM template; (callable, compile seconds)."""
     import torch._inductor.config as inductor
 
@@ -157,31 +157,36 @@ def timing_arguments(description: str, rows: str) -> argparse.ArgumentParser:
     return parser
 
 
-def main() -> None:
-    args = timing_arguments(__doc__.split("\n\n")[0], "1,2,4,8,16,32").parse_args()
+def run_kernels(args, shapes: list, variants: list[str], measure, model: str, settings: dict, write,
+                **extra) -> None:
+    """Every (shape, rows) cell timed by `measure(out, in, rows, args)`, the passes they add up to, and the results
+    saved under `args.output` (results.json; README.md by `write(path, results)`)."""
     sizes = [int(rows) for rows in args.rows.split(",")]
-    config = AutoConfig.from_pretrained(fetch(DEFAULT_TARGET, progress=False))
-    shapes = target_shapes(config)
     cells = {}
     for name, out_features, in_features, _ in shapes:
         for rows in sizes:
-            cells[f"{name}/{rows}"] = cell = measure_cell(out_features, in_features, rows, args)
-            print(name, rows, {v: round(ms, 2) for v, ms in cell["ms"].items()},
-                  f"compile {cell['compile_seconds']:.1f} s", flush=True)
-    variants = list(EAGER) + ["inductor-cpp-gemm"]
+            cells[f"{name}/{rows}"] = cell = measure(out_features, in_features, rows, args)
+            print(name, rows, {v: round(ms, 3) for v, ms in cell["ms"].items()}, flush=True)
     pass_ms = {v: {str(rows): sum(count * cells[f"{name}/{rows}"]["ms"][v] for name, _, _, count in shapes)
                    for rows in sizes} for v in variants}
     results = {
-        "model": DEFAULT_TARGET.title,
+        "model": model, **extra,
         "machine": {"cpu": cpu_model(), "flags": [f for f in FLAGS if f in cpu_flags()],
                     "threads": torch.get_num_threads(), "torch": torch.__version__},
-        "settings": {"rows": sizes, "repeats": args.repeats, "rounds": args.rounds, "dtype": "float32"},
+        "settings": {"rows": sizes, "repeats": args.repeats, "rounds": args.rounds, **settings},
         "shapes": shapes, "cells": cells, "pass_ms": pass_ms,
     }
     args.output.mkdir(parents=True, exist_ok=True)
     (args.output / "results.json").write_text(json.dumps(results, indent=1))
-    write_readme(args.output / "README.md", results)
+    write(args.output / "README.md", results)
     print((args.output / "README.md").read_text())
+
+
+def main() -> None:
+    args = timing_arguments(__doc__.split("\n\n")[0], "1,2,4,8,16,32").parse_args()
+    shapes = target_shapes(AutoConfig.from_pretrained(fetch(DEFAULT_TARGET, progress=False)))
+    run_kernels(args, shapes, list(EAGER) + ["inductor-cpp-gemm"], measure_cell, DEFAULT_TARGET.title,
+                {"dtype": "float32"}, write_readme)
 
 
 if __name__ == "__main__":
