@@ -10,6 +10,13 @@ magnitudes on calibration text kept in float32 (the down projections of a few la
 per-tensor activation scale spends its 8 bits on those outliers), every down projection kept in float32, int4
 weight-only. Pass times: one-row and four-row passes after 256 cached tokens, median of 5. Counts do not depend on
 the machine's load; the pass times do (run it alone).
+
+    .venv/bin/python benchmarks/draft_agreement.py --drop-layers 4 \
+        --output benchmarks/draft-kernels-zen3/dropped-layers.json
+
+`--drop-layers K` measures the int8 draft with decoder layers left out instead (self-speculation's layer skipping
+applied to the draft): every single layer dropped is scored on 12 other HumanEval problems (21-32), and the 1..K
+layers that scored best are then dropped together and measured as above on the evaluation problems.
 """
 
 from __future__ import annotations
@@ -57,23 +64,67 @@ def int8_except(draft: torch.nn.Module, keep: set[str]) -> torch.nn.Module:
     return quantize_dynamic(model, names, dtype=torch.qint8, inplace=True)
 
 
+def agreement(model: torch.nn.Module, texts: list[torch.Tensor], wanted: list[torch.Tensor],
+              starts: list[int]) -> float:
+    """Mean share of solution positions where `model`'s argmax is the target's (`wanted`)."""
+    shares = []
+    with torch.no_grad():
+        for ids, target_tokens, start in zip(texts, wanted, starts):
+            tokens = model(input_ids=ids).logits[0].argmax(-1)
+            shares.append(float((tokens[start - 1 : -1] == target_tokens[start - 1 : -1]).float().mean()))
+    return statistics.mean(shares)
+
+
+def without_layers(draft: torch.nn.Module, layers: list[torch.nn.Module], dropped: set[int]) -> torch.nn.Module:
+    """`draft` running only the decoder layers not in `dropped` (each keeps its cache slot by its own index)."""
+    draft.model.layers = torch.nn.ModuleList([layer for i, layer in enumerate(layers) if i not in dropped])
+    return draft
+
+
+def target_argmax(target: torch.nn.Module, texts: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The target's greedy token at every position of each text."""
+    with torch.no_grad():
+        return [target(input_ids=ids).logits[0].argmax(-1) for ids in texts]
+
+
+def dropped_layer_variants(draft: torch.nn.Module, target: torch.nn.Module, tokenizer, count: int) -> dict:
+    """Variants of the int8 draft without its 1..`count` least-missed layers, chosen on problems 21-32."""
+    quantized = quantize_draft(draft, scheme="dynamic-int8")
+    layers = list(quantized.model.layers)
+    problems = _humaneval_problems()[20:32]
+    texts = [tokenizer(p["prompt"] + p["canonical_solution"], return_tensors="pt").input_ids for p in problems]
+    starts = [tokenizer(p["prompt"], return_tensors="pt").input_ids.shape[1] for p in problems]
+    wanted = target_argmax(target, texts)
+    scores = {i: agreement(without_layers(quantized, layers, {i}), texts, wanted, starts) for i in range(len(layers))}
+    print("one layer dropped, agreement on problems 21-32:", {i: round(a, 4) for i, a in scores.items()}, flush=True)
+    best = sorted(scores, key=scores.get, reverse=True)
+    variants = {"dynamic-int8": lambda: without_layers(quantized, layers, set())}
+    for k in range(1, count + 1):
+        dropped = set(best[:k])
+        variants[f"dynamic-int8 without layers {sorted(dropped)}"] = (
+            lambda dropped=dropped: without_layers(quantized, layers, dropped))
+    return {"selection_agreement": {str(i): round(a, 4) for i, a in scores.items()}, "variants": variants}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--problems", type=int, default=12)
     parser.add_argument("--output", type=Path, required=True)
+    parser.add_argument("--drop-layers", type=int, default=0, metavar="K",
+                        help="measure the int8 draft without its 1..K least-missed decoder layers instead")
     args = parser.parse_args()
     warnings.filterwarnings("ignore", category=UserWarning)
     target, draft, tokenizer = models.load_default_pair(dtype=torch.float32, progress=False)
     problems = _humaneval_problems()[: args.problems]
     texts = [tokenizer(p["prompt"] + p["canonical_solution"], return_tensors="pt").input_ids for p in problems]
     starts = [tokenizer(p["prompt"], return_tensors="pt").input_ids.shape[1] for p in problems]
-    with torch.no_grad():
-        wanted = [target(input_ids=ids).logits[0].argmax(-1) for ids in texts]
+    wanted = target_argmax(target, texts)
+    extra = dropped_layer_variants(draft, target, tokenizer, args.drop_layers) if args.drop_layers else {}
     del target
     calibration = [tokenizer(text[:6000], return_tensors="pt").input_ids[:, :512] for text in vocabulary_corpus()[:8]]
     maxima = sorted(((value, name) for name, value in input_maxima(draft, calibration).items()), reverse=True)
     downs = {name for _, name in maxima if name.endswith("down_proj")}
-    variants = {
+    variants = extra.pop("variants", None) or {
         "float32": lambda: draft,
         "dynamic-int8": lambda: quantize_draft(draft, scheme="dynamic-int8"),
         "dynamic-int8, 2 largest-input layers float32": lambda: int8_except(draft, {n for _, n in maxima[:2]}),
@@ -84,13 +135,9 @@ def main() -> None:
     rows = {}
     for name, build in variants.items():
         model = build()
-        agreement = []
-        with torch.no_grad():
-            for ids, target_tokens, start in zip(texts, wanted, starts):
-                tokens = model(input_ids=ids).logits[0].argmax(-1)
-                agreement.append(float((tokens[start - 1 : -1] == target_tokens[start - 1 : -1]).float().mean()))
+        share = agreement(model, texts, wanted, starts)
         curve = measure_latency(model, (1, 4), past_length=256, repeats=5, progress=False, stop_ratio=None)
-        rows[name] = {"agreement": round(statistics.mean(agreement), 4),
+        rows[name] = {"agreement": round(share, 4),
                       "ms_per_pass": {n: round(s * 1000, 1) for n, s in zip(curve.sizes, curve.seconds)}}
         print(name, rows[name], flush=True)
         del model
@@ -99,7 +146,7 @@ def main() -> None:
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps({"environment": collect_environment(), "problems": args.problems,
                                        "largest_inputs": [[n, round(v, 1)] for v, n in maxima[:8]],
-                                       "variants": rows}, indent=1))
+                                       **extra, "variants": rows}, indent=1))
 
 
 if __name__ == "__main__":
