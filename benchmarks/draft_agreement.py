@@ -28,6 +28,7 @@ import gc
 import json
 import statistics
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -87,8 +88,10 @@ def target_argmax(target: torch.nn.Module, texts: list[torch.Tensor]) -> list[to
         return [target(input_ids=ids).logits[0].argmax(-1) for ids in texts]
 
 
-def dropped_layer_variants(draft: torch.nn.Module, target: torch.nn.Module, tokenizer, count: int) -> dict:
-    """Variants of the int8 draft without its 1..`count` least-missed layers, chosen on problems 21-32."""
+def dropped_layer_variants(draft: torch.nn.Module, target: torch.nn.Module, tokenizer,
+                           count: int) -> tuple[dict[str, Callable[[], torch.nn.Module]], dict[str, float]]:
+    """Variants of the int8 draft without its 1..`count` least-missed layers, and each single layer's agreement
+    without it on problems 21-32 (what chose them)."""
     quantized = quantize_draft(draft, scheme="dynamic-int8")
     layers = list(quantized.model.layers)
     problems = _humaneval_problems()[20:32]
@@ -103,7 +106,24 @@ def dropped_layer_variants(draft: torch.nn.Module, target: torch.nn.Module, toke
         dropped = set(best[:k])
         variants[f"dynamic-int8 without layers {sorted(dropped)}"] = (
             lambda dropped=dropped: without_layers(quantized, layers, dropped))
-    return {"selection_agreement": {str(i): round(a, 4) for i, a in scores.items()}, "variants": variants}
+    return variants, {str(i): round(a, 4) for i, a in scores.items()}
+
+
+def kernel_variants(draft: torch.nn.Module, tokenizer) -> tuple[dict[str, Callable[[], torch.nn.Module]], dict]:
+    """The draft's quantization variants, and the Linear layers with the largest inputs on calibration text (what
+    the mixed variants keep in float32)."""
+    calibration = [tokenizer(text[:6000], return_tensors="pt").input_ids[:, :512] for text in vocabulary_corpus()[:8]]
+    maxima = sorted(((value, name) for name, value in input_maxima(draft, calibration).items()), reverse=True)
+    downs = {name for _, name in maxima if name.endswith("down_proj")}
+    variants = {
+        "float32": lambda: draft,
+        "dynamic-int8": lambda: quantize_draft(draft, scheme="dynamic-int8"),
+        "dynamic-int8, 2 largest-input layers float32": lambda: int8_except(draft, {n for _, n in maxima[:2]}),
+        "dynamic-int8, 4 largest-input layers float32": lambda: int8_except(draft, {n for _, n in maxima[:4]}),
+        "dynamic-int8, every down_proj float32": lambda: int8_except(draft, downs),
+        "int4": lambda: quantize_draft(draft, scheme="int4"),
+    }
+    return variants, {"largest_inputs": [[n, round(v, 1)] for v, n in maxima[:8]]}
 
 
 def main() -> None:
@@ -119,19 +139,12 @@ def main() -> None:
     texts = [tokenizer(p["prompt"] + p["canonical_solution"], return_tensors="pt").input_ids for p in problems]
     starts = [tokenizer(p["prompt"], return_tensors="pt").input_ids.shape[1] for p in problems]
     wanted = target_argmax(target, texts)
-    extra = dropped_layer_variants(draft, target, tokenizer, args.drop_layers) if args.drop_layers else {}
+    if args.drop_layers:
+        variants, selection = dropped_layer_variants(draft, target, tokenizer, args.drop_layers)
+        found = {"selection_agreement": selection}
+    else:
+        variants, found = kernel_variants(draft, tokenizer)
     del target
-    calibration = [tokenizer(text[:6000], return_tensors="pt").input_ids[:, :512] for text in vocabulary_corpus()[:8]]
-    maxima = sorted(((value, name) for name, value in input_maxima(draft, calibration).items()), reverse=True)
-    downs = {name for _, name in maxima if name.endswith("down_proj")}
-    variants = extra.pop("variants", None) or {
-        "float32": lambda: draft,
-        "dynamic-int8": lambda: quantize_draft(draft, scheme="dynamic-int8"),
-        "dynamic-int8, 2 largest-input layers float32": lambda: int8_except(draft, {n for _, n in maxima[:2]}),
-        "dynamic-int8, 4 largest-input layers float32": lambda: int8_except(draft, {n for _, n in maxima[:4]}),
-        "dynamic-int8, every down_proj float32": lambda: int8_except(draft, downs),
-        "int4": lambda: quantize_draft(draft, scheme="int4"),
-    }
     rows = {}
     for name, build in variants.items():
         model = build()
@@ -145,8 +158,7 @@ def main() -> None:
         ctypes.CDLL("libc.so.6").malloc_trim(0)  # hand the float32 copies' heap back before the next variant
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps({"environment": collect_environment(), "problems": args.problems,
-                                       "largest_inputs": [[n, round(v, 1)] for v, n in maxima[:8]],
-                                       **extra, "variants": rows}, indent=1))
+                                       **found, "variants": rows}, indent=1))
 
 
 if __name__ == "__main__":
