@@ -1,23 +1,29 @@
 """Whole calls with the draft given only the prompt's last W tokens, against the whole prompt, in one process.
 
     .venv/bin/python benchmarks/draft_window_calls.py --output benchmarks/draft-window-zen5/calls.json
+    .venv/bin/python benchmarks/draft_window_calls.py --context-lines 300 --prompts 6 --windows 256 1024 \
+        --output benchmarks/draft-window-zen5/long-calls.json
 
 `draft_window.py` measured what a window costs in agreement, teacher-forced; this measures what it saves on the
-wall clock. Not a feature of the library: the draft's runner (`DraftModelRunner.forward_tree` and `commit`) is
-patched here so that, from a call's first pass on, the draft never reads the prompt's first `len(prompt) - W` tokens
-(its positions then start at 0: the Qwen2 draft's rotary embedding attends by relative position). The output stays
-the target's (only the draft changes); in bfloat16 it may still differ from the whole-prompt call where a near-tie
+wall clock, through the methods' `draft_window` setting (`speculation_config={"draft_window": W}`; 0: the whole
+prompt): from a call's first pass on, the draft never reads the prompt's first `len(prompt) - W` tokens (its positions
+then start at 0: the Qwen2 draft's rotary embedding attends by relative position). The output stays the target's
+(only the draft changes); in bfloat16 it may still differ from the whole-prompt call where a near-tie
 rounds the other way (`same` in the JSON). Per prompt (`code_prompts`, cut from this Python's standard library) and
 method, one greedy call per window, the order rotated from prompt to prompt, after one warm-up call each; the
 guard's memory is cleared before every call so that no call inherits another's verdict. Writes every call's
 seconds, tokens per step and draft seconds, and per method and window the median over prompts of whole / window.
+With `--context-lines N` the prompts are long ones (`long_code_prompts`): N lines of the same modules before a
+function cut deeper in the file.
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import json
 import statistics
+import sysconfig
 import time
 import warnings
 from pathlib import Path
@@ -25,40 +31,45 @@ from pathlib import Path
 import torch
 
 from hf_specdec import prepack, quantize_draft
-from hf_specdec.draft import draft_model
 from hf_specdec.plan import guard
 from hf_specdec_tools import models
 from hf_specdec_tools.bench.cli import resolve_dtype
 from hf_specdec_tools.bench.environment import collect_environment
-from hf_specdec_tools.prompts import code_prompts
+from hf_specdec_tools.prompts import CODE_MIN_BODY_LINES, CODE_MODULES, code_prompts
 
-Runner = draft_model.DraftModelRunner
-WHOLE = 0  # the window value that means the whole prompt
-_window = {"tokens": WHOLE}
-_forward_tree, _commit = Runner.forward_tree, Runner.commit
+WHOLE = 0  # the draft_window value that means the whole prompt
 
 
-def _windowed_forward_tree(self, tokens, depths, sees, ids=None):
-    if ids is not None:
-        ids = ids.tolist() if isinstance(ids, torch.Tensor) else ids
-        if not hasattr(self, "_dropped"):  # the call's first pass: the prompt's length decides what is dropped
-            self._dropped = max(0, len(ids) - _window["tokens"]) if _window["tokens"] else 0
-        ids = ids[self._dropped :]
-    return _forward_tree(self, tokens, depths, sees, ids)
-
-
-def _windowed_commit(self, ids, slots):
-    ids = ids.tolist() if isinstance(ids, torch.Tensor) else ids
-    return _commit(self, ids[getattr(self, "_dropped", 0) :], slots)
+def long_code_prompts(count: int, context_lines: int) -> list[str]:
+    """As `code_prompts`, but each cut is at the first function (of at least `CODE_MIN_BODY_LINES` lines) with
+    `context_lines` lines of its file before it, and the prompt is those lines: long prompts from the same files."""
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    prompts = []
+    for name in CODE_MODULES:
+        path = stdlib / name
+        source = path.read_text(encoding="utf-8") if path.is_file() else ""
+        lines = source.splitlines(keepends=True)
+        functions = sorted((node for node in ast.walk(ast.parse(source)) if isinstance(node, ast.FunctionDef)),
+                           key=lambda node: node.lineno)
+        for node in functions:
+            cut = node.body[0].lineno
+            if node.end_lineno - node.lineno + 1 >= CODE_MIN_BODY_LINES and cut > context_lines:
+                prompts.append("".join(lines[cut - context_lines : cut]))
+                break
+        if len(prompts) == count:
+            break
+    return prompts
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--output", type=Path, required=True)
-    parser.add_argument("--windows", type=int, nargs="+", default=[128, 256])
+    parser.add_argument("--windows", type=int, nargs="+", default=[128, 256], help="draft_window values (and 0).")
     parser.add_argument("--methods", nargs="+", default=["tree", "specexec"])
     parser.add_argument("--prompts", type=int, default=8)
     parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--context-lines", type=int, default=None,
+                        help="Long prompts: this many lines before a deeper cut (default: `code_prompts`' own).")
     parser.add_argument("--dtype", default="auto", choices=("auto", "bfloat16", "float32"))
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
@@ -66,16 +77,17 @@ def main() -> None:
     target, draft, tokenizer = models.load_default_pair(dtype, progress=False)
     prepack(target)
     draft = quantize_draft(draft)
-    Runner.forward_tree, Runner.commit = _windowed_forward_tree, _windowed_commit
-    prompts = [tokenizer(text, return_tensors="pt").input_ids for text in code_prompts(args.prompts)]
+    texts = (code_prompts(args.prompts) if args.context_lines is None
+             else long_code_prompts(args.prompts, args.context_lines))
+    prompts = [tokenizer(text, return_tensors="pt").input_ids for text in texts]
     windows = [WHOLE, *args.windows]
 
     def call(ids: torch.Tensor, method: str, window: int) -> dict:
-        _window["tokens"] = window
         guard._REMEMBERED.clear()
         start = time.perf_counter()
         out = target.generate(ids, attention_mask=torch.ones_like(ids), assistant_model=draft, speculation=method,
-                              do_sample=False, max_new_tokens=args.new_tokens, return_dict_in_generate=True)
+                              speculation_config={"draft_window": window}, do_sample=False,
+                              max_new_tokens=args.new_tokens, return_dict_in_generate=True)
         seconds = time.perf_counter() - start
         stats = out.speculation_stats
         return {"seconds": seconds, "tokens": out.sequences[0, ids.shape[1] :].tolist(),
@@ -114,7 +126,8 @@ def main() -> None:
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps({
         "environment": collect_environment(), "dtype": str(dtype),
-        "settings": {"prompts": f"code:{args.prompts}", "new_tokens": args.new_tokens, "methods": args.methods,
+        "settings": {"prompts": f"code:{args.prompts}",
+                     "context_lines": args.context_lines, "new_tokens": args.new_tokens, "methods": args.methods,
                      "windows": args.windows, "target": "prepacked", "draft": "quantize_draft (its default here)",
                      "greedy": True},
         "summary": summary, "calls": calls}, indent=1))

@@ -37,6 +37,10 @@ class Drafter(CandidateGenerator):
         """The target decodes on a static cache of `rows` rows: drafters that run a model move it onto a static cache
         too, its padded passes run through `compiled(model, cache)` (a compiled call, or None: eager)."""
 
+    def use_window(self, tokens: int | None) -> None:
+        """Drafters that run a model let it read only the prompt's last `tokens` tokens (None: all of it): a cheaper
+        draft over long prompts; output unchanged, as the draft only proposes."""
+
     def observe_target_pass(self, tree_size: int, seconds: float) -> None:
         """The target's pass over the last proposed tree (`tree_size` nodes) took `seconds`: drafters that size trees
         by a cost model correct their latency curve with it."""

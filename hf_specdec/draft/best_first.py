@@ -190,6 +190,12 @@ class BestFirstDrafter(DraftModelCounts, Drafter):
         self._slots: list[int] = []  # draft-cache slot of each node of the last proposed tree (-1: not forwarded)
         self._logq: list[float] = []  # the draft's log-probability of each node of the last proposed tree
 
+    def use_window(self, tokens: int | None) -> None:
+        """The draft, and every model stage below it, reads only the prompt's last `tokens` tokens (None: all)."""
+        self.runner.use_window(tokens)
+        if self.lower is not None:
+            self.lower.use_window(tokens)
+
     def stage_counts(self) -> list[dict[str, float]]:
         """Per model stage, top first: its passes and how many forwarded lower-stage nodes it confirmed."""
         here = {"model": type(self.runner.model).__name__, "passes": self.runner.forward_count,

@@ -7,6 +7,13 @@ given the new context, first brings the committed part up to date in the same pa
 (it returns the root's logits); `commit` keeps the slots of the accepted path and drops every other node. No model
 ever re-reads a token it has already seen.
 
+With a window (`use_window`), the draft reads only the prompt's last `window` tokens: from the call's first pass on,
+the ids it is given lose the prompt's first `len(prompt) - window` (`dropped`), its positions count from the
+window's start (rotary models attend by relative position), and token types are looked up at their place in the
+sequence. Why: a draft's pass over a long prompt costs about what its size says against the target's (a third, for
+the 0.5B draft of a 1.5B target), and every later draft pass attends to all of it; the draft only proposes, so what it
+does not read changes no output, only how often it is right (`benchmarks/draft-window-zen5`).
+
 The cache keeps every row (no sliding-window layers: compaction moves rows) and remembers each node slot's position,
 so sliding-window layers get their window by position in the masks (`core.attention`).
 
@@ -59,6 +66,9 @@ class DraftModelCounts:
 
     def use_static_cache(self, rows: int, compiled: Callable[[PreTrainedModel, StaticCache], Callable | None]) -> None:
         self.runner.use_static_cache(rows, compiled)
+
+    def use_window(self, tokens: int | None) -> None:
+        self.runner.use_window(tokens)
 
     @property
     def draft_pass_sizes(self) -> set[int]:
@@ -114,6 +124,8 @@ class DraftModelRunner:
         self.device = execution_device(model)  # where inputs go: accelerate's execution device if offloaded
         self.clock = PassClock(self.device)
         self.committed: list[int] = []  # token id at each committed cache position
+        self.window: int | None = None  # the most prompt tokens the draft reads (`use_window`); None: all
+        self.dropped = 0  # leading tokens of the sequence the draft never reads (the prompt's beyond the window)
         self.num_nodes = 0  # tree-node slots after the committed positions
         self.node_positions = torch.empty(0, dtype=torch.long)  # position of each tree-node slot (host)
         self.forward_count = 0
@@ -123,6 +135,10 @@ class DraftModelRunner:
         self.shapes = PassShapes()  # a dynamic cache: passes keep their own shapes
         self.call: Callable = model  # what runs the padded passes on a static cache (a compiled call, or the model)
         self.lean = LeanPass.of(model, self.layout.layer_types)  # masked eager passes without the wrapper, or None
+
+    def use_window(self, tokens: int | None) -> None:
+        """Read only the prompt's last `tokens` tokens (None: all of it), from the next call's first pass on."""
+        self.window = tokens
 
     def use_static_cache(self, rows: int, compiled: Callable[[PreTrainedModel, StaticCache], Callable | None]) -> None:
         """Decode on a static cache of at least `rows` rows from here on (the draft's own, kept on the model between
@@ -151,7 +167,7 @@ class DraftModelRunner:
         kept = {"logits_to_keep": logits_to_keep} if self.keeps_logits and logits_to_keep else {}
         ids = embeddable(input_ids.to(device), self.input_rows)[None]
         position_ids = self.layout.model_positions(positions)[None]
-        extra = self.token_inputs.at(positions, device)
+        extra = self.token_inputs.at(positions + self.dropped, device)  # by place in the sequence, not the window
         with torch.no_grad():
             if self.lean is not None and not padded and not extra and list(kwargs) == ["attention_mask"]:
                 logits = self.lean(ids, position_ids, _to(kwargs["attention_mask"], device), self.cache,
@@ -215,6 +231,8 @@ class DraftModelRunner:
         `(k, vocab)`, on the draft's device.
         """
         ids = ids.tolist() if isinstance(ids, torch.Tensor) else ids
+        if ids is not None:
+            ids = self._windowed(ids)
         fresh = self._catch_up(ids) if ids is not None else []
         if k := len(tokens):
             fresh = self._feed_eagerly(fresh)
@@ -246,6 +264,13 @@ class DraftModelRunner:
         self.num_nodes = old + k
         self.node_positions = torch.cat([self.node_positions, positions[m:]])
         return (logits[0] if m else None), logits[len(logits) - k :]
+
+    def _windowed(self, ids: list[int]) -> list[int]:
+        """The part of the sequence `ids` the draft reads. With nothing committed (a call's first pass), the window
+        is placed: the prompt's first `len(ids) - window` tokens are dropped for the rest of the call."""
+        if not self.committed:
+            self.dropped = max(0, len(ids) - self.window) if self.window else 0
+        return ids[self.dropped :]
 
     def _make_room(self, rows: int) -> None:
         """Let the static cache hold `rows` rows: if it cannot, move its rows into one twice as large (new buffers,
@@ -291,6 +316,7 @@ class DraftModelRunner:
         Those slots become committed positions; every other node is dropped.
         """
         ids = ids.tolist() if isinstance(ids, torch.Tensor) else ids
+        ids = ids[self.dropped :]
         slots = slots.tolist() if isinstance(slots, torch.Tensor) else slots
         past = len(self.committed)
         keep_positions(self.cache, past, [past + int(s) for s in slots])

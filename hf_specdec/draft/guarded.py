@@ -83,6 +83,9 @@ class GuardedDrafter(Drafter):
     def use_static_cache(self, rows: int, compiled) -> None:
         self.inner.use_static_cache(rows, compiled)
 
+    def use_window(self, tokens: int | None) -> None:
+        self.inner.use_window(tokens)
+
     def observe_target_pass(self, tree_size: int, seconds: float) -> None:
         self.inner.observe_target_pass(tree_size, seconds)
 

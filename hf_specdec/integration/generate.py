@@ -29,7 +29,7 @@ from transformers.utils import logging
 
 from ..accept.kv_cache import full_length_cache, is_static, make_room, static_capacity
 from ..core.attention import tree_attention_kernels
-from ..core.config import PlanRequest, SpeculationConfig, make_config
+from ..core.config import ModelDraftConfig, PlanRequest, SpeculationConfig, make_config
 from ..core.devices import execution_device
 from ..core.faster_call import FasterCall
 from ..core.model_inputs import TokenInputs
@@ -214,6 +214,8 @@ def speculative_generate(
     forward = None if compiled is None else FasterCall(model, compiled, execution_device(model))
     drafter = config.make_drafter(model, call.assistant_model, logits_processor, verifier.child_selection,
                                   call.generator)
+    if isinstance(config, ModelDraftConfig):
+        drafter.use_window(config.window_tokens())
     if config.guard:  # judged as the last call with these settings left it
         drafter = GuardedDrafter.remembered(drafter, model, call.assistant_model, guard_key(call, logits_processor, 1))
     if is_static(cache):  # the draft decodes on a static cache too, compiled when the target's forward is

@@ -7,13 +7,13 @@ import torch
 from transformers import LogitsProcessorList, PreTrainedModel
 
 from ..core.child_selection import CHILD_SELECTIONS
-from ..core.config import SpeculationConfig
+from ..core.config import ModelDraftConfig
 from ..core.model_info import vocab_size
 from ..draft.shaped_tree import ModelTreeDrafter
 from ..plan.shape_sizing import ShapeMenu, level_cuts_menu
 
 
-class StaticShapeConfig(SpeculationConfig):
+class StaticShapeConfig(ModelDraftConfig):
     """A method whose every step drafts the same tree shape with the assistant model (`ModelTreeDrafter`)."""
 
     child_selections = CHILD_SELECTIONS

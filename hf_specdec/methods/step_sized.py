@@ -8,7 +8,7 @@ from typing import Any
 
 from transformers import LogitsProcessorList, PreTrainedModel
 
-from ..core.config import PlanRequest, SpeculationConfig, set_by_with_plan
+from ..core.config import ModelDraftConfig, PlanRequest, set_by_with_plan
 from ..draft.best_first import learned_acceptance, processors_key
 from ..plan.step_sizing import StepSizer
 
@@ -17,7 +17,7 @@ PLAN_BUDGET = 128
 
 
 @dataclass
-class StepSizedConfig(SpeculationConfig):
+class StepSizedConfig(ModelDraftConfig):
     """A best-first method whose `budget=None` means: size the tree every step (plan/step_sizing.py).
 
     The sizing needs this pair's latency curves on this hardware: `plan_request` asks the integration for them

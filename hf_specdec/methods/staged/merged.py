@@ -17,6 +17,10 @@ class MergedDrafter(Drafter):
     def propose(self, input_ids: torch.LongTensor) -> TokenTree:
         return self.propose_ids(input_ids[0].tolist())
 
+    def use_window(self, tokens: int | None) -> None:
+        for drafter in self.drafters:
+            drafter.use_window(tokens)
+
     def propose_ids(self, ids: list[int]) -> TokenTree:
         paths: list[tuple[int, ...]] = []
         for drafter in self.drafters:
