@@ -51,6 +51,24 @@ def test_greedy_identical_to_plain_on_humaneval(real_pair_fp32, plain_outputs, s
     assert steps < len(PROMPTS) * NEW_TOKENS / 2
 
 
+def test_a_draft_given_the_prompts_last_tokens_changes_no_output(real_pair_fp32, plain_outputs):
+    """`draft_window` below the prompts' lengths (the default, 1,024, is above them): the draft's first pass reads
+    the last 32 tokens, the output is plain's."""
+    _, draft, _ = real_pair_fp32
+    first_reads = []
+    hook = draft.register_forward_pre_hook(
+        lambda module, args, kwargs: first_reads.append(kwargs["input_ids"].shape[1]), with_kwargs=True)
+    try:
+        for ids, expected in plain_outputs:
+            first_reads.clear()
+            assert ids.shape[1] > 32
+            out = _speculate(real_pair_fp32, ids, "specexec", {"budget": 32, "max_depth": 8, "draft_window": 32})
+            assert torch.equal(out.sequences, expected)
+            assert 32 <= first_reads[0] < ids.shape[1]  # the window, and at most the first tree level with it
+    finally:
+        hook.remove()
+
+
 @pytest.mark.parametrize("speculation", ["chain", "tree", "sequoia"])
 def test_left_padded_batch_identical_to_plain_batched_generate(real_pair_fp32, speculation):
     """Three HumanEval prompts of different lengths, left-padded into one batch: row by row what plain batched
