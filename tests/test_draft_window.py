@@ -53,7 +53,7 @@ def test_a_windowed_draft_changes_no_output_and_reads_only_the_window(tiny_pair,
     target, draft = tiny_pair
     ids = random_prompt(torch.Generator().manual_seed(window), 40)
     expected = target.generate(ids, do_sample=False, max_new_tokens=24)
-    _generate(target, draft, ids[:, :4], speculation)  # `sequoia` calibrates a plan at its first call: not counted
+    _generate(target, draft, ids[:, :4], speculation)  # first calls calibrate or time passes: not counted
     with DraftReads(draft) as reads:
         out = _generate(target, draft, ids, speculation, {"draft_window": window})
     assert torch.equal(out, expected)
@@ -146,3 +146,15 @@ def test_a_staged_stack_windows_every_model_stage(tiny_pair):
         out = _generate(target, draft, ids, "staged", {"stages": [small, "prompt_lookup"], "draft_window": 6})
     assert torch.equal(out, expected)
     assert 6 <= top.lengths[0] <= 6 + 16 and 6 <= below.lengths[0] <= 6 + 16  # not the 40-token prompt
+
+
+@pytest.mark.parametrize("speculation", ["chain", "specexec"])
+def test_a_windowed_draft_on_a_static_cache(tiny_pair, speculation):
+    target, draft = tiny_pair
+    ids = random_prompt(torch.Generator().manual_seed(2), 40)
+    expected = target.generate(ids, do_sample=False, max_new_tokens=24, cache_implementation="static")
+    _generate(target, draft, ids[:, :4], speculation)  # `specexec` measures latency curves at its first call
+    with DraftReads(draft) as reads:
+        out = _generate(target, draft, ids, speculation, {"draft_window": 6}, cache_implementation="static")
+    assert torch.equal(out, expected)
+    assert 6 <= reads.lengths[0] <= 6 + 16
