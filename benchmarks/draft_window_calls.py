@@ -13,17 +13,15 @@ rounds the other way (`same` in the JSON). Per prompt (`code_prompts`, cut from 
 method, one greedy call per window, the order rotated from prompt to prompt, after one warm-up call each; the
 guard's memory is cleared before every call so that no call inherits another's verdict. Writes every call's
 seconds, tokens per step and draft seconds, and per method and window the median over prompts of whole / window.
-With `--context-lines N` the prompts are long ones (`long_code_prompts`): N lines of the same modules before a
-function cut deeper in the file.
+With `--context-lines N` the prompts are long ones (`code_prompts(..., full_context=True)`): N lines of the same
+modules before a function cut deeper in the file.
 """
 
 from __future__ import annotations
 
 import argparse
-import ast
 import json
 import statistics
-import sysconfig
 import time
 import warnings
 from pathlib import Path
@@ -35,30 +33,9 @@ from hf_specdec.plan import guard
 from hf_specdec_tools import models
 from hf_specdec_tools.bench.cli import resolve_dtype
 from hf_specdec_tools.bench.environment import collect_environment
-from hf_specdec_tools.prompts import CODE_MIN_BODY_LINES, CODE_MODULES, code_prompts
+from hf_specdec_tools.prompts import code_prompts
 
 WHOLE = 0  # the draft_window value that means the whole prompt
-
-
-def long_code_prompts(count: int, context_lines: int) -> list[str]:
-    """As `code_prompts`, but each cut is at the first function (of at least `CODE_MIN_BODY_LINES` lines) with
-    `context_lines` lines of its file before it, and the prompt is those lines: long prompts from the same files."""
-    stdlib = Path(sysconfig.get_paths()["stdlib"])
-    prompts = []
-    for name in CODE_MODULES:
-        path = stdlib / name
-        source = path.read_text(encoding="utf-8") if path.is_file() else ""
-        lines = source.splitlines(keepends=True)
-        functions = sorted((node for node in ast.walk(ast.parse(source)) if isinstance(node, ast.FunctionDef)),
-                           key=lambda node: node.lineno)
-        for node in functions:
-            cut = node.body[0].lineno
-            if node.end_lineno - node.lineno + 1 >= CODE_MIN_BODY_LINES and cut > context_lines:
-                prompts.append("".join(lines[cut - context_lines : cut]))
-                break
-        if len(prompts) == count:
-            break
-    return prompts
 
 
 def main() -> None:
@@ -78,7 +55,7 @@ def main() -> None:
     prepack(target)
     draft = quantize_draft(draft)
     texts = (code_prompts(args.prompts) if args.context_lines is None
-             else long_code_prompts(args.prompts, args.context_lines))
+             else code_prompts(args.prompts, args.context_lines, full_context=True))
     prompts = [tokenizer(text, return_tensors="pt").input_ids for text in texts]
     windows = [WHOLE, *args.windows]
 

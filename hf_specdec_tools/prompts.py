@@ -48,11 +48,15 @@ def rewrite_chats(count: int | None = None) -> list[list[dict[str, str]]]:
     return chats
 
 
-def code_prompts(count: int | None = None) -> list[str]:
+def code_prompts(
+    count: int | None = None, context_lines: int = CODE_CONTEXT_LINES, full_context: bool = False
+) -> list[str]:
     """Code continuations: in each module of `CODE_MODULES`, the first function (or method) of at least
     `CODE_MIN_BODY_LINES` lines is cut right after its `def` line and the line after it (a docstring's start or the
-    first statement); the prompt is the `CODE_CONTEXT_LINES` lines of the file before the cut. The text comes from
-    this Python's standard library, so the set is fixed for a given Python version and needs no download."""
+    first statement); the prompt is the `context_lines` lines of the file before the cut (fewer near the file's top,
+    unless `full_context`: then the first such function with that many lines before it, for long prompts). The text
+    comes from this Python's standard library, so the set is fixed for a given Python version and needs no
+    download."""
     stdlib = Path(sysconfig.get_paths()["stdlib"])
     prompts = []
     for name in CODE_MODULES:
@@ -64,9 +68,9 @@ def code_prompts(count: int | None = None) -> list[str]:
         functions = [node for node in ast.walk(ast.parse(source)) if isinstance(node, ast.FunctionDef)]
         functions.sort(key=lambda node: node.lineno)
         for node in functions:
-            if node.end_lineno - node.lineno + 1 >= CODE_MIN_BODY_LINES:
-                cut = node.body[0].lineno  # 1-based line of the first body statement: keep it
-                prompts.append("".join(lines[max(cut - CODE_CONTEXT_LINES, 0) : cut]))
+            cut = node.body[0].lineno  # 1-based line of the first body statement: keep it
+            if node.end_lineno - node.lineno + 1 >= CODE_MIN_BODY_LINES and (cut > context_lines or not full_context):
+                prompts.append("".join(lines[max(cut - context_lines, 0) : cut]))
                 break
         if count is not None and len(prompts) == count:
             break

@@ -339,6 +339,18 @@ def test_code_prompts_are_cut_from_the_standard_library_after_a_def():
         ast.parse(prompts[0])
 
 
+def test_long_code_prompts_keep_every_context_line_and_end_at_a_def():
+    from hf_specdec_tools.prompts import code_prompts
+
+    prompts = code_prompts(3, 120, full_context=True)
+    assert len(prompts) == 3 and len(set(prompts)) == 3
+    for prompt in prompts:
+        lines = prompt.splitlines()
+        assert len(lines) == 120  # never cut short at the file's top, as the default set's may be
+        assert any(line.lstrip().startswith("def ") for line in lines[-20:])
+    assert code_prompts(3) != prompts  # the default set keeps its own cuts
+
+
 def test_settings_line_says_what_prepacking_did():
     results = {"models": {"kernels": {"target": {"prepacked": True, "reason": "...", "ms_before": {"1": 140.0},
                                                  "ms_after": {"1": 70.0}},
