@@ -17,6 +17,14 @@ the machine's load; the pass times do (run it alone).
 `--drop-layers K` measures the int8 draft with decoder layers left out instead (self-speculation's layer skipping
 applied to the draft): every single layer dropped is scored on 12 other HumanEval problems (21-32), and the 1..K
 layers that scored best are then dropped together and measured as above on the evaluation problems.
+
+    .venv/bin/python benchmarks/draft_agreement.py --drafts /tmp/distilled \
+        --output benchmarks/draft-distill-zen5/agreement.json
+
+`--drafts FOLDER...` compares the embedded draft with drafts saved in folders (`draft_distill.py` writes them),
+all in float32: greedy agreement as above, and the sampled overlap at T = 0.7, the mean over positions of
+sum_x min(p(x), q(x)) (the chance a token the draft samples passes the target's exact check), on the HumanEval
+solutions and on the first `--problems` code prompts continued by the 1,500 characters of their module that follow.
 """
 
 from __future__ import annotations
@@ -27,18 +35,20 @@ import ctypes
 import gc
 import json
 import statistics
+import sysconfig
 import warnings
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 from torch.ao.quantization import quantize_dynamic
+from transformers import AutoModelForCausalLM
 
 from hf_specdec import quantize_draft
 from hf_specdec.plan.latency import measure_latency
 from hf_specdec_tools import models
 from hf_specdec_tools.bench.environment import collect_environment
-from hf_specdec_tools.prompts import _humaneval_problems, vocabulary_corpus
+from hf_specdec_tools.prompts import CODE_MODULES, _humaneval_problems, code_prompts, held_out_corpus
 
 
 def input_maxima(model: torch.nn.Module, texts: list[torch.Tensor]) -> dict[str, float]:
@@ -74,6 +84,42 @@ def agreement(model: torch.nn.Module, texts: list[torch.Tensor], wanted: list[to
             tokens = model(input_ids=ids).logits[0].argmax(-1)
             shares.append(float((tokens[start - 1 : -1] == target_tokens[start - 1 : -1]).float().mean()))
     return statistics.mean(shares)
+
+
+def overlap(model: torch.nn.Module, texts: list[torch.Tensor], target_logits: list[torch.Tensor], starts: list[int],
+            temperature: float) -> float:
+    """Mean over solution positions of sum_x min(p(x), q(x)) at `temperature`: the chance that a token the draft
+    samples is accepted by the target's exact check (what a sampled chain's acceptance rests on)."""
+    shares = []
+    with torch.no_grad():
+        for ids, logits, start in zip(texts, target_logits, starts):
+            q = torch.softmax(model(input_ids=ids).logits[0, start - 1 : -1].float() / temperature, -1)
+            p = torch.softmax(logits[start - 1 : -1] / temperature, -1)
+            shares.append(float(torch.minimum(p, q).sum(-1).mean()))
+    return statistics.mean(shares)
+
+
+def code_texts(tokenizer, count: int) -> tuple[list[torch.Tensor], list[int]]:
+    """The first `count` code prompts with the 1,500 characters of their module that follow (the held-out function's
+    body and on), and where each continuation starts."""
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    sources = [(stdlib / name).read_text(encoding="utf-8") for name in CODE_MODULES]
+    texts, starts = [], []
+    for prompt in code_prompts(count):
+        source = next(text for text in sources if prompt in text)
+        end = source.index(prompt) + len(prompt)
+        texts.append(tokenizer(source[end - len(prompt) : end + 1500], return_tensors="pt").input_ids)
+        starts.append(tokenizer(prompt, return_tensors="pt").input_ids.shape[1])
+    return texts, starts
+
+
+def distilled_variants(draft: torch.nn.Module, folders: list[str]) -> dict[str, Callable[[], torch.nn.Module]]:
+    """The embedded draft and each draft folder given (one `draft_distill.py` wrote), in float32."""
+    variants: dict[str, Callable[[], torch.nn.Module]] = {"embedded draft": lambda: draft}
+    for folder in folders:
+        variants[folder] = lambda folder=folder: AutoModelForCausalLM.from_pretrained(
+            folder, dtype=torch.float32).eval()
+    return variants
 
 
 def without_layers(draft: torch.nn.Module, layers: list[torch.nn.Module], dropped: set[int]) -> torch.nn.Module:
@@ -112,7 +158,7 @@ def dropped_layer_variants(draft: torch.nn.Module, target: torch.nn.Module, toke
 def kernel_variants(draft: torch.nn.Module, tokenizer) -> tuple[dict[str, Callable[[], torch.nn.Module]], dict]:
     """The draft's quantization variants, and the Linear layers with the largest inputs on calibration text (what
     the mixed variants keep in float32)."""
-    calibration = [tokenizer(text[:6000], return_tensors="pt").input_ids[:, :512] for text in vocabulary_corpus()[:8]]
+    calibration = [tokenizer(text[:6000], return_tensors="pt").input_ids[:, :512] for text in held_out_corpus()[:8]]
     maxima = sorted(((value, name) for name, value in input_maxima(draft, calibration).items()), reverse=True)
     downs = {name for _, name in maxima if name.endswith("down_proj")}
     variants = {
@@ -132,6 +178,9 @@ def main() -> None:
     parser.add_argument("--output", type=Path, required=True)
     parser.add_argument("--drop-layers", type=int, default=0, metavar="K",
                         help="measure the int8 draft without its 1..K least-missed decoder layers instead")
+    parser.add_argument("--drafts", nargs="+", metavar="FOLDER",
+                        help="measure the embedded float32 draft against these draft folders instead "
+                             "(draft_distill.py's): greedy and sampled (T = 0.7) agreement, HumanEval and code")
     args = parser.parse_args()
     warnings.filterwarnings("ignore", category=UserWarning)
     target, draft, tokenizer = models.load_default_pair(dtype=torch.float32, progress=False)
@@ -139,6 +188,9 @@ def main() -> None:
     texts = [tokenizer(p["prompt"] + p["canonical_solution"], return_tensors="pt").input_ids for p in problems]
     starts = [tokenizer(p["prompt"], return_tensors="pt").input_ids.shape[1] for p in problems]
     wanted = target_argmax(target, texts)
+    if args.drafts:
+        measure_drafts(target, draft, tokenizer, texts, starts, args)
+        return
     if args.drop_layers:
         variants, selection = dropped_layer_variants(draft, target, tokenizer, args.drop_layers)
         found = {"selection_agreement": selection}
@@ -159,6 +211,26 @@ def main() -> None:
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps({"environment": collect_environment(), "problems": args.problems,
                                        **found, "variants": rows}, indent=1))
+
+
+def measure_drafts(target, draft, tokenizer, texts, starts, args) -> None:
+    """Greedy agreement and sampled overlap (T = 0.7) of each draft, on HumanEval solutions and code continuations."""
+    sets = {"humaneval": (texts, starts), "code": code_texts(tokenizer, args.problems)}
+    with torch.no_grad():
+        logits = {name: [target(input_ids=ids).logits[0].float() for ids in t] for name, (t, _) in sets.items()}
+    del target
+    rows = {}
+    for name, build in distilled_variants(draft, args.drafts).items():
+        model = build()
+        rows[name] = {}
+        for which, (t, s) in sets.items():
+            wanted = [row.argmax(-1) for row in logits[which]]
+            rows[name][which] = {"greedy": round(agreement(model, t, wanted, s), 4),
+                                 "sampled_T0.7": round(overlap(model, t, logits[which], s, 0.7), 4)}
+        print(name, rows[name], flush=True)
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(json.dumps({"environment": collect_environment(), "problems": args.problems,
+                                       "variants": rows}, indent=1))
 
 
 if __name__ == "__main__":

@@ -36,7 +36,7 @@ from hf_specdec.plan.latency import measure_latency
 from hf_specdec_tools import models
 from hf_specdec_tools.bench.cli import resolve_dtype
 from hf_specdec_tools.bench.environment import collect_environment
-from hf_specdec_tools.prompts import humaneval_prompts, vocabulary_corpus
+from hf_specdec_tools.prompts import held_out_corpus, humaneval_prompts
 
 ROWS = (1, 2, 4, 8, 16, 32)
 METHODS = {"chain": {"guard": False}, "specexec": {"budget": 32, "guard": False}}
@@ -69,7 +69,7 @@ def build_variants(draft, tokenizer, subset_of: str, subset: int, torchao: bool)
         variants[scheme] = quantize_draft(draft, scheme=scheme)
     if torchao:
         variants["torchao-int8-weight-only"] = torchao_int8_weight_only(draft)
-    keep = frequent_tokens(tokenizer, vocabulary_corpus(), subset)
+    keep = frequent_tokens(tokenizer, held_out_corpus(), subset)
     variants[f"{subset_of} + vocabulary {subset}"] = quantize_draft(draft, vocabulary=keep, scheme=subset_of)
     release_memory()
     return variants

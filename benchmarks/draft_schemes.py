@@ -6,7 +6,8 @@ Arguments: temperature (0: greedy), prompt set (humaneval or code), prompts, met
 schemes to compare (default dynamic-int8 and mixed); a scheme written `mixed:model-forward` is that draft run
 through the model's own forward (no `draft/lean_pass.py`), `mixed:unfused` through the lean pass without its fused
 int4 calls (`draft/fused_int4.py`); `mixed@16384` is that draft with its output layer over
-the 16,384 tokens most frequent in `vocabulary_corpus()` (text disjoint from the prompts; `frequent_tokens`). The
+the 16,384 tokens most frequent in `held_out_corpus()` (text disjoint from the prompts; `frequent_tokens`);
+`mixed=FOLDER` is the draft saved in FOLDER (one `draft_distill.py` wrote, say) quantized that way. The
 embedded pair in bfloat16 with the target prepacked; each prompt runs plain, then every method with every draft, in
 an order reversed on every other prompt; 64 new tokens, `torch.manual_seed(prompt index)` before each call. Prints
 per prompt (tokens/s, tokens per step) and, per method and draft, the median and the lowest speedup over plain, mean
@@ -25,6 +26,7 @@ import warnings
 from unittest import mock
 
 import torch
+from transformers import AutoModelForCausalLM
 
 import hf_specdec  # noqa: F401  (installs `speculation=`)
 from hf_specdec import frequent_tokens, prepack, quantize_draft
@@ -32,7 +34,7 @@ from hf_specdec.core.devices import cpu_flags, cpu_model
 from hf_specdec.draft import lean_pass
 from hf_specdec.draft.row_dispatch import RowDispatchLinear
 from hf_specdec_tools import models
-from hf_specdec_tools.prompts import code_prompts, humaneval_prompts, vocabulary_corpus
+from hf_specdec_tools.prompts import code_prompts, held_out_corpus, humaneval_prompts
 
 NAMES = {"int8": "dynamic-int8"}
 
@@ -49,9 +51,11 @@ def main() -> None:
         start = time.perf_counter()
         base = scheme.partition(":")[0]
         if base not in built:
-            name, _, size = base.partition("@")
-            vocabulary = frequent_tokens(tokenizer, vocabulary_corpus(), int(size)) if size else None
-            built[base] = quantize_draft(draft, vocabulary=vocabulary, scheme=NAMES.get(name, name))
+            quantized, _, folder = base.partition("=")
+            name, _, size = quantized.partition("@")
+            vocabulary = frequent_tokens(tokenizer, held_out_corpus(), int(size)) if size else None
+            source = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16).eval() if folder else draft
+            built[base] = quantize_draft(source, vocabulary=vocabulary, scheme=NAMES.get(name, name))
         drafts[scheme] = built[base]
         narrow = next((m.narrow_rows for m in drafts[scheme].modules() if isinstance(m, RowDispatchLinear)), None)
         print(f"{scheme} built in {time.perf_counter() - start:.1f} s" + (f"; int4 up to {narrow} rows" if narrow

@@ -26,7 +26,7 @@ from hf_specdec import frequent_tokens, prepack, quantize_draft
 from hf_specdec.plan.latency import measure_latency
 from hf_specdec_tools import models
 from hf_specdec_tools.bench.environment import collect_environment
-from hf_specdec_tools.prompts import code_prompts, humaneval_prompts, vocabulary_corpus
+from hf_specdec_tools.prompts import code_prompts, held_out_corpus, humaneval_prompts
 
 SIZES = (1, 4, 16)
 
@@ -49,7 +49,7 @@ def main() -> None:
     dtype = getattr(torch, args.dtype)
     target, draft, tokenizer = models.load_default_pair(dtype=dtype, progress=False)
     prepack(target)
-    corpus = vocabulary_corpus()
+    corpus = held_out_corpus()
     sizes = [int(k) for k in args.sizes.split(",")] + [None]
     drafts = {k: quantize_draft(draft, vocabulary=None if k is None else frequent_tokens(tokenizer, corpus, k))
               for k in sizes}

@@ -9,7 +9,7 @@ bfloat16, prepacked. After 256 cached tokens, each round times, one after anothe
 rows both ways and the target's one-row pass, all with a 4-D additive mask and explicit positions as the engine
 calls them (the cache cut back after each pass); the figure is the median over rounds. The lean pass also runs
 without its fused int4 calls (`draft/fused_int4.py`: each projection its own call), and, with `--vocabulary K`, on a
-draft whose output layer covers the K tokens most frequent in `vocabulary_corpus()` (`frequent_tokens`), and, with
+draft whose output layer covers the K tokens most frequent in `held_out_corpus()` (`frequent_tokens`), and, with
 `--target-rows N`, the target's tree pass over N rows (all rows' logits) through its forward and the lean pass
 (which the loop takes for the target off the CPU only: `decoding.loop.lean_target`). Writes
 results.json (machine, settings, every figure) and prints a table.
@@ -35,7 +35,7 @@ from hf_specdec.core.devices import cpu_flags, cpu_model
 from hf_specdec.draft import lean_pass
 from hf_specdec.draft.lean_pass import LeanPass
 from hf_specdec_tools import models
-from hf_specdec_tools.prompts import vocabulary_corpus
+from hf_specdec_tools.prompts import held_out_corpus
 
 PAST = 256
 ROWS = (1, 2, 4, 8)
@@ -67,7 +67,7 @@ def main() -> None:
     lean = LeanPass.of(draft, layers)
     with mock.patch.object(lean_pass.FusedInt4, "of", lambda linears: None):
         unfused = LeanPass.of(draft, layers)
-    subsets = {k: quantize_draft(base, vocabulary=frequent_tokens(tokenizer, vocabulary_corpus(), k))
+    subsets = {k: quantize_draft(base, vocabulary=frequent_tokens(tokenizer, held_out_corpus(), k))
                for k in args.vocabulary}
     ids = torch.randint(3, 5000, (1, PAST + max(ROWS + tuple(args.target_rows))),
                         generator=torch.Generator().manual_seed(0))

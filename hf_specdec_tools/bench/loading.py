@@ -117,7 +117,7 @@ def load_models(
     with `quantize_target`, the target loaded through that route of `target_quantization.ROUTES`. What the automatic
     choices (`auto` route, prepacking) measured is remembered per machine (`machine_choices`) and reused unless
     `remeasure`. With `draft_vocabulary` K, the draft's output layer covers the K tokens most frequent in
-    `prompts.vocabulary_corpus` only (`hf_specdec.restrict_vocabulary`; with `int8_draft`, before quantizing)."""
+    `prompts.held_out_corpus` only (`hf_specdec.restrict_vocabulary`; with `int8_draft`, before quantizing)."""
     if (target is None) != (draft is None) and need_draft:
         raise ValueError(
             "Give both --target and --draft (a draft sharing the target's tokenizer), or neither for the embedded "
@@ -178,9 +178,9 @@ def load_models(
         if draft_model is not None:
             vocabulary = None
             if draft_vocabulary:
-                from ..prompts import vocabulary_corpus
+                from ..prompts import held_out_corpus
 
-                vocabulary = frequent_tokens(tokenizer, vocabulary_corpus(), draft_vocabulary)
+                vocabulary = frequent_tokens(tokenizer, held_out_corpus(), draft_vocabulary)
             if int8_draft:
                 draft_model = quantize_draft(draft_model, vocabulary=vocabulary, scheme=scheme)
             elif vocabulary is not None:
