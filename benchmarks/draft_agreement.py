@@ -107,8 +107,8 @@ def code_texts(tokenizer, count: int) -> tuple[list[torch.Tensor], list[int]]:
     texts, starts = [], []
     for prompt in code_prompts(count):
         source = next(text for text in sources if prompt in text)
-        end = source.index(prompt) + len(prompt)
-        texts.append(tokenizer(source[end - len(prompt) : end + 1500], return_tensors="pt").input_ids)
+        start = source.index(prompt)
+        texts.append(tokenizer(source[start : start + len(prompt) + 1500], return_tensors="pt").input_ids)
         starts.append(tokenizer(prompt, return_tensors="pt").input_ids.shape[1])
     return texts, starts
 
