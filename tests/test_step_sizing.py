@@ -35,6 +35,22 @@ def test_acceptance_curve_starts_at_q_and_learns_what_the_target_keeps():
     assert curve.log_rates(host) == curve(torch.tensor(host, dtype=torch.float64)).tolist()
 
 
+def test_acceptance_curve_tells_confident_tokens_apart():
+    """A confident draft gives most tokens q > 0.9: a q = 0.99 token the target keeps 99 times in 100 must rate
+    above a q = 0.6 one it keeps 6 times in 10 (one bin over q in [0.56, 1] rated them alike), and before any
+    observation the prior tells them apart too."""
+    curve = OnlineAcceptance()
+    q = torch.tensor([0.6, 0.9, 0.99, 0.999]).log()
+    prior = curve(q).exp()
+    assert torch.all(prior[1:] > prior[:-1])
+    assert torch.allclose(prior, q.exp(), atol=0.06)
+    for i in range(400):
+        curve.update([math.log(0.6), math.log(0.99)], [i % 10 < 6, i % 100 != 0])
+    sure, unsure = curve(torch.tensor([math.log(0.99)])).exp().item(), curve(torch.tensor([math.log(0.6)])).exp().item()
+    assert sure > 0.97 and unsure < 0.65
+    assert curve.log_rates([math.log(0.99), math.log(0.6)]) == pytest.approx([math.log(sure), math.log(unsure)])
+
+
 def test_best_prefix_trades_expected_tokens_against_target_time():
     values = torch.tensor([0.9, 0.8, 0.7, 0.1, 0.05, 0.01])
     flat = StepSizer(profile(lambda n: 100.0, lambda n: 10.0))

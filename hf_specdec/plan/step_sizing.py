@@ -32,17 +32,25 @@ FRONTIER_SIZES = (1, 2, 4, 8, 16, 32)
 class OnlineAcceptance:
     """P(target keeps a drafted child | it kept the parent) against the draft's probability q of that child.
 
-    Binned on log q; every bin starts at a prior worth `prior_weight` observations centred on q itself (a calibrated
-    draft) and learns from every verified step. Read as non-decreasing in q: a likelier draft token never rates lower.
-    Its state is host numbers (the drafters learn from what the step already read); `__call__` rates device tensors
-    where they are, `log_rates` host lists, by the same bins (float32 log q, `bucketize`'s rule).
+    Binned on log q below q = 1/2 and on log(1 - q) above it (`confident_bins` bins, each halving 1 - q): a confident
+    draft gives most tokens q > 0.9, and one bin over q in [0.56, 1] (equal steps of log q all the way) rated a 0.99
+    token as a 0.6 one, so best-first growth could not tell a sure continuation from an unsure sibling and priced
+    deep chains low. Every bin starts at a prior worth `prior_weight` observations centred on q itself (a
+    calibrated draft) and learns from every verified step. Read as non-decreasing in q: a likelier draft token never
+    rates lower. Its state is host numbers (the drafters learn from what the step already read); `__call__` rates
+    device tensors where they are, `log_rates` host lists, by the same bins (float32 log q, `bucketize`'s rule).
     """
 
-    def __init__(self, bins: int = 16, min_prob: float = 1e-4, prior_weight: float = 4.0) -> None:
-        self.edges = np.linspace(math.log(min_prob), 0.0, bins + 1, dtype=np.float32)[1:-1]
-        centres = np.exp(np.linspace(math.log(min_prob), 0.0, 2 * bins + 1, dtype=np.float32)[1::2])
-        self.trials = np.full(bins, prior_weight, dtype=np.float64)
-        self.hits = centres.astype(np.float64) * prior_weight
+    def __init__(self, bins: int = 14, min_prob: float = 1e-4, prior_weight: float = 4.0,
+                 confident_bins: int = 7) -> None:
+        low = np.linspace(math.log(min_prob), math.log(0.5), bins + 1)  # bin edges on log q, up to q = 1/2
+        doubt = 0.5 ** np.arange(1, confident_bins + 1)  # 1 - q at the confident bins' edges: 1/2, 1/4, ...
+        bounds = np.concatenate([np.exp(low), 1.0 - doubt[1:], [1.0]])  # q at every bin's edges
+        self.edges = np.log(bounds[1:-1]).astype(np.float32)
+        centres = np.sqrt(bounds[:-1] * bounds[1:])  # geometric middles, but the top bin's: half its lower edge's 1 - q
+        centres[-1] = 1.0 - doubt[-1] / 2
+        self.trials = np.full(len(centres), prior_weight, dtype=np.float64)
+        self.hits = centres * prior_weight
         self.observations = 0
         self._tables: dict[torch.device, tuple[int, torch.Tensor, torch.Tensor]] = {}  # see `_device_tables`
 
