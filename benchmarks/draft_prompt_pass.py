@@ -17,7 +17,7 @@ import copy
 import json
 import os
 import statistics
-import time
+import sys
 import warnings
 from pathlib import Path
 
@@ -28,6 +28,9 @@ from hf_specdec_tools import models
 from hf_specdec_tools.bench.cli import resolve_dtype
 from hf_specdec_tools.bench.environment import collect_environment
 from hf_specdec_tools.bench.inputs import load_prompt_source, tokenize_prompts
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from modelled_speed import prompt_pass_seconds  # noqa: E402
 
 SCHEMES = ("mixed", "dynamic-int8", "int4")
 
@@ -40,13 +43,6 @@ def variants(draft, dtype: torch.dtype) -> dict[str, torch.nn.Module]:
     if prepack(packed, measure=False).packed:
         built[f"{name}-prepacked"] = packed
     return built | {scheme: quantize_draft(draft, scheme=scheme) for scheme in SCHEMES}
-
-
-def prompt_seconds(model, ids: torch.Tensor) -> float:
-    start = time.perf_counter()
-    with torch.inference_mode():
-        model(input_ids=ids, use_cache=True, logits_to_keep=1)
-    return time.perf_counter() - start
 
 
 def main() -> None:
@@ -64,13 +60,13 @@ def main() -> None:
     runs = {"target": target} | variants(draft, dtype)
     prompts = tokenize_prompts(tokenizer, load_prompt_source(args.prompts))
     for model in runs.values():  # a warm-up pass each (first-call allocations, oneDNN primitives)
-        prompt_seconds(model, prompts[0])
+        prompt_pass_seconds(model, prompts[0], repeats=1)
     load_before = os.getloadavg()
     timings: dict[str, list[list[float]]] = {name: [[] for _ in prompts] for name in runs}
     for _ in range(args.rounds):
         for index, ids in enumerate(prompts):
             for name, model in runs.items():
-                timings[name][index].append(prompt_seconds(model, ids))
+                timings[name][index].append(prompt_pass_seconds(model, ids, repeats=1))
     load_after = os.getloadavg()
     ms = {name: [round(1000 * statistics.median(t), 1) for t in per_prompt] for name, per_prompt in timings.items()}
     lengths = [int(ids.shape[1]) for ids in prompts]

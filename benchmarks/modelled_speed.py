@@ -15,7 +15,7 @@ are compared with the first method's (greedy: identical). `hf-assisted` is Trans
 same draft, its passes priced by the same curves (its prompt pass, which also emits the first token, left out as
 ours is).
 
-What a cheaper draft would buy, at today's acceptance: `--draft-cost-scales 1,0.5,0.25,0.001` runs every method once
+What a cheaper draft would buy, at today's acceptance: `--draft-cost-scales 1,0.76,0.001` runs every method once
 per factor with the draft's curve multiplied by it, for the clock and for the sizing alike (step-sized trees grow
 where drafting gets cheaper). The draft's outputs, and so what the target accepts, stay as they are: the factor
 prices a faster draft of the same quality (kernels, a pruned output layer). `--whole-call` also times each prompt's
@@ -24,7 +24,7 @@ times a call: plain = the target's prompt pass + one one-token pass per further 
 prompt pass + the draft's (scaled) + its modelled decoding.
 
     .venv/bin/python benchmarks/modelled_speed.py --prompts code:8 --max-new-tokens 64 --whole-call \
-        --draft-cost-scales 1,0.5,0.25,0.001 --methods hf-assisted,chain,sequoia,specexec,staged,tree
+        --draft-cost-scales 1,0.76,0.001 --methods hf-assisted,sequoia,specexec
 """
 
 from __future__ import annotations
