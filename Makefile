@@ -1,16 +1,21 @@
 PYTHON ?= python3
-VENV := .venv
+# Another Transformers release than constraints.txt's (the newest), in a venv of its own:
+# `make test-fast TRANSFORMERS=5.24.0`; `make test-oldest` is the oldest release pyproject.toml allows.
+TRANSFORMERS ?=
+OLDEST := $(shell sed -n 's/.*"transformers>=\([0-9.]*\),.*/\1/p' pyproject.toml)
+VENV := .venv$(if $(TRANSFORMERS),-transformers-$(TRANSFORMERS))
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test test-fast lint bench models llamacpp clean
+.PHONY: setup demo test test-fast test-oldest lint bench models llamacpp clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	# torch first, from the pinned CPU build, so the project's `torch` requirement pulls nothing bigger
 	$(BIN)/python -m pip install -q torch==2.13.0
-	$(BIN)/python -m pip install -q -c constraints.txt -e ".[test,bench]"
+	sed '$(if $(TRANSFORMERS),s/^transformers==.*/transformers==$(TRANSFORMERS)/)' constraints.txt > $(VENV)/constraints.txt
+	$(BIN)/python -m pip install -q -c $(VENV)/constraints.txt -e ".[test,bench]"
 	touch $(STAMP)
 
 setup: $(STAMP)
@@ -32,6 +37,10 @@ test: $(STAMP)
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -p no:cacheprovider -n auto --durations=10 -m "not slow and not real" tests
 
+# the fast tier on the oldest Transformers release pyproject.toml allows (its own venv)
+test-oldest:
+	$(MAKE) test-fast TRANSFORMERS=$(OLDEST)
+
 # optional: the llama.cpp reference row of `hf-specdec bench` (pip compiles llama.cpp once and caches the wheel)
 llamacpp: $(STAMP)
 	$(BIN)/python -m pip install -q -c constraints.txt -e ".[llamacpp]"
@@ -44,4 +53,4 @@ lint: $(STAMP)
 	$(BIN)/lint-imports
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf .venv .venv-transformers-* build *.egg-info

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import sys
+import warnings
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -48,6 +52,39 @@ def pytest_collection_modifyitems(config, items):
         name = item.path.name
         if name in SLOW_FILES or f"{name}::{item.name}" in SLOW_CASES or f"{name}::{item.originalname}" in SLOW_CASES:
             item.add_marker(pytest.mark.slow)
+
+
+PACKAGE = Path(hf_specdec.__file__).resolve().parent
+#: a library's deprecation warnings say a call is deprecated; these say the package itself is (shown to its users)
+OWN_DEPRECATIONS = (PACKAGE / "core" / "releases.py",)
+
+
+def _calling_frame(stacklevel: int):
+    """The first frame from the warning's origin outward that is not a library's (site-packages, the stdlib): the
+    code that made the deprecated call."""
+    frame = sys._getframe(stacklevel + 1)
+    while frame is not None and ("site-packages" in frame.f_code.co_filename
+                                 or frame.f_code.co_filename.startswith(sys.base_prefix)):
+        frame = frame.f_back
+    return frame
+
+
+@pytest.fixture(autouse=True)
+def no_deprecated_calls_from_the_package(monkeypatch):
+    """Fail a test when the package itself calls something its owner says will go (a Transformers argument renamed in
+    5.24, ...): the first non-library frame of every FutureWarning must not be the package's."""
+    original = warnings.warn
+
+    def warn(message, category=None, stacklevel=1, source=None, **kwargs):
+        kind = category or (type(message) if isinstance(message, Warning) else UserWarning)
+        if issubclass(kind, FutureWarning):
+            frame = _calling_frame(stacklevel)
+            path = Path(frame.f_code.co_filename).resolve() if frame is not None else None
+            if path is not None and path.is_relative_to(PACKAGE) and path not in OWN_DEPRECATIONS:
+                raise AssertionError(f"the package made a deprecated call at {path}:{frame.f_lineno}: {message}")
+        return original(message, category, stacklevel + 1, source, **kwargs)
+
+    monkeypatch.setattr(warnings, "warn", warn)
 
 
 @pytest.fixture(autouse=True)

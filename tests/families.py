@@ -44,6 +44,7 @@ class Family:
     traits: tuple[str, ...] = ()  # keys of TRAIT_NOTES
     refused: str | None = None  # a phrase of the error every refused call raises; None: supported
     why: str = ""  # README's note for a refused family
+    chains: bool = False  # refused for trees, but `chain` runs lossless (a recurrent state rolled back, 5.25 on)
 
     @property
     def supported(self) -> bool:
@@ -122,28 +123,34 @@ FAMILIES: tuple[Family, ...] = (
     Family("GLM", "GlmForCausalLM", "GlmConfig", _with(head_dim=8)),
     Family("gpt-oss", "GptOssForCausalLM", "GptOssConfig", _with(head_dim=8, sliding_window=WINDOW, **MOE),
            attn="eager", traits=("sliding", "mixed")),
-    # Refused before anything runs, with the reason and the fix in the message.
+    # Refused before anything runs, with the reason and the fix in the message (`chains`: refused for trees only).
     Family("Mamba", "MambaForCausalLM", "MambaConfig",
            dict(vocab_size=96, hidden_size=32, num_hidden_layers=2, state_size=4, **IDS), attn="eager",
-           refused="recurrent state", why="recurrent state (selective SSM): cannot be rolled back to a tree path"),
+           refused="recurrent state", why="recurrent state (selective SSM): cannot be rolled back to a tree path",
+           chains=True),
     Family("Mamba2", "Mamba2ForCausalLM", "Mamba2Config",
            dict(vocab_size=96, hidden_size=32, num_hidden_layers=2, num_heads=4, head_dim=16, state_size=4,
                 n_groups=1, **IDS), attn="eager",
-           refused="recurrent state", why="recurrent state (SSD): cannot be rolled back to a tree path"),
+           refused="recurrent state", why="recurrent state (SSD): cannot be rolled back to a tree path",
+           chains=True),
     Family("Jamba", "JambaForCausalLM", "JambaConfig",
            _with(attn_layer_period=2, attn_layer_offset=1, expert_layer_period=2, expert_layer_offset=1,
                  num_experts=2, mamba_d_state=4, mamba_expand=2, mamba_dt_rank=4),
-           refused="recurrent state", why="hybrid attention + Mamba layers: the Mamba state cannot be rolled back"),
+           refused="recurrent state", chains=True,
+           why="hybrid attention + Mamba layers: the Mamba state cannot be rolled back to a tree path"),
     Family("Falcon-H1", "FalconH1ForCausalLM", "FalconH1Config",
            _with(mamba_d_ssm=32, mamba_n_heads=4, mamba_d_head=8, mamba_d_state=4),
-           refused="recurrent state", why="hybrid attention + Mamba layers: the Mamba state cannot be rolled back"),
+           refused="recurrent state", chains=True,
+           why="hybrid attention + Mamba layers: the Mamba state cannot be rolled back to a tree path"),
     Family("Qwen3-Next", "Qwen3NextForCausalLM", "Qwen3NextConfig",
            _with(head_dim=8, linear_num_value_heads=2, linear_num_key_heads=2, linear_key_head_dim=8,
                  linear_value_head_dim=8, num_experts=2, num_experts_per_tok=1, moe_intermediate_size=32,
-                 shared_expert_intermediate_size=32),
-           refused="recurrent state", why="linear-attention (gated DeltaNet) layers keep a recurrent state"),
+                 shared_expert_intermediate_size=32, full_attention_interval=2),
+           refused="recurrent state", why="linear-attention (gated DeltaNet) layers keep a recurrent state",
+           chains=True),
     Family("LFM2", "Lfm2ForCausalLM", "Lfm2Config", _with(full_attn_idxs=[1]),
-           refused="conv layers", why="short convolution layers keep a rolling state"),
+           refused="recurrent state", why="short convolution layers keep a rolling state",
+           chains=True),
     Family("RecurrentGemma", "RecurrentGemmaForCausalLM", "RecurrentGemmaConfig",
            dict(vocab_size=96, hidden_size=32, num_hidden_layers=3, num_attention_heads=4, intermediate_size=64,
                 lru_width=32, attention_window_size=8, **IDS),
@@ -176,7 +183,7 @@ def family(name: str) -> Family:
 
 
 def matrix_markdown() -> str:
-    """README's compatibility matrix: one row per family, supported or refused, and how or why."""
+    """README's compatibility matrix: one row per family, supported, chains only or refused, and how or why."""
     lines = [
         "| family | Transformers class | speculation | how / why |",
         "|---|---|---|---|",
@@ -185,6 +192,9 @@ def matrix_markdown() -> str:
         if entry.supported:
             notes = "; ".join(TRAIT_NOTES[t] for t in entry.traits) or "standard attention and rotary positions"
             lines.append(f"| {entry.name} | `{entry.model}` | lossless | {notes} |")
+        elif entry.chains:
+            lines.append(f"| {entry.name} | `{entry.model}` | `chain` only (Transformers 5.25+) | {entry.why}; "
+                         f"`chain` keeps the state after each drafted token and rolls back to the accepted one |")
         else:
             lines.append(f"| {entry.name} | `{entry.model}` | refused | {entry.why} |")
     return "\n".join(lines)

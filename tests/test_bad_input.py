@@ -18,6 +18,7 @@ from transformers import (
 
 import hf_specdec
 from hf_specdec.core.model_info import MAX_PADDING_ROWS
+from hf_specdec.core.releases import cache_arg
 from tests.conftest import VOCAB, random_prompt, tiny_model
 
 
@@ -78,8 +79,8 @@ CASES = [
                                              speculation_config={"sized": "False"}), "sized must be True or False"),
     ("stop strings without a tokenizer", dict(speculation="tree", stop_strings=["w9"]), "pass `tokenizer="),
     ("token healing without a tokenizer", dict(speculation="tree", token_healing=True), "token_healing needs"),
-    ("a cache with use_cache off", dict(speculation="tree", use_cache=False, past_key_values=lambda _: DynamicCache()),
-     "use_cache=False with a past_key_values passed"),
+    ("a cache with use_cache off", dict(speculation="tree", use_cache=False, **cache_arg(lambda _: DynamicCache())),
+     "use_cache=False with a cache passed"),
     ("assisted chain length", dict(speculation="chain", num_assistant_tokens=8),
      "pass speculation_config={'num_draft_tokens': 8} instead"),
     ("assisted confidence on a chain", dict(speculation="chain", assistant_confidence_threshold=0.3),

@@ -12,6 +12,7 @@ import pytest
 import torch
 from transformers import DynamicCache
 
+from hf_specdec.core.releases import cache_arg, output_cache
 from tests.families import FAMILIES
 from tests.test_batches import NEW, eos_firing_in_one_row, kwargs_for, near_draft, padded_batch
 from tests.tiny import TINY_CONFIGS, tiny_model
@@ -54,7 +55,7 @@ def calls(target, method: str, draft, stop: str):
 def test_batch_returns_plain_batched_cache_row_by_row(pair, method, stop):
     target, draft = pair
     ids, mask, eos, plain, spec = calls(target, method, draft, stop)
-    cache, expected = spec.past_key_values, plain.past_key_values
+    cache, expected = output_cache(spec), output_cache(plain)
     assert type(cache) is type(expected) is DynamicCache
     assert [type(layer) for layer in cache.layers] == [type(layer) for layer in expected.layers]
     width = plain.sequences.shape[1] - 1
@@ -85,9 +86,9 @@ def test_generate_continues_from_the_returned_cache_as_from_plains(pair, method,
         for row, length in enumerate(ends(sequences, ids.shape[1], eos)):
             attention[row, length:] = 0
     more = 8
-    continued = [target.generate(sequences, attention_mask=attention, past_key_values=out.past_key_values,
+    continued = [target.generate(sequences, attention_mask=attention, **cache_arg(output_cache(out)),
                                  max_new_tokens=more, do_sample=False, return_dict_in_generate=True,
                                  output_logits=True) for out in (plain, spec)]
     assert torch.equal(continued[1].sequences, continued[0].sequences)
     torch.testing.assert_close(torch.stack(continued[1].logits), torch.stack(continued[0].logits))
-    assert spec.past_key_values.get_seq_length() == sequences.shape[1] + more - 1
+    assert output_cache(spec).get_seq_length() == sequences.shape[1] + more - 1

@@ -14,6 +14,7 @@ import torch
 from transformers import DynamicCache, pipeline
 
 from hf_specdec.core import processing
+from hf_specdec.core.releases import output_cache
 from hf_specdec.decoding import batch_loop
 from hf_specdec.plan.latency import LatencyCurve
 from hf_specdec.plan.sequoia import plan_tree
@@ -91,7 +92,7 @@ def test_greedy_batch_equals_plain_batched_generate_row_by_row(near_pair, method
         assert max(max(row) for row in steps) > 1  # drafted tokens were accepted
     if method in ("chain", "tree"):  # in one step, rows accepted different numbers of tokens
         assert any(len({row[i] for row in steps if i < len(row)}) > 1 for i in range(max(map(len, steps))))
-    assert isinstance(out.past_key_values, DynamicCache)  # plain's layout: tests/test_batch_cache.py
+    assert isinstance(output_cache(out), DynamicCache)  # plain's layout: tests/test_batch_cache.py
 
 
 @pytest.mark.parametrize("method", ["chain", "tree", "specexec"])

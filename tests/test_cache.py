@@ -12,6 +12,7 @@ from transformers import DynamicCache
 from hf_specdec import SequoiaConfig, SpecExecConfig, TokenTree, TreeConfig
 from hf_specdec.accept.kv_cache import crop, keep_positions
 from hf_specdec.core import pass_shapes
+from hf_specdec.core.releases import cache_arg
 from hf_specdec.plan.sequoia import plan_tree
 from tests.conftest import VOCAB, tiny_model
 
@@ -32,15 +33,15 @@ def test_compacted_cache_equals_causal_cache(arch: str, data):
     reference = DynamicCache(config=model.config)
     path = tree.path_to(node)
     with torch.no_grad():
-        model(prefix, past_key_values=cache)
+        model(prefix, **cache_arg(cache))
         model(
             tree.tokens[None],
             attention_mask=tree.attention_mask(past, torch.float32),
             position_ids=tree.position_ids(past),
-            past_key_values=cache,
+            **cache_arg(cache),
         )
         keep_positions(cache, past, [past + i for i in path])
-        model(torch.cat([prefix, tree.tokens[path][None]], dim=1), past_key_values=reference)
+        model(torch.cat([prefix, tree.tokens[path][None]], dim=1), **cache_arg(reference))
     assert cache.get_seq_length() == reference.get_seq_length() == past + len(path)
     for ours, theirs in zip(cache.layers, reference.layers):
         torch.testing.assert_close(ours.keys, theirs.keys, atol=1e-5, rtol=1e-5)
@@ -51,7 +52,7 @@ def test_crop_drops_the_tail():
     model = tiny_model("llama", 0)
     cache = DynamicCache(config=model.config)
     with torch.no_grad():
-        model(torch.tensor([[5, 6, 7, 8, 9]]), past_key_values=cache)
+        model(torch.tensor([[5, 6, 7, 8, 9]]), **cache_arg(cache))
     crop(cache, 3)
     assert cache.get_seq_length() == 3
 

@@ -20,10 +20,11 @@ from transformers import DynamicCache, GenerationMixin
 from transformers.generation.streamers import BaseStreamer
 
 from hf_specdec import plan_tree
-from hf_specdec.accept.kv_cache import full_length_cache
+from hf_specdec.accept.kv_cache import full_length_cache, record_states
 from hf_specdec.core.attention import AttentionLayout
+from hf_specdec.core.releases import ASSISTED_ON_RECURRENT_STATE, cache_arg, output_cache
 from hf_specdec.core.tree import TokenTree
-from hf_specdec.decoding.loop import tree_pass
+from hf_specdec.decoding.loop import chain_pass, tree_pass
 from hf_specdec.draft.draft_model import DraftModelRunner
 from hf_specdec.plan.latency import measure_latency
 from hf_specdec.verify import SequoiaVerifier, TargetSampleVerifier
@@ -33,6 +34,7 @@ from tests.test_sampling_exact import Case, speculative_joint, target_joint, to_
 
 SUPPORTED = [f for f in FAMILIES if f.supported]
 REFUSED = [f for f in FAMILIES if not f.supported]
+CHAINS = [f for f in REFUSED if f.chains]  # recurrent state: trees refused, `chain` rolls the state back
 PROMPT = 10
 NEW_TOKENS = 40
 METHODS = {
@@ -108,16 +110,16 @@ def test_a_cache_given_before_the_window_is_reached_is_used():
     expected = target.generate(ids, do_sample=False, max_new_tokens=30)
     cache = DynamicCache(config=target.config)
     with torch.no_grad():
-        target(ids[:, :5], past_key_values=cache, use_cache=True)
-    out = target.generate(ids, past_key_values=cache, assistant_model=target, speculation="tree", do_sample=False,
+        target(ids[:, :5], **cache_arg(cache), use_cache=True)
+    out = target.generate(ids, **cache_arg(cache), assistant_model=target, speculation="tree", do_sample=False,
                           max_new_tokens=30, return_dict_in_generate=True)
-    assert torch.equal(out.sequences, expected) and out.past_key_values is cache
+    assert torch.equal(out.sequences, expected) and output_cache(out) is cache
     full = DynamicCache(config=target.config)
     with torch.no_grad():
-        target(ids, past_key_values=full, use_cache=True)
+        target(ids, **cache_arg(full), use_cache=True)
     rows = [layer.keys.shape[-2] for layer in full.layers]
     with pytest.raises(ValueError, match="dropped their oldest rows"):
-        target.generate(ids, past_key_values=full, assistant_model=target, speculation="tree", max_new_tokens=4)
+        target.generate(ids, **cache_arg(full), assistant_model=target, speculation="tree", max_new_tokens=4)
     assert [layer.keys.shape[-2] for layer in full.layers] == rows
 
 
@@ -125,7 +127,7 @@ def test_full_length_cache_keeps_rows_and_the_object():
     target = tiny("Gemma 3 (text)")
     cache = DynamicCache(config=target.config)
     with torch.no_grad():
-        target(prompt(5), past_key_values=cache, use_cache=True)
+        target(prompt(5), **cache_arg(cache), use_cache=True)
     keys = [layer.keys.clone() for layer in cache.layers]
     assert full_length_cache(cache) is cache
     assert not any(layer.is_sliding for layer in cache.layers)
@@ -239,6 +241,57 @@ def test_refused_up_front(entry, role):
     if not model.config.is_encoder_decoder:  # one sentence: the class, the family, the reason, the fix
         assert entry.model in message and role in message and "speculation=" in message
         assert message.count(". ") == 0 and message.endswith(".")
+    if entry.chains:  # the fix names the method that runs on it, or the release that makes it run
+        assert ("pass speculation='chain'" if ASSISTED_ON_RECURRENT_STATE else "transformers>=5.25") in message
+
+
+# --------------------------------------------------------------------------- recurrent state: chains
+
+
+def chain(target, ids, draft, n, **kwargs):
+    return target.generate(ids, assistant_model=draft, speculation="chain", do_sample=False, max_new_tokens=n,
+                           speculation_config={"num_draft_tokens": 5, "guard": False}, **kwargs)
+
+
+@pytest.mark.parametrize("entry", CHAINS, ids=names(CHAINS))
+def test_a_chain_rolls_a_recurrent_state_back(entry):
+    """From Transformers 5.25 on, `chain` runs on a model with recurrent state, as target or draft: greedy identical
+    to plain with the model itself as its draft (long accepted chains), another seed of it and an attention model
+    (rejections at every depth), and a recurrent draft of an attention target. An older release refuses, naming the
+    release that rolls the state back."""
+    target, ids = tiny(entry.name), prompt()
+    if not ASSISTED_ON_RECURRENT_STATE:
+        with pytest.raises(ValueError, match=r"from 5\.25 on .*transformers>=5\.25"):
+            chain(target, ids, target, 4)
+        return
+    expected = target.generate(ids, do_sample=False, max_new_tokens=NEW_TOKENS)
+    out = chain(target, ids, copy.deepcopy(target), NEW_TOKENS, return_dict_in_generate=True)
+    assert torch.equal(out.sequences, expected)
+    assert out.speculation_stats.target_forwards / NEW_TOKENS <= 0.5, out.speculation_stats.tokens_per_step
+    for draft in (tiny(entry.name, seed=1), tiny("Llama")):
+        assert torch.equal(chain(target, ids, draft, NEW_TOKENS), expected)
+    llama = tiny("Llama")
+    assert torch.equal(chain(llama, ids, target, NEW_TOKENS), llama.generate(ids, do_sample=False,
+                                                                              max_new_tokens=NEW_TOKENS))
+
+
+def test_what_a_chain_on_recurrent_state_refuses():
+    """Batches, static caches and a filled cache on a recurrent target: refused by name, before anything runs."""
+    target = tiny("Mamba")
+    cases = [
+        (dict(input_ids=torch.cat([prompt(), prompt(seed=1)])), "batch"),
+        (dict(input_ids=prompt(), cache_implementation="static"), "dynamic cache only"),
+    ]
+    if ASSISTED_ON_RECURRENT_STATE:
+        cache = DynamicCache(config=target.config)
+        with torch.no_grad():
+            target(prompt(5), **cache_arg(cache), use_cache=True)
+        cases.append((dict(input_ids=prompt(), **cache_arg(cache)), "starts from an empty cache"))
+    for kwargs, message in cases:
+        before = _state(target)
+        with pytest.raises(ValueError, match=message if ASSISTED_ON_RECURRENT_STATE else "transformers>=5.25"):
+            target.generate(assistant_model=target, speculation="chain", max_new_tokens=4, **kwargs)
+        assert _state(target) == before
 
 
 def test_refused_stage_model_of_a_staged_stack():
@@ -290,9 +343,39 @@ class ModelCase(Case):
         past = len(self.context) - 1
         cache = full_length_cache(None)
         with torch.no_grad():
-            self.target(self.context[None, :-1], past_key_values=cache, use_cache=True)
+            self.target(self.context[None, :-1], **cache_arg(cache), use_cache=True)
             output = tree_pass(self.target, tree, past, cache, self.layout, torch.float32, torch.device("cpu"))
         return output.logits[0].float() / TEMPERATURE
+
+
+class ChainModelCase(ModelCase):
+    """`ModelCase` for a family with recurrent state: the drafted chain is scored by the chain pass after the context,
+    on the model's own cache recording its states (what the loop runs)."""
+
+    def tree_scores(self, tree) -> torch.Tensor:
+        cache = DynamicCache(config=self.target.config)
+        record_states(cache, len(tree))
+        with torch.no_grad():
+            self.target(self.context[None, :-1], **cache_arg(cache), use_cache=True)
+            output = chain_pass(self.target, tree, cache, torch.device("cpu"))
+        return output.logits[0].float() / TEMPERATURE
+
+
+@pytest.mark.parametrize("verifier_cls", [SequoiaVerifier, TargetSampleVerifier])
+@pytest.mark.parametrize("name", ["Mamba", "Jamba", "LFM2"])
+def test_one_sampled_chain_step_on_recurrent_state_is_exact(name, verifier_cls):
+    """One chain step enumerated exactly (before 5.25, where the state cannot roll back: a sampled call refused)."""
+    if not ASSISTED_ON_RECURRENT_STATE:
+        with pytest.raises(ValueError, match=r"transformers>=5\.25"):
+            tiny(name).generate(prompt(), assistant_model=tiny(name), speculation="chain", do_sample=True,
+                                max_new_tokens=4)
+        return
+    case = ChainModelCase(family(name), 12)
+    got, accepted = speculative_joint(case, [[[]]], verifier_cls(), 3, build=case.build)  # a chain of two
+    want = target_joint(case, case.prompt, 3)
+    assert abs(sum(got.values()) - 1) < 1e-9
+    assert total_variation(got, want) < 1e-5
+    assert accepted > 0.05
 
 
 SAMPLING_FAMILIES = {

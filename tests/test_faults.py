@@ -21,6 +21,7 @@ from transformers import DynamicCache, LogitsProcessor, LogitsProcessorList, Sto
 from transformers.generation.streamers import BaseStreamer
 
 from hf_specdec.core import paths
+from hf_specdec.core.releases import cache_arg
 from hf_specdec.plan import plan_lookup, plan_tree, store
 from hf_specdec.plan.latency import LatencyCurve
 from hf_specdec.plan.plan_file import SequoiaPlan, model_record, pair_placement
@@ -379,12 +380,12 @@ def test_an_exception_leaves_only_committed_tokens_in_the_callers_cache(pair, me
     cache = DynamicCache()
     if cache_state == "holding the prompt":
         with torch.no_grad():
-            target(ids, past_key_values=cache, use_cache=True)
+            target(ids, **cache_arg(cache), use_cache=True)
     kwargs = fault()
     hook = _interrupt_in_layer(target, kwargs.pop("layer_interrupt")) if "layer_interrupt" in kwargs else None
     try:
         with pytest.raises((Boom, KeyboardInterrupt)):
-            target.generate(ids, assistant_model=draft, max_new_tokens=40, do_sample=False, past_key_values=cache,
+            target.generate(ids, assistant_model=draft, max_new_tokens=40, do_sample=False, **cache_arg(cache),
                             **method, **kwargs)
     finally:
         if hook is not None:
@@ -395,11 +396,11 @@ def test_an_exception_leaves_only_committed_tokens_in_the_callers_cache(pair, me
     if rows:  # the rows are those of plain's committed tokens: no tree row, no gap
         reference = DynamicCache()
         with torch.no_grad():
-            target(plain[:, :rows], past_key_values=reference, use_cache=True)
+            target(plain[:, :rows], **cache_arg(reference), use_cache=True)
         for ours, theirs in zip(cache.layers, reference.layers, strict=True):
             torch.testing.assert_close(ours.keys, theirs.keys, rtol=1e-4, atol=1e-5)
             torch.testing.assert_close(ours.values, theirs.values, rtol=1e-4, atol=1e-5)
     # The caller can go on with the same cache: the next call decodes plain's tokens.
-    again = target.generate(ids, assistant_model=draft, max_new_tokens=40, do_sample=False, past_key_values=cache,
+    again = target.generate(ids, assistant_model=draft, max_new_tokens=40, do_sample=False, **cache_arg(cache),
                             **method)
     assert torch.equal(again, plain)

@@ -15,6 +15,7 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 import hf_specdec
 from hf_specdec import ChainConfig, NGramConfig, SpecExecConfig, TreeConfig
+from hf_specdec.core.releases import cache_arg, output_cache
 from hf_specdec.integration.generation_config import set_speculation
 from tests.conftest import VOCAB, random_prompt, tiny_model
 from tests.test_entry_points import tiny_tokenizer
@@ -61,14 +62,14 @@ def test_returned_cache_holds_what_plain_holds(tiny_pair, new_tokens):
                           max_new_tokens=new_tokens, do_sample=False, return_dict_in_generate=True)
     assert torch.equal(out.sequences, plain.sequences)
     length = ids.shape[1] + new_tokens - 1
-    assert out.past_key_values.get_seq_length() == plain.past_key_values.get_seq_length() == length
-    for ours, theirs in zip(out.past_key_values.layers, plain.past_key_values.layers):
+    assert output_cache(out).get_seq_length() == output_cache(plain).get_seq_length() == length
+    for ours, theirs in zip(output_cache(out).layers, output_cache(plain).layers):
         torch.testing.assert_close(ours.keys, theirs.keys, atol=1e-5, rtol=1e-5)
     follow = torch.cat([plain.sequences, _ids(4, 3)], dim=1)  # the next user turn
-    expected = target.generate(follow, past_key_values=plain.past_key_values, max_new_tokens=12, do_sample=False)
+    expected = target.generate(follow, **cache_arg(output_cache(plain)), max_new_tokens=12, do_sample=False)
     for speculation in ({}, {"assistant_model": target, "speculation": "chain"}):
-        cache = copy.deepcopy(out.past_key_values)
-        continued = target.generate(follow, past_key_values=cache, max_new_tokens=12, do_sample=False, **speculation)
+        cache = copy.deepcopy(output_cache(out))
+        continued = target.generate(follow, **cache_arg(cache), max_new_tokens=12, do_sample=False, **speculation)
         assert torch.equal(continued, expected)
 
 

@@ -9,6 +9,7 @@ from transformers import DynamicCache
 
 from hf_specdec import TokenTree, quantize_draft
 from hf_specdec.core.attention import AttentionLayout
+from hf_specdec.core.releases import cache_arg
 from hf_specdec.draft import draft_model, lean_pass
 from hf_specdec.draft.draft_model import DraftModelRunner
 from hf_specdec.draft.fused_int4 import FusedInt4
@@ -41,10 +42,10 @@ def assert_lean_pass_equals_the_model(model: torch.nn.Module, keep: int, **toler
     caches = [DynamicCache(), DynamicCache()]
     with torch.no_grad():
         for cache in caches:
-            model(prefix[:, :past], past_key_values=cache, use_cache=True)
+            model(prefix[:, :past], **cache_arg(cache), use_cache=True)
         masks = layout.tree_masks(tree, past, dtype)
         theirs = model(input_ids=tree.tokens[None], position_ids=tree.position_ids(past), attention_mask=masks,
-                       past_key_values=caches[0], use_cache=True).logits
+                       **cache_arg(caches[0]), use_cache=True).logits
         ours = lean(tree.tokens[None], tree.position_ids(past), masks, caches[1], keep)
     torch.testing.assert_close(ours, theirs[:, -keep:] if keep else theirs, **tolerance)
     for a, b in zip(caches[0].layers, caches[1].layers):
@@ -198,11 +199,11 @@ def test_lean_pass_of_an_int4_draft_with_fused_calls_is_the_one_without(scheme, 
         masks = AttentionLayout.of(draft).tree_masks(tree, 5, torch.bfloat16)
         with torch.no_grad():
             for cache in caches:
-                draft(prefix[:, :5], past_key_values=cache, use_cache=True)
+                draft(prefix[:, :5], **cache_arg(cache), use_cache=True)
             for run, cache in zip((fused, separate), caches):
                 out.append(run(tree.tokens[None], tree.position_ids(5), masks, cache, 0))
             theirs = draft(input_ids=tree.tokens[None], position_ids=tree.position_ids(5), attention_mask=masks,
-                           past_key_values=caches[2], use_cache=True).logits
+                           **cache_arg(caches[2]), use_cache=True).logits
         assert torch.equal(out[0], out[1]), len(tree)
         torch.testing.assert_close(out[0].float(), theirs.float(), atol=0.1, rtol=0.05)
 

@@ -11,6 +11,7 @@ from hf_specdec.core.attention import AttentionLayout
 from hf_specdec.core.model_inputs import TokenInputs
 from hf_specdec.core.pass_shapes import PassShapes
 from hf_specdec.core.ranks import Ranks
+from hf_specdec.core.releases import cache_arg
 from hf_specdec.decoding import loop
 from hf_specdec.draft.lean_pass import LeanPass
 from hf_specdec.plan.sequoia import plan_tree
@@ -84,7 +85,7 @@ def test_passes_that_need_more_than_logits_keep_the_forward(monkeypatch):
     forward = lean()
     assert forward is not None
     with pytest.raises(TypeError):  # an input the lean pass would not honour is never dropped
-        forward(input_ids=IDS, attention_mask=None, position_ids=None, past_key_values=None, output_attentions=True)
+        forward(input_ids=IDS, attention_mask=None, position_ids=None, **cache_arg(None), output_attentions=True)
     assert lean(shapes=static) is None  # padded passes on a static cache
     assert lean(outputs=True) is None  # hidden states or attentions to return
     assert lean(model=_eager(tiny_model("qwen2", 0))) is None

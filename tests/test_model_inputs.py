@@ -88,11 +88,8 @@ def test_vision_language_model_sees_the_image(method):
 class WithExtraInput(LlamaForCausalLM):
     """A model that takes an input of its own at every pass: speculation cannot place it on tree nodes."""
 
-    def forward(self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None, use_cache=None,
-                logits_to_keep=0, bias_scale=None, **kwargs):
-        out = super().forward(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                              past_key_values=past_key_values, use_cache=use_cache, logits_to_keep=logits_to_keep,
-                              **kwargs)
+    def forward(self, input_ids=None, attention_mask=None, position_ids=None, bias_scale=None, **kwargs):
+        out = super().forward(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, **kwargs)
         if bias_scale is not None:
             out.logits = out.logits + bias_scale
         return out

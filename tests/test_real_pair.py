@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from hf_specdec.core.releases import output_cache
 from hf_specdec.plan import plan_tree
 from hf_specdec_tools.prompts import humaneval_prompts
 
@@ -82,7 +83,7 @@ def test_left_padded_batch_identical_to_plain_batched_generate(real_pair_fp32, s
                           do_sample=False, return_dict_in_generate=True)
     assert torch.equal(out.sequences, plain.sequences)
     assert sum(row.target_forwards for row in out.speculation_stats) < len(PROMPTS) * NEW_TOKENS / 2
-    for ours, theirs in zip(out.past_key_values.layers, plain.past_key_values.layers, strict=True):  # plain's cache
+    for ours, theirs in zip(output_cache(out).layers, output_cache(plain).layers, strict=True):  # plain's cache
         torch.testing.assert_close(ours.keys, theirs.keys, atol=1e-3, rtol=1e-3)  # 1.5B in float32, other shapes
         torch.testing.assert_close(ours.values, theirs.values, atol=1e-3, rtol=1e-3)
 

@@ -14,6 +14,7 @@ from transformers.cache_utils import StaticLayer
 from hf_specdec.accept.kv_cache import cache_length, crop, full_length_cache, keep_positions, layer_rows
 from hf_specdec.core.attention import AttentionLayout
 from hf_specdec.core.pass_shapes import PassShapes, fit_tree
+from hf_specdec.core.releases import cache_arg, output_cache
 from hf_specdec.core.tree import TokenTree
 from hf_specdec.decoding.loop import tree_pass
 from hf_specdec.verify import SequoiaVerifier, TargetSampleVerifier
@@ -60,9 +61,9 @@ def test_identical_to_plain_static_generate(name, method):
     assert stats.tree_pass_sizes and all(is_power_of_two(size) for size in stats.tree_pass_sizes)
     # the draft on a static cache of its own, its passes padded alike
     assert stats.draft_pass_sizes and all(is_power_of_two(size) for size in stats.draft_pass_sizes)
-    assert isinstance(out.past_key_values, StaticCache)
-    assert all(isinstance(layer, StaticLayer) and not layer.is_sliding for layer in out.past_key_values.layers)
-    assert cache_length(out.past_key_values) == expected.shape[1] - 1
+    assert isinstance(output_cache(out), StaticCache)
+    assert all(isinstance(layer, StaticLayer) and not layer.is_sliding for layer in output_cache(out).layers)
+    assert cache_length(output_cache(out)) == expected.shape[1] - 1
 
 
 @pytest.mark.parametrize("name", ["Llama", "Gemma 3 (text)"])
@@ -74,9 +75,9 @@ def test_static_cache_passed_in_is_the_one_filled(name):
     expected = plain_static(target, ids, n)
     config = target.config.get_text_config(decoder=True)
     cache = StaticCache(config=config, max_cache_len=ids.shape[1] + n + 64)
-    out = speculate(target, ids, n, "sequoia", past_key_values=cache)
+    out = speculate(target, ids, n, "sequoia", **cache_arg(cache))
     assert torch.equal(out.sequences, expected)
-    assert out.past_key_values is cache and cache_length(cache) == expected.shape[1] - 1
+    assert output_cache(out) is cache and cache_length(cache) == expected.shape[1] - 1
     assert out.speculation_stats.tree_pass_sizes == {16}  # the 16-node plan, never cut: one graph
 
 
@@ -129,10 +130,10 @@ def test_static_sliding_layer_that_wrapped_is_refused():
     target = tiny("Mistral (sliding window)")
     cache = StaticCache(config=target.config, max_cache_len=64)
     with torch.no_grad():
-        target(prompt(2 * WINDOW), past_key_values=cache, use_cache=True)  # fills past the window: rows dropped
+        target(prompt(2 * WINDOW), **cache_arg(cache), use_cache=True)  # fills past the window: rows dropped
     before = [layer.keys.clone() for layer in cache.layers]
     with pytest.raises(ValueError, match="sliding-window layers that already dropped"):
-        speculate(target, prompt(2 * WINDOW), 8, "chain", past_key_values=cache)
+        speculate(target, prompt(2 * WINDOW), 8, "chain", **cache_arg(cache))
     assert all(torch.equal(layer.keys, old) for layer, old in zip(cache.layers, before))  # left as it was
 
 
@@ -175,7 +176,7 @@ def test_an_exception_leaves_only_committed_tokens_in_a_static_cache(fault):
     hook = _interrupt_in_layer(target, kwargs.pop("layer_interrupt")) if "layer_interrupt" in kwargs else None
     try:
         with pytest.raises((Boom, KeyboardInterrupt)):
-            target.generate(ids, assistant_model=draft, max_new_tokens=40, do_sample=False, past_key_values=cache,
+            target.generate(ids, assistant_model=draft, max_new_tokens=40, do_sample=False, **cache_arg(cache),
                             speculation="tree", **kwargs)
     finally:
         if hook is not None:
@@ -185,10 +186,10 @@ def test_an_exception_leaves_only_committed_tokens_in_a_static_cache(fault):
     if rows:
         reference = DynamicCache()
         with torch.no_grad():
-            target(plain[:, :rows], past_key_values=reference, use_cache=True)
+            target(plain[:, :rows], **cache_arg(reference), use_cache=True)
         for ours, theirs in zip(cache.layers, reference.layers, strict=True):
             torch.testing.assert_close(ours.keys[:, :, :rows], theirs.keys, rtol=1e-4, atol=1e-5)
-    again = target.generate(ids, assistant_model=draft, max_new_tokens=40, do_sample=False, past_key_values=cache,
+    again = target.generate(ids, assistant_model=draft, max_new_tokens=40, do_sample=False, **cache_arg(cache),
                             speculation="tree")
     assert torch.equal(again, plain)
 
@@ -201,7 +202,7 @@ def test_static_cache_too_small_is_refused_up_front():
     ids = prompt()
     cache = StaticCache(config=target.config, max_cache_len=ids.shape[1] + 10)
     with pytest.raises(ValueError, match=r"max_cache_len=20 tokens.*need 29.*max_cache_len >= 29"):
-        speculate(target, ids, 20, "chain", past_key_values=cache)
+        speculate(target, ids, 20, "chain", **cache_arg(cache))
     assert all(not layer.is_initialized for layer in cache.layers)  # untouched
 
 
@@ -211,7 +212,7 @@ def test_returned_attentions_on_a_static_cache_are_refused():
     target.config._attn_implementation = "eager"
     cache = StaticCache(config=target.config, max_cache_len=64)
     with pytest.raises(ValueError, match=r"static cache returns rows as wide as the cache.*drop output_attentions"):
-        speculate(target, prompt(), 8, "chain", past_key_values=cache, output_attentions=True)
+        speculate(target, prompt(), 8, "chain", **cache_arg(cache), output_attentions=True)
     with pytest.raises(ValueError, match=r"cache_implementation='dynamic'"):
         speculate(target, prompt(), 8, "tree", cache_implementation="static", output_attentions=True)
     assert all(not layer.is_initialized for layer in cache.layers)  # untouched
@@ -238,7 +239,7 @@ class StaticCase(ModelCase):
         cache = full_length_cache(cache)
         shapes = PassShapes(cache.layers[0].max_cache_len)
         with torch.no_grad():
-            self.target(self.context[None, :-1], past_key_values=cache, use_cache=True)
+            self.target(self.context[None, :-1], **cache_arg(cache), use_cache=True)
             output = tree_pass(self.target, tree, past, cache, AttentionLayout.of(self.target), torch.float32,
                                torch.device("cpu"), shapes=shapes)
         assert shapes.sizes == {8}  # 5 nodes padded with 3
@@ -395,7 +396,7 @@ def test_a_compiled_pass_runs_only_at_sizes_where_it_measured_faster(compiled_fa
     ids, layout = prompt(), AttentionLayout.of(target)
     cache = StaticCache(config=target.config, max_cache_len=32)
     with torch.no_grad():
-        reference = target(ids, past_key_values=cache, use_cache=True).logits
+        reference = target(ids, **cache_arg(cache), use_cache=True).logits
     crop(cache, 4)
     calls = []
 

@@ -11,6 +11,7 @@ from transformers import DynamicCache
 from hf_specdec import TokenTree
 from hf_specdec.core import pass_shapes
 from hf_specdec.core.pass_shapes import depth_first
+from hf_specdec.core.releases import cache_arg
 from tests.conftest import VOCAB, tiny_model
 
 
@@ -57,12 +58,12 @@ def test_tree_logits_equal_causal_path_logits(arch: str, tree: TokenTree, prefix
     prefix = torch.arange(prefix_len)[None] % (VOCAB - 3) + 3
     cache = DynamicCache(config=model.config)
     with torch.no_grad():
-        model(prefix, past_key_values=cache)
+        model(prefix, **cache_arg(cache))
         logits = model(
             tree.tokens[None],
             attention_mask=tree.attention_mask(prefix_len, torch.float32),
             position_ids=tree.position_ids(prefix_len),
-            past_key_values=cache,
+            **cache_arg(cache),
         ).logits[0]
         for node in range(len(tree)):
             path = torch.cat([prefix[0], tree.tokens[tree.path_to(node)]])[None]

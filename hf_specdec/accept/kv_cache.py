@@ -5,17 +5,32 @@ tail off), and Transformers' `StaticCache`, whose `StaticLayer`s preallocate `ma
 device-side length (`cumulative_length`) with `index_copy_`: compaction copies the kept rows into place (at most
 depth + 1 of them) and resets that length in place, so the buffers keep their addresses (what a compiled forward
 and CUDA graphs rely on). Rows past the length are stale; the fixed-width tree masks hide them.
+
+A model with recurrent state (Mamba, linear attention, short convolutions) keeps no row per token in those layers:
+its cache records the states of the last passes once `record_states` is on (Transformers 5.25), and rolls back to a
+prefix of them with Transformers' own `Cache.crop` (a chain's accepted tokens are always a prefix).
 """
 
 from __future__ import annotations
 
 import torch
 from transformers import Cache, DynamicCache
-from transformers.cache_utils import DynamicLayer, StaticLayer
+from transformers.cache_utils import DynamicLayer, LinearAttentionCacheLayerMixin, StaticLayer
 
 
 def cache_length(cache: Cache | None) -> int:
     return 0 if cache is None else int(cache.get_seq_length())
+
+
+def keeps_state(cache: Cache | None) -> bool:
+    """Whether `cache` has layers of recurrent state, which roll back only to a prefix of the positions they saw."""
+    return cache is not None and any(isinstance(layer, LinearAttentionCacheLayerMixin) for layer in cache.layers)
+
+
+def record_states(cache: Cache, tokens: int) -> None:
+    """Let a cache of recurrent state roll back by up to `tokens` positions of the passes that follow: each pass of
+    at most `tokens` tokens keeps the state after every one of them (Transformers' `activate_past_recording`)."""
+    cache.activate_past_recording(recurrent_states_to_keep=tokens)
 
 
 def layer_rows(layer) -> int:
@@ -67,6 +82,8 @@ def full_length_cache(cache: Cache | None, capacity: int | None = None) -> Cache
     """
     if cache is None:
         return DynamicCache()
+    if keeps_state(cache) and any(getattr(layer, "is_sliding", False) for layer in cache.layers):
+        raise ValueError("A cache of recurrent state with sliding-window layers cannot become a full one.")
     if dropped_rows(cache):
         raise ValueError("This cache's sliding-window layers dropped rows already: it cannot become a full one.")
     static = is_static(cache)
@@ -110,6 +127,9 @@ def keep_positions(cache: Cache, start: int, kept: torch.Tensor | list[int]) -> 
     """
     kept = kept.tolist() if isinstance(kept, torch.Tensor) else list(kept)
     end = start + len(kept)
+    if keeps_state(cache):
+        _roll_back(cache, start, kept)
+        return
     # Decided on the host, no device read: rows already in place stay; the rest either is one run of consecutive
     # rows not overlapping its destination (one slice copy per tensor) or takes an index (a gather and a copy).
     placed = next((i for i, position in enumerate(kept) if position != start + i), len(kept))
@@ -135,6 +155,16 @@ def keep_positions(cache: Cache, start: int, kept: torch.Tensor | list[int]) -> 
             continue
         layer.keys = layer.keys[:, :, :end]
         layer.values = layer.values[:, :, :end]
+
+
+def _roll_back(cache: Cache, start: int, kept: list[int]) -> None:
+    """`keep_positions` on a cache of recurrent state: only a prefix can be kept, by Transformers' own rollback
+    (`Cache.crop`, which also drops the states recorded so far: it runs after every pass, all kept or not)."""
+    end, length = start + len(kept), cache_length(cache)
+    if kept != list(range(start, end)):
+        raise ValueError(f"A recurrent state rolls back to a prefix of its positions only, not to {kept}.")
+    if length:  # nothing seen yet: nothing recorded, nothing to drop
+        cache.crop(end - length)
 
 
 def crop(cache: Cache, length: int) -> None:

@@ -18,8 +18,15 @@ from dataclasses import dataclass
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from transformers import DynamicCache, PreTrainedModel
-from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer, get_layer_types_and_kwargs
+from transformers.cache_utils import (
+    DynamicLayer,
+    DynamicSlidingWindowLayer,
+    LinearAttentionAndFullAttentionLayer,
+    LinearAttentionLayer,
+    get_layer_types_and_kwargs,
+)
 
+from .releases import ASSISTED_ON_RECURRENT_STATE, RELEASE, keeps_recurrent_state
 from .tree import TokenTree, additive_mask
 
 FULL, SLIDING = "full_attention", "sliding_attention"
@@ -111,21 +118,48 @@ def learned_position_limit(model: PreTrainedModel) -> int | None:
     return limit if any(limit <= count <= limit + 2 for count in rows) else None
 
 
-def unsupported_reason(model: PreTrainedModel) -> str | None:
-    """Why a tree cannot run on `model`, or None: every layer must keep a plain per-token key/value cache with full
-    or sliding-window attention, and the forward pass must take a 4-D mask and explicit position ids."""
+RECURRENT = "it keeps a recurrent state (Mamba, linear-attention or convolution layers)"
+#: the cache layers a chain rolls back on a model with recurrent state (with Transformers' own `Cache.crop`)
+CHAIN_LAYERS = (DynamicLayer, LinearAttentionLayer, LinearAttentionAndFullAttentionLayer)
+
+
+def keeps_state(model: PreTrainedModel) -> bool:
+    """Whether `model` keeps a recurrent state: a tree cannot run on it, a chain can (`unsupported_reason`)."""
+    try:
+        layers = DynamicCache(config=model.config.get_text_config(decoder=True)).layers
+    except Exception:  # noqa: BLE001 (a cache of its own kind: judged by its flag alone)
+        layers = []
+    return keeps_recurrent_state(model, layers)
+
+
+def unsupported_reason(model: PreTrainedModel, chain: bool = False) -> str | None:
+    """Why a tree (a `chain`: one drafted token per level) cannot run on `model`, or None: every layer must keep a
+    plain per-token key/value cache with full or sliding-window attention, and the forward pass must take a 4-D mask
+    and explicit position ids. A chain also runs where layers keep a recurrent state that Transformers rolls back
+    (5.25 on): it needs no tree mask, and keeps a prefix of what it forwarded."""
     config = model.config.get_text_config(decoder=True)
-    if getattr(model, "_is_stateful", False):
-        return ("it keeps a recurrent state (Mamba, linear-attention or convolution layers), which cannot be rolled "
-                "back to the accepted path of a tree")
     supports_dynamic_cache = getattr(model, "_supports_default_dynamic_cache", None)
-    if supports_dynamic_cache is not None and not supports_dynamic_cache():
-        return "it keeps a cache of its own kind instead of Transformers' DynamicCache"
     try:
         types, kwargs = get_layer_types_and_kwargs(config)
         layers = DynamicCache(config=config).layers
     except Exception as exc:  # noqa: BLE001 (a layer type Transformers' DynamicCache cannot build)
-        return f"its cache layout cannot be built from its config ({exc})"
+        types, kwargs, layers, error = [], [], [], exc
+    else:
+        error = None
+    if keeps_recurrent_state(model, layers):
+        if not chain:
+            return f"{RECURRENT}, which cannot be rolled back to the accepted path of a tree"
+        if not ASSISTED_ON_RECURRENT_STATE:
+            return f"{RECURRENT}, which Transformers rolls back from 5.25 on (installed: {RELEASE})"
+        odd = sorted({type(layer).__name__ for layer in layers if type(layer) not in CHAIN_LAYERS})
+        if odd or error is not None or (supports_dynamic_cache is not None and not supports_dynamic_cache()):
+            kind = f"{', '.join(odd)} layers" if odd else "a cache of its own kind"
+            return f"{RECURRENT} beside {kind}, which Transformers' rollback cannot restore"
+        return None
+    if supports_dynamic_cache is not None and not supports_dynamic_cache():
+        return "it keeps a cache of its own kind instead of Transformers' DynamicCache"
+    if error is not None:
+        return f"its cache layout cannot be built from its config ({error})"
     other = sorted(set(types) - {FULL, SLIDING})
     if other:
         return f"it has {', '.join(other)} layers, and tree masks exist only for full and sliding-window attention"
@@ -152,13 +186,17 @@ def uses_alibi(config) -> bool:
     return bool(getattr(config, "alibi", False) or getattr(attn, "alibi", False) or config.model_type == "bloom")
 
 
-def check_supported(model: PreTrainedModel, role: str) -> None:
-    """Raise a ValueError naming the model, the reason and the fix when a tree cannot run on it."""
-    reason = unsupported_reason(model)
+def check_supported(model: PreTrainedModel, role: str, chain: bool = False) -> None:
+    """Raise a ValueError naming the model, the reason and the fix when a tree (a `chain`) cannot run on it."""
+    reason = unsupported_reason(model, chain)
     if reason is None:
         return
     family = model.config.get_text_config(decoder=True).model_type
-    if role == "target":
+    if reason.startswith(RECURRENT) and unsupported_reason(model, chain=True) is None:
+        fix = "pass speculation='chain', which rolls the state back along its chain, or drop `speculation`"
+    elif reason.startswith(RECURRENT) and not ASSISTED_ON_RECURRENT_STATE:
+        fix = "pip install -U 'transformers>=5.25' for speculation='chain', or drop `speculation`"
+    elif role == "target":
         fix = "generate without `speculation=` for this model (Transformers' own decoding)"
     else:
         fix = (f"pass as {role} a model whose layers all run full or sliding-window attention (Llama, Qwen, Mistral, "

@@ -50,6 +50,8 @@ class SpeculationConfig:
     method: ClassVar[str] = ""
     aliases: ClassVar[tuple[str, ...]] = ()  # other names `speculation=` accepts for this method (older ones)
     needs_assistant: ClassVar[bool] = True
+    #: every step drafts a chain (one token per level): it also runs on models with recurrent state
+    drafts_chains: ClassVar[bool] = False
     #: how this method's drafter can pick children (see core/child_selection.py); sampling verifiers need
     #: children drawn from the draft distribution, so deterministic drafters accept only greedy and target_sample
     child_selections: ClassVar[tuple[str, ...]] = ("top_k",)

@@ -49,6 +49,12 @@ class Drafter(CandidateGenerator):
         """`input_ids` now ends with the accepted path and the bonus token: bring internal state up to date."""
 
     # --- Transformers' CandidateGenerator contract -------------------------------------------------
+    @property
+    def num_drafting_tokens(self) -> int:
+        """The most tokens one proposal drafts below its root: Transformers' assisted loop (5.25 on) keeps that
+        many recurrent states of a stateful target to roll back to."""
+        raise NotImplementedError(f"{type(self).__name__} does not say how deep it drafts (num_drafting_tokens).")
+
     def get_candidates(self, input_ids: torch.LongTensor, **kwargs) -> tuple[torch.LongTensor, torch.Tensor | None]:
         """The tree's first-child chain, as assisted generation expects: `(input_ids + chain, chain scores)`."""
         tree = self.propose(input_ids)

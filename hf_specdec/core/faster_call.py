@@ -19,6 +19,8 @@ import torch
 from torch._dynamo.utils import counters
 from transformers.cache_utils import StaticLayer
 
+from .releases import given_cache
+
 # The compiled call must be this much faster in the trial to be kept. On a CPU a trial of alternating passes is off
 # by several percent from whole calls (Zen 3, float32, the real target's 8-node pass: compiled 1.33 s against eager
 # 1.43 alternating, 1.32 against 1.22 inside whole calls); on a GPU CUDA graphs make it 2-3x faster.
@@ -34,8 +36,9 @@ GRAPHS_PER_FUNCTION = 64
 class FasterCall:
     """Calls `model` or `compiled` (its compiled call) for a pass, whichever measured faster at that pass's size.
 
-    Every call must pass `past_key_values` (a static cache: the trial rewinds its write length) and `input_ids`
-    (their length is the size). `trials` lists `(size, eager seconds, compiled seconds)` of this object's trials.
+    Every call must pass the cache (under `releases.CACHE`; a static cache: the trial rewinds its write length) and
+    `input_ids` (their length is the size). `trials` lists `(size, eager seconds, compiled seconds)` of this object's
+    trials.
     """
 
     def __init__(self, model: torch.nn.Module, compiled: Callable, device: torch.device) -> None:
@@ -57,7 +60,7 @@ class FasterCall:
         return {size for size, compiled in self.choice.items() if not compiled}
 
     def _trial(self, size: int, inputs: dict[str, Any]):
-        layers = [layer for layer in inputs["past_key_values"].layers if isinstance(layer, StaticLayer)]
+        layers = [layer for layer in given_cache(inputs).layers if isinstance(layer, StaticLayer)]
         limit = max(torch._dynamo.config.recompile_limit, GRAPHS_PER_FUNCTION)
         with torch._dynamo.config.patch(recompile_limit=limit):
             self.compiled(**inputs)  # the warm-up: compiles this size
@@ -86,3 +89,4 @@ def compile_events(call: Callable | None) -> tuple[int, int]:
 def _synchronize(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+

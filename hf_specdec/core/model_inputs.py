@@ -17,9 +17,11 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel
 
+from .releases import CACHE_NAMES
+
 #: what the loop itself gives every pass (ids, tree mask, positions, cache) or reads as a setting
 LOOP_INPUTS = frozenset({
-    "input_ids", "attention_mask", "position_ids", "past_key_values", "use_cache", "logits_to_keep",
+    "input_ids", "attention_mask", "position_ids", *CACHE_NAMES, "use_cache", "logits_to_keep",
     "cache_position", "return_dict", "output_attentions", "output_hidden_states",
 })
 #: per-token inputs a later pass keeps, and the value `generate` gives each new token: the prompt's last, or zero
@@ -35,7 +37,7 @@ def explicit_parameters(model: PreTrainedModel) -> frozenset[str]:
 def decoding_inputs(model: PreTrainedModel, input_ids: torch.Tensor, model_kwargs: dict[str, Any]) -> dict[str, Any]:
     """The inputs beyond the loop's own that `model` takes at every pass after the prompt's, read from its own
     `prepare_inputs_for_generation` (a model may keep an input there or drop it after the prompt)."""
-    skip = ("input_ids", "inputs", "inputs_embeds", "past_key_values")
+    skip = ("input_ids", "inputs", "inputs_embeds", *CACHE_NAMES)
     kwargs = {k: v for k, v in model_kwargs.items() if k not in skip and v is not None}
     kwargs.setdefault("use_cache", True)
     prepared = model.prepare_inputs_for_generation(

@@ -18,6 +18,7 @@ from transformers import Cache, DynamicCache, PreTrainedModel
 
 from ..accept.kv_cache import gather_row_columns
 from ..accept.ragged import RaggedRows
+from ..core.releases import cache_arg
 from ..core.tree import TokenTree
 
 
@@ -80,7 +81,7 @@ def tail_keys(target: PreTrainedModel, cache: Cache, rows: list[int], starts: li
                                            layer.values.index_select(0, picked[layer.keys.device]))
                                           for layer in cache.layers])
     with torch.no_grad():
-        target(input_ids=inputs, attention_mask=mask, position_ids=positions, past_key_values=subset, use_cache=True)
+        target(input_ids=inputs, attention_mask=mask, position_ids=positions, **cache_arg(subset), use_cache=True)
     for layer, computed in zip(cache.layers, subset.layers):
         for index, (row, start, chain) in enumerate(zip(rows, starts, chains)):
             end = start + len(chain)

@@ -29,6 +29,7 @@ from ..core.devices import PassClock, compute_devices, execution_device
 from ..core.drafter import Drafter
 from ..core.processing import NodeScores, process_tree_scores, row_processors
 from ..core.ranks import Ranks
+from ..core.releases import cache_arg
 from ..core.tree import TokenTree
 from ..core.verdict import Verdict, Verifier
 from ..draft.batch_shaped import LockstepShapeDrafter
@@ -137,7 +138,7 @@ def batch_speculative_loop(
     clock = PassClock(compute_devices(target))
     start = time.perf_counter()
     cache = DynamicCache() if cache is None else cache
-    kwargs = {**(model_kwargs or {}), "attention_mask": attention_mask, "past_key_values": cache}
+    kwargs = {**(model_kwargs or {}), "attention_mask": attention_mask, **cache_arg(cache)}
     prefill = _prefill(target, input_ids, cache, kwargs, False)
     first_logits = prefill.logits[:, -1]
     prefill_seconds = time.perf_counter() - start
@@ -160,7 +161,7 @@ def batch_speculative_loop(
         tokens, positions, mask = rows.tree_inputs(trees, dtype)
         timed = clock.total
         clock.start()
-        output = forward(input_ids=tokens, attention_mask=mask, position_ids=positions, past_key_values=cache,
+        output = forward(input_ids=tokens, attention_mask=mask, position_ids=positions, **cache_arg(cache),
                          use_cache=True, return_dict=True)
         clock.stop()
         seconds = clock.total - timed

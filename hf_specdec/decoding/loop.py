@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import time
@@ -15,7 +16,7 @@ from transformers.generation.streamers import BaseStreamer
 from transformers.modeling_outputs import CausalLMOutputWithPast, ModelOutput
 
 from ..accept.emit import BlockStops, block_scores, emit
-from ..accept.kv_cache import cache_length, crop, is_static, keep_positions, layer_rows
+from ..accept.kv_cache import cache_length, crop, is_static, keep_positions, keeps_state, layer_rows, record_states
 from ..core.attention import AttentionLayout, Masks
 from ..core.device_copies import DeviceCopies, one_pass
 from ..core.devices import PassClock, compute_devices, execution_device
@@ -25,6 +26,7 @@ from ..core.model_inputs import TokenInputs
 from ..core.pass_shapes import PassShapes, depth_first, fit_tree, padded_pass
 from ..core.processing import NodeScores, process_tree_scores
 from ..core.ranks import Ranks
+from ..core.releases import CACHE, cache_arg
 from ..core.tree import TokenTree
 from ..core.verdict import Verdict, Verifier
 from ..draft.lean_pass import LeanPass
@@ -65,7 +67,12 @@ def _committed_on_error(loop: Callable[..., LoopResult]) -> Callable[..., LoopRe
 
 def keep_committed(cache: Cache, length: int, target: PreTrainedModel) -> None:
     """Crop `cache` to its first `length` rows, or to fewer when a pass stopped half way left some layer shorter
-    (or not yet created), so that every layer holds the same committed tokens."""
+    (or not yet created), so that every layer holds the same committed tokens. A recurrent state rolls back as far
+    as its recorded states reach (the last compaction): a pass stopped half way leaves it as it is."""
+    if keeps_state(cache):
+        with contextlib.suppress(IndexError, RuntimeError):
+            crop(cache, min(length, cache_length(cache)))
+        return
     rows = [layer_rows(layer) for layer in cache.layers]
     if len(rows) < target.config.get_text_config().num_hidden_layers:
         rows.append(0)  # a layer the interrupted pass never reached: the next pass creates it from position 0
@@ -99,11 +106,15 @@ def speculative_loop(
     sharded over `ranks`, only the deciding rank drafts and verifies; the others receive its tree and verdict.
     `forward` runs the tree passes (a compiled `target.__call__`; default the target itself); the prefill always
     runs eagerly, as in plain `generate`. On a static cache tree passes are padded to fixed shapes (`pass_shapes`).
+    A target with recurrent state verifies chains (`chain_pass`) and rolls its state back to the accepted prefix.
     """
     stats = stats or SpeculationStats()
     records = records or TokenRecords()
     token_inputs = token_inputs or TokenInputs()
     start = time.perf_counter()
+    recurrent = keeps_state(cache)
+    if recurrent:  # a pass keeps the state after each of its tokens: the most a step forwards, root included
+        record_states(cache, drafter.num_drafting_tokens + 1)
     prefill = _prefill(target, input_ids, cache, model_kwargs or {}, records.wants_pass_outputs)
     stats.time_prefill = time.perf_counter() - start
     drafter.use_inputs(token_inputs)
@@ -129,8 +140,11 @@ def speculative_loop(
         timed, compiled_before = clock.total, compile_events(forward)
         clock.start()
         with one_pass(copies):
-            output = tree_pass(target, tree, past, cache, layout, dtype, device, token_inputs,
-                               records.wants_pass_outputs, shapes, forward)
+            if recurrent:
+                output = chain_pass(target, tree, cache, device)
+            else:
+                output = tree_pass(target, tree, past, cache, layout, dtype, device, token_inputs,
+                                   records.wants_pass_outputs, shapes, forward)
         logits = output.logits[0, : len(tree)]
         clock.stop()
         seconds = clock.total - timed
@@ -190,7 +204,7 @@ def _prefill(
     tree's root, which the loop feeds with its tree."""
     if cache_length(cache) >= input_ids.shape[1]:  # a cache holding the whole prompt: recompute its last token
         crop(cache, input_ids.shape[1] - 1)
-    kwargs = {**model_kwargs, "past_key_values": cache, "use_cache": True}
+    kwargs = {**model_kwargs, **cache_arg(cache), "use_cache": True}
     if pass_outputs:  # what plain's first entry of hidden states / attentions holds
         kwargs.update(output_hidden_states=bool(kwargs.get("output_hidden_states")),
                       output_attentions=bool(kwargs.get("output_attentions")))
@@ -235,12 +249,20 @@ def tree_pass(
         input_ids=tokens.to(device),
         attention_mask=masks,
         position_ids=positions.to(device),
-        past_key_values=cache,
+        **cache_arg(cache),
         use_cache=True,
         return_dict=True,
         **extra,
         **flags,
     )
+
+
+def chain_pass(target: PreTrainedModel, tree: TokenTree, cache: Cache, device: torch.device) -> ModelOutput:
+    """One target pass over `tree`, a chain, on a model with recurrent state: a plain causal pass over its tokens (the
+    model places them after the cache's and builds its own masks, as for any later pass of plain `generate`)."""
+    if tree.host().depths()[-1] != len(tree) - 1:
+        raise ValueError("A target with recurrent state verifies chains only (one drafted token per level).")
+    return target(input_ids=tree.tokens[None].to(device), **cache_arg(cache), use_cache=True, return_dict=True)
 
 
 def lean_target(
@@ -272,9 +294,11 @@ def lean_target(
     if lean is None:
         return None
 
-    def forward(input_ids: torch.Tensor, attention_mask: Masks, position_ids: torch.Tensor, past_key_values: Cache,
-                use_cache: bool = True, return_dict: bool = True) -> ModelOutput:
-        return CausalLMOutputWithPast(logits=lean(input_ids, position_ids, attention_mask, past_key_values))
+    def forward(input_ids: torch.Tensor, attention_mask: Masks, position_ids: torch.Tensor, use_cache: bool = True,
+                return_dict: bool = True, **cache: Cache) -> ModelOutput:
+        if list(cache) != [CACHE]:  # any other input would go unhonoured
+            raise TypeError(f"The lean pass takes the cache ({CACHE}=) beside its inputs, and was given {list(cache)}.")
+        return CausalLMOutputWithPast(logits=lean(input_ids, position_ids, attention_mask, cache[CACHE]))
 
     return forward
 

@@ -35,6 +35,7 @@ from ..core.devices import PassClock, execution_device
 from ..core.model_info import embeddable, fit_vocabulary
 from ..core.model_inputs import explicit_parameters
 from ..core.processing import process_tree_scores
+from ..core.releases import cache_arg
 from ..core.tree import HostTree, TokenTree, additive_mask
 from .draft_model import forwarded_prefix
 from .shaped_tree import ModelTreeDrafter, read_with_tokens
@@ -99,7 +100,7 @@ class LockstepShapeDrafter:
         with torch.no_grad():
             out = self.model(input_ids=embeddable(tokens, self.input_rows),
                              position_ids=self.layout.model_positions(positions), attention_mask=mask,
-                             past_key_values=self.cache, use_cache=True, **kept)
+                             **cache_arg(self.cache), use_cache=True, **kept)
         logits = out.logits if columns is None or kept else out.logits[:, columns]
         logits = fit_vocabulary(logits.float(), self.vocab)
         self.clock.stop()

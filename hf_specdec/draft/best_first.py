@@ -202,6 +202,10 @@ class BestFirstDrafter(DraftModelCounts, Drafter):
                 "lower_forwarded": self.lower_forwarded, "lower_confirmed": self.lower_confirmed}
         return [here, *(self.lower.stage_counts() if isinstance(self.lower, BestFirstDrafter) else [])]
 
+    @property
+    def num_drafting_tokens(self) -> int:
+        return self.max_depth
+
     def propose(self, input_ids: torch.LongTensor) -> TokenTree:
         start = time.perf_counter()
         ids = self.sequence.read(input_ids)

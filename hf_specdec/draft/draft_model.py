@@ -17,6 +17,11 @@ does not read changes no output, only how often it is right (`benchmarks/draft-w
 The cache keeps every row (no sliding-window layers: compaction moves rows) and remembers each node slot's position,
 so sliding-window layers get their window by position in the masks (`core.attention`).
 
+A draft with recurrent state (Mamba, linear attention) drafts chains only: one node a pass, each seeing everything
+before it, so every pass is a plain causal one (no tree mask), and its cache (the model's own layers) rolls back to
+the accepted prefix with Transformers' rollback (`accept.kv_cache`). A pass over several tokens after others keeps
+the state after each of them (`record_states`), as the model's single-token passes compute it.
+
 When the target decodes on a static cache, so does the draft (`use_static_cache`): a `StaticCache` kept on the draft
 model from call to call (as Transformers keeps the target's), compacted in place, and every pass that feeds tree
 nodes padded to a power-of-two row count with masks as wide as the cache (`core.pass_shapes`), so a compiled draft
@@ -33,13 +38,21 @@ from collections.abc import Callable
 import torch
 from transformers import DynamicCache, PreTrainedModel, StaticCache
 
-from ..accept.kv_cache import full_length_cache, keep_positions, static_capacity, static_copy
-from ..core.attention import AttentionLayout
+from ..accept.kv_cache import (
+    cache_length,
+    full_length_cache,
+    keep_positions,
+    record_states,
+    static_capacity,
+    static_copy,
+)
+from ..core.attention import AttentionLayout, keeps_state
 from ..core.devices import PassClock, execution_device
 from ..core.faster_call import FasterCall, compile_events
 from ..core.model_info import embeddable, fit_vocabulary
 from ..core.model_inputs import TokenInputs, explicit_parameters
 from ..core.pass_shapes import PassShapes, padded_inputs
+from ..core.releases import cache_arg
 from ..core.tree import TokenTree
 from ..core.verdict import Verdict
 from .lean_pass import LeanPass
@@ -120,7 +133,10 @@ class DraftModelRunner:
         self.vocab = vocab
         self.input_rows = getattr(model.get_input_embeddings(), "num_embeddings", None)
         self.layout = AttentionLayout.of(model)
-        self.cache = DynamicCache()  # full-length layers, whatever the model's window
+        self.recurrent = keeps_state(model)  # chains only, on the model's own cache layers (see the module's notes)
+        self.cache = DynamicCache(config=model.config) if self.recurrent else DynamicCache()  # else full length
+        if self.recurrent:
+            record_states(self.cache, 1)
         self.device = execution_device(model)  # where inputs go: accelerate's execution device if offloaded
         self.clock = PassClock(self.device)
         self.committed: list[int] = []  # token id at each committed cache position
@@ -176,7 +192,7 @@ class DraftModelRunner:
                 out = (self.call if padded else self.model)(
                     input_ids=ids,
                     position_ids=position_ids,
-                    past_key_values=self.cache,
+                    **cache_arg(self.cache),
                     use_cache=True,
                     **extra,
                     **{name: _to(value, device) for name, value in kwargs.items()},
@@ -242,7 +258,13 @@ class DraftModelRunner:
         fed = tokens.to(device, non_blocking=True)
         if m:
             fed = torch.cat([torch.tensor(fresh, dtype=torch.long).to(device, non_blocking=True), fed])
-        if k == 0 and (self.lean is None or m > LEAN_CATCH_UP or self.shapes.width is not None):
+        if self.recurrent:  # a chain: one node a pass that sees every earlier slot, so a plain causal pass
+            if k > 1 or not bool(sees[:, :old].all()):
+                raise ValueError("A draft with recurrent state drafts chains only (one node a pass).")
+            if m + k > 1:  # the state after each fed token, on a cache that has seen tokens already
+                record_states(self.cache, m + k if cache_length(self.cache) else 1)
+            logits = self._forward(fed, positions.to(device, non_blocking=True), logits_to_keep=k + (1 if m else 0))
+        elif k == 0 and (self.lean is None or m > LEAN_CATCH_UP or self.shapes.width is not None):
             # catching up only: a plain causal pass (the model applies any window), the last row's logits
             logits = self._forward(fed, positions.to(device, non_blocking=True), logits_to_keep=1)
         elif self.shapes.width is not None:  # a static cache: fixed shapes, every row's logits, padding dropped

@@ -44,6 +44,10 @@ class GuardedDrafter(Drafter):
         return cls(inner, remembered_guard(target, draft, key, PlainGuard))
 
     @property
+    def num_drafting_tokens(self) -> int:
+        return self.inner.num_drafting_tokens
+
+    @property
     def forward_count(self) -> int:
         return self.inner.forward_count
 

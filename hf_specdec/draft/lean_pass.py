@@ -74,13 +74,13 @@ class LeanPass:
         model.forward = self._forward  # an instance attribute: shadows the class's forward for this call only
         try:
             return model(input_ids=input_ids, position_ids=position_ids, attention_mask=attention_mask,
-                         past_key_values=cache, logits_to_keep=keep)
+                         cache=cache, logits_to_keep=keep)
         finally:
             del model.forward
 
     @torch.no_grad()
     def _forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask: Masks,
-                 past_key_values: Cache, logits_to_keep: int = 0) -> torch.Tensor:
+                 cache: Cache, logits_to_keep: int = 0) -> torch.Tensor:
         body, n = self.model.model, input_ids.shape[1]
         x = body.embed_tokens(input_ids)
         cos, sin = body.rotary_emb(x, position_ids)
@@ -95,7 +95,7 @@ class LeanPass:
         for index, layer in enumerate(body.layers):
             h = self._norm(x, layer.input_layernorm)
             x = x + self._attention(layer.self_attn, h, cos, sin, packed[self.layer_types[index]],
-                                    past_key_values, index, fuse)
+                                    cache, index, fuse)
             h = self._norm(x, layer.post_attention_layernorm)
             mlp, fused = layer.mlp, self.gate_up[index]
             if fuse and fused is not None:

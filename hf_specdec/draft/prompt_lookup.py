@@ -40,6 +40,10 @@ class PromptLookupDrafter(Drafter):
         self.probes = PlainProbes()
         self._proposed: tuple[list[int], list[float]] = ([-1], [1.0])  # parents and match shares of the last tree
 
+    @property
+    def num_drafting_tokens(self) -> int:
+        return self.depth
+
     def continuations(self, ids: list[int]) -> list[list[int]]:
         """Continuations of every recurring n-gram, n from `max_ngram` down to `min_ngram`, most recent first.
 

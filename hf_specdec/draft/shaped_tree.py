@@ -107,6 +107,10 @@ class ModelTreeDrafter(DraftModelCounts, Drafter):
         """Draft `shape` from the next step on (what a drafter sized every step switches between)."""
         self.host_shape, self.shape, self.levels, self.slot_of = planned_shape(tuple(shape), self.runner.device)
 
+    @property
+    def num_drafting_tokens(self) -> int:
+        return max(self.host_shape.depths())
+
     def propose(self, input_ids: torch.LongTensor) -> TokenTree:
         shape, n, device = self.shape, len(self.shape), self.runner.device
         ids = self.sequence.read(input_ids)

@@ -19,7 +19,7 @@ from collections.abc import Callable
 import torch
 from transformers import LogitsProcessorList, PreTrainedModel
 
-from ..core.tree import TokenTree
+from ..core.tree import HostTree, TokenTree
 from ..core.verdict import Verdict
 from ..plan.shape_sizing import RankAcceptance, ShapeChooser, ShapeDepths, ShapeMenu
 from ..plan.step_sizing import StepSizer
@@ -49,6 +49,10 @@ class SizedShapeDrafter(ModelTreeDrafter):
         self._draft_before = 0.0
         self._untimed_before = 0
         self._depths: dict[tuple[int, ...], ShapeDepths] = {}  # per shape drafted: its nodes by depth and rank
+
+    @property
+    def num_drafting_tokens(self) -> int:  # the deepest shape of the menu: the one used may change every step
+        return max(max(HostTree(parents=shape).depths()) for shape in self.menu.shapes)
 
     @property
     def shrunk_steps(self) -> int:

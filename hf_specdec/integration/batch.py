@@ -28,6 +28,7 @@ from ..core.config import PlanRequest, SpeculationConfig
 from ..core.devices import execution_device
 from ..core.model_info import vocab_size
 from ..core.processing import row_processors
+from ..core.releases import CACHE, cache_arg
 from ..decoding.batch_loop import RowDrafters, batch_speculative_loop
 from ..decoding.outputs import SpeculativeDecoderOnlyOutput
 from ..decoding.stats import SpeculationStats
@@ -56,7 +57,7 @@ def decode_batch(
     plan: Any = None,
 ) -> torch.LongTensor | SpeculativeDecoderOnlyOutput:
     """Run the batch loop; with return_dict_in_generate, `speculation_stats` is a list (one entry per row) and
-    `past_key_values` the cache laid out as plain batched generate's (see `decoding.batch_cache`). `plan`: the one
+    its cache the one laid out as plain batched generate's (see `decoding.batch_cache`). `plan`: the one
     looked up for the batch (`batch_plan_request`), if any."""
     check_stops(stopping_criteria)
     mask = model_kwargs.get("attention_mask")
@@ -64,10 +65,10 @@ def decode_batch(
     drafter = batch_drafter(model, input_ids.shape[0], logits_processor, call, config, verifier, plan)
     stats = [SpeculationStats(method=config.method, verifier=verifier.name, plan_source=config.plan_source,
                               time_plan=plan_seconds) for _ in range(input_ids.shape[0])]
-    cache = full_length_cache(model_kwargs.get("past_key_values"))  # generate's empty cache, every row kept
+    cache = full_length_cache(model_kwargs.get(CACHE))  # generate's empty cache, every row kept
     pad = generation_config._pad_token_tensor
     pad_token_id = int(pad) if pad is not None else int(generation_config.pad_token_id or 0)
-    inputs = {k: v for k, v in model_kwargs.items() if k not in ("attention_mask", "past_key_values")}
+    inputs = {k: v for k, v in model_kwargs.items() if k not in ("attention_mask", CACHE)}
     # the cache as plain returns it: column j of row r holds sequences[r, j]'s key/value (zeros after a row's end)
     returns_cache = bool(generation_config.return_dict_in_generate and generation_config.use_cache)
     with tree_attention_kernels(execution_device(model)):  # cuDNN left out (core.attention)
@@ -81,7 +82,7 @@ def decode_batch(
                            [speculative_rate(row) for row in result.stats])
     if not generation_config.return_dict_in_generate:
         return result.sequences
-    return SpeculativeDecoderOnlyOutput(sequences=result.sequences, past_key_values=result.cache,
+    return SpeculativeDecoderOnlyOutput(sequences=result.sequences, **cache_arg(result.cache),
                                         speculation_stats=result.stats)
 
 

@@ -34,6 +34,7 @@ from ..core.devices import execution_device
 from ..core.faster_call import FasterCall
 from ..core.model_inputs import TokenInputs
 from ..core.ranks import Ranks
+from ..core.releases import CACHE, cache_arg, with_cache_name
 from ..decoding.loop import speculative_loop
 from ..decoding.outputs import SpeculativeDecoderOnlyOutput, TokenRecords
 from ..decoding.stats import SpeculationStats
@@ -92,6 +93,7 @@ def generate(self, *args, **kwargs):
             raise ValueError(f"{', '.join(given)} given without `speculation`: pass speculation=<method name> too.")
         return _ORIGINAL_GENERATE(self, **kwargs)
     config = _config_for_call(speculation, options["speculation_config"])
+    kwargs = with_cache_name(kwargs)  # the caller's cache under this release's name, `past_key_values=` or `cache=`
     try:
         call, generation_config = _checked_call(self, config, kwargs, options["speculation_generator"])
     except ValueError:
@@ -201,7 +203,7 @@ def speculative_generate(
     if not config.drafts() or batch > 1:  # no tree pays (for this batch): Transformers' own loop
         return _decode_plainly(model, input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus,
                                call, config, verifier.name, model_kwargs, plainly)
-    cache = model_kwargs.get("past_key_values")
+    cache = model_kwargs.get(CACHE)
     rows = max(generation_config.max_length - 1, generation_config.max_cache_len or 0)
     if is_static(cache) and not getattr(cache, "_is_user_defined", False) and generation_config.max_cache_len is None:
         # a static cache Transformers sized for plain decoding: room for the last trees too, on top of the rows it
@@ -232,7 +234,7 @@ def speculative_generate(
             generator=call.generator,
             records=TokenRecords.asked_by(generation_config),
             stats=stats,
-            model_kwargs={**model_kwargs, "past_key_values": cache},
+            model_kwargs={**model_kwargs, CACHE: cache},
             token_inputs=TokenInputs.of(model, input_ids, model_kwargs),
             ranks=ranks,
             forward=forward,
@@ -242,7 +244,7 @@ def speculative_generate(
     return SpeculativeDecoderOnlyOutput(
         sequences=result.sequences,
         **result.records.fields(),
-        past_key_values=cache if generation_config.use_cache else None,
+        **cache_arg(cache if generation_config.use_cache else None),
         speculation_stats=result.stats,
     )
 
@@ -287,7 +289,7 @@ def compiled_forward(model: PreTrainedModel, cache: Any, generation_config: Gene
     is used (`get_compiled_call(compile_config)`), so a call compiles exactly when plain generate's would, and the
     graphs are shared with it. A forward the user compiled themselves is simply the model's call.
     """
-    if not model._valid_auto_compile_criteria({"past_key_values": cache}, generation_config):
+    if not model._valid_auto_compile_criteria(cache_arg(cache), generation_config):
         return None
     return model.get_compiled_call(generation_config.compile_config)
 

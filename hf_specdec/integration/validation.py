@@ -8,10 +8,11 @@ import torch
 from transformers import DynamicCache, GenerationConfig, PreTrainedModel, StaticCache
 
 from ..accept.kv_cache import cache_length, dropped_rows, is_static, static_capacity
-from ..core.attention import AttentionLayout, check_supported
+from ..core.attention import AttentionLayout, check_supported, keeps_state
 from ..core.model_info import vocabulary_mismatch
 from ..core.model_inputs import TokenInputs, unplaceable_inputs
 from ..core.ranks import Ranks
+from ..core.releases import CACHE
 from ..verify import verifier_for
 from .call import SpeculationCall
 
@@ -33,6 +34,7 @@ def check_speculation(
                          "the prompts one at a time.")
     if rows > 1 and (refusal := call.config.batch_refusal()) is not None:
         raise batch_error(rows, *refusal)
+    check_recurrent(model, call.assistant_model, config, model_kwargs, rows)
     check_generation_config(model, config, prompt_of(kwargs), model_kwargs)
     verifier_for(call.config, bool(config.do_sample))
 
@@ -53,7 +55,8 @@ def check_call(model: PreTrainedModel, call: SpeculationCall, kwargs: dict[str, 
             f"speculation={method!r} supports decoder-only models; {type(model).__name__} is an encoder-decoder. "
             "Drop `speculation` to use Transformers' own assisted generation for it."
         )
-    check_supported(model, "target")
+    chain = call.config.drafts_chains
+    check_supported(model, "target", chain)
     check_attention_kernel(model, "target")
     draft = call.assistant_model
     if call.config.needs_assistant and draft is None:
@@ -69,7 +72,7 @@ def check_call(model: PreTrainedModel, call: SpeculationCall, kwargs: dict[str, 
     if draft is not None:
         if draft.config.is_encoder_decoder:
             raise ValueError("The assistant_model must be a decoder-only causal LM.")
-        check_supported(draft, "assistant_model")
+        check_supported(draft, "assistant_model", chain)
         check_attention_kernel(draft, "assistant_model")
         tokenizer = kwargs.get("tokenizer")
         mismatch = vocabulary_mismatch(model, draft, len(tokenizer) if tokenizer is not None else None)
@@ -79,9 +82,9 @@ def check_call(model: PreTrainedModel, call: SpeculationCall, kwargs: dict[str, 
                 "models to share one tokenizer: pick a draft from the target's family, or pass `tokenizer=` so "
                 "the output layers are checked against its vocabulary."
             )
-    if dropped_rows(kwargs.get("past_key_values")):
+    if dropped_rows(kwargs.get(CACHE)):
         raise ValueError(
-            "The past_key_values passed has sliding-window layers that already dropped their oldest rows, and "
+            "The cache passed has sliding-window layers that already dropped their oldest rows, and "
             "speculation must keep every row to compact the cache: pass a DynamicCache() built without a config "
             "(speculation applies the window itself), or no cache."
         )
@@ -147,6 +150,28 @@ def check_attention_kernel(model: PreTrainedModel, role: str) -> None:
         )
 
 
+def check_recurrent(model: PreTrainedModel, draft: PreTrainedModel | None, config: GenerationConfig,
+                    model_kwargs: dict[str, Any], rows: int) -> None:
+    """What a chain on a model with recurrent state (`core.attention.unsupported_reason`) cannot do yet, by name."""
+    stateful = [role for role, m in (("target", model), ("assistant_model", draft)) if m is not None and keeps_state(m)]
+    if not stateful:
+        return
+    which = f"the {' and the '.join(stateful)} keep{'s' if len(stateful) == 1 else ''} a recurrent state"
+    cache = model_kwargs.get(CACHE)
+    if rows > 1:
+        raise batch_error(rows, f"models with recurrent state ({which})", "drop `speculation` for them")
+    if config.cache_implementation == "static" or is_static(cache):
+        raise ValueError(f"Speculation rolls a recurrent state back on a dynamic cache only, and {which}: drop "
+                         "cache_implementation='static' (or the StaticCache passed), or drop `speculation`.")
+    if cache_length(cache) > 0 and "target" in stateful:
+        raise ValueError(f"Speculation on a model with recurrent state starts from an empty cache, and {which}: drop "
+                         f"the filled `{CACHE}=` (pass the whole conversation as input_ids), or drop `speculation`.")
+    asked = [name for name in ("output_hidden_states", "output_attentions") if getattr(config, name, False)]
+    if config.return_dict_in_generate and asked and "target" in stateful:
+        raise ValueError(f"Speculation does not return {' or '.join(asked)} of a model with recurrent state ({which}): "
+                         f"drop {' and '.join(asked)}, or drop `speculation`.")
+
+
 def check_options(call: SpeculationCall, kwargs: dict[str, Any], config: GenerationConfig) -> None:
     """Generate options the speculative loop cannot honour exactly, or that need what the call lacks."""
     if config.is_assistant:  # its generation config is the target's copy, stored `speculation` included
@@ -176,13 +201,13 @@ def check_generation_config(
     rows = input_ids.shape[0] * (config.num_return_sequences or 1)
     if rows > 1:
         check_batch(model, config, input_ids, model_kwargs, rows)
-    cache = model_kwargs.get("past_key_values")
+    cache = model_kwargs.get(CACHE)
     check_cache(config, input_ids, cache)
     if cache is not None and config.use_cache is False:
         raise ValueError(
-            "use_cache=False with a past_key_values passed: speculation always decodes with a KV cache and would fill "
-            "yours (plain generate would re-feed the whole sequence into it every step). Drop use_cache=False, or "
-            "drop past_key_values."
+            f"use_cache=False with a cache passed ({CACHE}=): speculation always decodes with a KV cache and would "
+            "fill yours (plain generate would re-feed the whole sequence into it every step). Drop use_cache=False, "
+            f"or drop {CACHE}."
         )
     mask = model_kwargs.get("attention_mask")
     if mask is not None and rows == 1 and not bool((mask == 1).all()):
@@ -209,10 +234,10 @@ def check_batch(
     def refuse(what: str, fix: str) -> ValueError:
         return batch_error(rows, what, fix)
 
-    cache = model_kwargs.get("past_key_values")  # generate's own is an empty DynamicCache
+    cache = model_kwargs.get(CACHE)  # generate's own is an empty DynamicCache
     if is_static(cache) or cache_length(cache) > 0 or config.cache_implementation == "static":
-        raise refuse("a filled past_key_values or a static cache (its rows would be left with holes)",
-                     "drop past_key_values / cache_implementation")
+        raise refuse(f"a filled cache ({CACHE}=) or a static cache (its rows would be left with holes)",
+                     f"drop {CACHE} / cache_implementation")
     if config.return_dict_in_generate:
         asked = [name for name in BATCH_RECORDS if getattr(config, name, False)]
         if asked:
@@ -244,7 +269,7 @@ def check_cache(config: GenerationConfig, input_ids: torch.Tensor, cache: Any) -
         cache is not None and type(cache) not in (DynamicCache, StaticCache)
     ):
         given = (f"cache_implementation={config.cache_implementation!r}" if cache is None
-                 else f"a {type(cache).__name__} as past_key_values")
+                 else f"a {type(cache).__name__} as {CACHE}")
         raise ValueError(
             f"Speculation compacts the KV cache to the accepted path in place, which it can do in a DynamicCache or a "
             f"StaticCache, not with {given}: use cache_implementation='dynamic' or 'static' (or pass a DynamicCache "

@@ -25,6 +25,7 @@ from ..core.attention import AttentionLayout
 from ..core.devices import compute_devices, cpu_model, device_layout, execution_device, is_offloaded, kernels
 from ..core.model_info import quantization
 from ..core.paths import json_object
+from ..core.releases import cache_arg
 from ..core.tree import TokenTree
 
 DEFAULT_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128)
@@ -158,7 +159,7 @@ def measure_latency(
 
     def timed(n: int) -> float:
         start = time.perf_counter()
-        model(**stars[n], past_key_values=cache, use_cache=True)
+        model(**stars[n], **cache_arg(cache), use_cache=True)
         for place in compute_devices(model) if device.type == "cuda" else ():
             torch.cuda.synchronize(place)
         seconds = time.perf_counter() - start
@@ -167,7 +168,7 @@ def measure_latency(
         return seconds
 
     with torch.no_grad(), bar:
-        model(input_ids=prompt.to(device), past_key_values=cache, use_cache=True, logits_to_keep=1)
+        model(input_ids=prompt.to(device), **cache_arg(cache), use_cache=True, logits_to_keep=1)
         for n in sizes:
             star = TokenTree.from_parents(torch.randint(vocab // 4, vocab // 2, (n,), generator=generator),
                                           [-1] + [0] * (n - 1))  # every node descends from the first one

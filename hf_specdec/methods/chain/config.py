@@ -22,6 +22,7 @@ class ChainConfig(StaticShapeConfig):
     stopped where the draft is unsure (Transformers' assisted generation's defaults)."""
 
     method = "chain"
+    drafts_chains = True
     num_draft_tokens: int = field(
         default=20, metadata={"help": "The most tokens drafted per step (chain length); 20, as Transformers' "
                               "num_assistant_tokens."})

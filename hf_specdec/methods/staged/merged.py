@@ -14,6 +14,10 @@ class MergedDrafter(Drafter):
     def __init__(self, drafters: list[Drafter], max_nodes: int = 32) -> None:
         self.drafters, self.max_nodes = drafters, max_nodes
 
+    @property
+    def num_drafting_tokens(self) -> int:
+        return max(drafter.num_drafting_tokens for drafter in self.drafters)
+
     def propose(self, input_ids: torch.LongTensor) -> TokenTree:
         return self.propose_ids(input_ids[0].tolist())
 

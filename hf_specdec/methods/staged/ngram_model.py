@@ -211,6 +211,10 @@ class NGramModelDrafter(Drafter):
     ) -> None:
         self.model, self.width, self.depth, self.max_nodes, self.min_prob = model, width, depth, max_nodes, min_prob
 
+    @property
+    def num_drafting_tokens(self) -> int:
+        return self.depth
+
     def propose(self, input_ids: torch.LongTensor) -> TokenTree:
         return self.propose_ids(input_ids[0].tolist())
 
