@@ -32,6 +32,7 @@ import torch
 
 from hf_specdec import frequent_tokens, prepack, quantize_draft
 from hf_specdec.accept.kv_cache import crop
+from hf_specdec.core.releases import cache_arg, output_cache
 from hf_specdec.plan.latency import measure_latency
 from hf_specdec_tools import models
 from hf_specdec_tools.bench.cli import resolve_dtype
@@ -110,10 +111,10 @@ def profile_one_row(model, top: int = 8) -> list[tuple[str, float]]:
     ids = torch.randint(3, 40, (1, 256))
     with torch.no_grad():
         out = model(input_ids=ids, use_cache=True, logits_to_keep=1)
-        cache, step = out.past_key_values, ids[:, -1:]
+        cache, step = output_cache(out), ids[:, -1:]
         with torch.profiler.profile() as prof:
             for _ in range(10):
-                model(input_ids=step, past_key_values=cache, use_cache=True)
+                model(input_ids=step, **cache_arg(cache), use_cache=True)
                 crop(cache, 256)
     events = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
     total = sum(e.self_cpu_time_total for e in events)

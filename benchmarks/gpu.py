@@ -67,6 +67,7 @@ import hf_specdec  # noqa: E402, F401  (installs `speculation=`)
 from hf_specdec import ChainConfig, SequoiaConfig, SpecExecConfig, StagedConfig, TreeConfig  # noqa: E402
 from hf_specdec.core import attention, pass_shapes  # noqa: E402
 from hf_specdec.core.attention import tree_attention_kernels  # noqa: E402
+from hf_specdec.core.releases import ASSISTED_ON_STATIC_CACHE, cache_arg, given_cache  # noqa: E402
 from hf_specdec.decoding import loop  # noqa: E402
 from hf_specdec.draft import lean_pass  # noqa: E402
 from hf_specdec.plan.latency import measure_latency  # noqa: E402
@@ -344,13 +345,13 @@ def pass_costs(run: Run, model, label: str, repeats: int = 10) -> dict:
     }
     found = {}
     with torch.no_grad():
-        model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
+        model(input_ids=ids, **cache_arg(cache), use_cache=True, logits_to_keep=1)
         for name, kwargs in calls.items():
             times = []
             for _ in range(repeats + 1):
                 run.sync()
                 start = time.perf_counter()
-                model(**kwargs, past_key_values=cache, use_cache=True)
+                model(**kwargs, **cache_arg(cache), use_cache=True)
                 run.sync()
                 times.append(1e3 * (time.perf_counter() - start))
                 crop(cache, past)
@@ -358,7 +359,7 @@ def pass_costs(run: Run, model, label: str, repeats: int = 10) -> dict:
         activities = [torch.profiler.ProfilerActivity.CPU]
         with torch.profiler.profile(activities=activities) as profile:
             for _ in range(3):
-                model(**calls["tree (4-D mask)"], past_key_values=cache, use_cache=True)
+                model(**calls["tree (4-D mask)"], **cache_arg(cache), use_cache=True)
                 crop(cache, past)
     found["host_profile"] = profile.key_averages().table(sort_by="cpu_time_total", row_limit=25)
     print(f"  {label}: " + ", ".join(f"{k} {v} ms" for k, v in found.items() if k != "host_profile"), flush=True)
@@ -468,7 +469,7 @@ class PassClock:
         if edge == "start":
             self.open[role] = (time.perf_counter(), event)
             ids = kwargs.get("input_ids", args[0] if args else None)
-            cache = kwargs.get("past_key_values")
+            cache = given_cache(kwargs)
             cached = cache.get_seq_length() if cache is not None else 0
             if ids is not None and not isinstance(cached, torch.Tensor):  # a static cache's is on the device: no read
                 self.shapes[role].append((int(ids.shape[-1]), int(cached)))
@@ -647,6 +648,8 @@ def static_speed(run: Run, target, draft, prompts, new_tokens: int, rounds: int 
     static = {"cache_implementation": "static"}
     table = {"plain (dynamic, eager)": {}, "assisted (Transformers, dynamic, eager)": {"assistant_model": draft},
              "plain (static, compiled)": static,
+             **({"assisted (Transformers, static, compiled)": {"assistant_model": draft, **static}}
+                if ASSISTED_ON_STATIC_CACHE else {}),
              "chain (static)": {"assistant_model": draft, "speculation": "chain", **static},
              "chain 8 (static)": {"assistant_model": draft, "speculation": fixed_chain(8), **static},
              "sequoia (static)": {"assistant_model": draft, "speculation": "sequoia", **static}}
@@ -668,7 +671,8 @@ def static_speed(run: Run, target, draft, prompts, new_tokens: int, rounds: int 
     results = [{"method": name, **medians(found)} for name, found in rows.items()]
     by_name = {r["method"]: r.get("tokens_per_second") for r in results}
     for row in results:
-        for ref in ("plain (static, compiled)", "plain (dynamic, eager)", "assisted (Transformers, dynamic, eager)"):
+        for ref in ("plain (static, compiled)", "plain (dynamic, eager)", "assisted (Transformers, dynamic, eager)",
+                    "assisted (Transformers, static, compiled)"):
             if row.get("tokens_per_second") and by_name.get(ref):
                 row[f"vs {ref}"] = round(row["tokens_per_second"] / by_name[ref], 2)
         print(f"  {row}", flush=True)

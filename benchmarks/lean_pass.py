@@ -32,6 +32,7 @@ from hf_specdec import frequent_tokens, prepack, quantize_draft
 from hf_specdec.accept.kv_cache import crop
 from hf_specdec.core.attention import AttentionLayout
 from hf_specdec.core.devices import cpu_flags, cpu_model
+from hf_specdec.core.releases import cache_arg
 from hf_specdec.draft import lean_pass
 from hf_specdec.draft.lean_pass import LeanPass
 from hf_specdec_tools import models
@@ -73,10 +74,10 @@ def main() -> None:
                         generator=torch.Generator().manual_seed(0))
     caches = {"draft": DynamicCache(), "target": DynamicCache(), **{k: DynamicCache() for k in subsets}}
     with torch.no_grad():
-        draft(input_ids=ids[:, :PAST], past_key_values=caches["draft"], use_cache=True)
-        target(input_ids=ids[:, :PAST], past_key_values=caches["target"], use_cache=True)
+        draft(input_ids=ids[:, :PAST], **cache_arg(caches["draft"]), use_cache=True)
+        target(input_ids=ids[:, :PAST], **cache_arg(caches["target"]), use_cache=True)
         for k, subset in subsets.items():
-            subset(input_ids=ids[:, :PAST], past_key_values=caches[k], use_cache=True)
+            subset(input_ids=ids[:, :PAST], **cache_arg(caches[k]), use_cache=True)
     subset_passes = {k: LeanPass.of(subset, layers) for k, subset in subsets.items()}
 
     def inputs(n: int) -> dict:
@@ -85,7 +86,7 @@ def main() -> None:
 
     calls = {}
     for n in ROWS:
-        calls[f"draft, model forward, {n} rows"] = (lambda n=n: draft(**inputs(n), past_key_values=caches["draft"],
+        calls[f"draft, model forward, {n} rows"] = (lambda n=n: draft(**inputs(n), **cache_arg(caches["draft"]),
                                                                       use_cache=True, logits_to_keep=n), "draft")
         calls[f"draft, lean pass, {n} rows"] = (lambda n=n: lean(*inputs(n).values(), caches["draft"], n), "draft")
         calls[f"draft, lean pass unfused, {n} rows"] = (
@@ -93,12 +94,12 @@ def main() -> None:
         for k, run in subset_passes.items():
             calls[f"draft over {k} tokens, lean pass, {n} rows"] = (
                 lambda n=n, k=k, run=run: run(*inputs(n).values(), caches[k], n), k)
-    calls["target, 1 row"] = (lambda: target(**inputs(1), past_key_values=caches["target"], use_cache=True,
+    calls["target, 1 row"] = (lambda: target(**inputs(1), **cache_arg(caches["target"]), use_cache=True,
                                              logits_to_keep=1), "target")
     target_lean = LeanPass.of(target, AttentionLayout.of(target).layer_types)
     for n in args.target_rows:  # tree passes: every row's logits, through the forward and the lean pass
         calls[f"target, model forward, {n} rows"] = (
-            lambda n=n: target(**inputs(n), past_key_values=caches["target"], use_cache=True), "target")
+            lambda n=n: target(**inputs(n), **cache_arg(caches["target"]), use_cache=True), "target")
         calls[f"target, lean pass, {n} rows"] = (
             lambda n=n: target_lean(*inputs(n).values(), caches["target"], 0), "target")
     for call, cache in calls.values():  # warm-up

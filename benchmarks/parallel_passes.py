@@ -32,6 +32,7 @@ from transformers import DynamicCache
 
 import hf_specdec
 from hf_specdec.core.devices import cpu_flags, cpu_model
+from hf_specdec.core.releases import cache_arg
 from hf_specdec_tools.models import load_default_pair
 
 FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16")
@@ -45,14 +46,14 @@ class Passes:
         self.model, self.cache = model, DynamicCache(config=model.config)
         self.vocab = model.config.vocab_size
         with torch.no_grad():
-            model(torch.randint(100, self.vocab, (1, CACHED), generator=generator), past_key_values=self.cache)
+            model(torch.randint(100, self.vocab, (1, CACHED), generator=generator), **cache_arg(self).cache)
         self.generator = generator
 
     def run(self, n: int) -> float:
         ids = torch.randint(100, self.vocab, (1, n), generator=self.generator)
         with torch.no_grad():
             start = time.perf_counter()
-            self.model(ids, past_key_values=self.cache, logits_to_keep=n)
+            self.model(ids, **cache_arg(self).cache, logits_to_keep=n)
             seconds = time.perf_counter() - start
         self.cache.crop(-n)
         return seconds

@@ -30,6 +30,7 @@ from hf_specdec.accept.kv_cache import crop
 from hf_specdec.core.attention import AttentionLayout
 from hf_specdec.core.devices import cpu_flags, cpu_model
 from hf_specdec.core.pass_shapes import PassShapes
+from hf_specdec.core.releases import cache_arg
 from hf_specdec.core.tree import TokenTree
 from hf_specdec.decoding.loop import tree_pass
 from hf_specdec.plan.sequoia import plan_tree
@@ -62,7 +63,7 @@ def pass_times(target, ids: torch.Tensor, sizes: list[int], repeats: int, config
     layout, past = AttentionLayout.of(target), ids.shape[1] - 1
     cache = StaticCache(config=target.config, max_cache_len=ids.shape[1] + 2 * max(sizes))
     with torch.no_grad():
-        target(ids[:, :-1], past_key_values=cache, use_cache=True)
+        target(ids[:, :-1], **cache_arg(cache), use_cache=True)
     compiled = target.get_compiled_call(config)
     out = {}
     for size in sizes:

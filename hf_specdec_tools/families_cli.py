@@ -28,6 +28,8 @@ def families_module() -> ModuleType:
             spec = importlib.util.spec_from_file_location("hf_specdec_families", path)
             module = importlib.util.module_from_spec(spec)
             sys.modules[spec.name] = module  # its dataclasses look their module up there
+            if str(root) not in sys.path:  # it imports the checkout's `tests` package (the tiny-model factory)
+                sys.path.insert(0, str(root))
             spec.loader.exec_module(module)
             return module
     raise NoCheckout(

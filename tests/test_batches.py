@@ -112,6 +112,30 @@ def test_processors_with_per_row_state_see_their_own_row(near_pair, method, proc
     assert torch.equal(target.generate(ids, **call, **kwargs_for(method, draft)), target.generate(ids, **call))
 
 
+@pytest.mark.parametrize("method", ["chain", "tree"])
+def test_a_prefix_constraint_gets_plain_batch_ids_with_several_sequences_per_prompt(near_pair, method):
+    """With num_return_sequences > 1, plain generate calls `prefix_allowed_tokens_fn` with the batch id the release
+    gives each expanded row (Transformers 5.23: the row; 5.24 on: its prompt's index): so does speculation."""
+    target, draft = near_pair
+    ids = torch.tensor([[5, 9, 11, 13], [6, 10, 12, 14]])
+
+    def calls(**kwargs) -> set[tuple[int, int]]:
+        seen = set()
+
+        def allowed(batch_id: int, sentence: torch.Tensor) -> list[int]:
+            seen.add((int(sentence[0]), batch_id))  # (which prompt the row continues, the id it is called with)
+            return list(range(3, VOCAB))
+
+        torch.manual_seed(0)
+        target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=8, do_sample=True,
+                        num_return_sequences=2, prefix_allowed_tokens_fn=allowed, **kwargs)
+        return seen
+
+    plain = calls()
+    assert {prompt for prompt, _ in plain} == {5, 6}
+    assert calls(**kwargs_for(method, draft)) == plain
+
+
 def test_stop_strings_stop_each_row_as_plain_does(near_pair, stop_tokenizer):  # noqa: F811
     target, draft = near_pair
     ids, mask = padded_batch(3, [0, 3, 5])

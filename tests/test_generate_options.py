@@ -6,16 +6,23 @@ from __future__ import annotations
 
 import copy
 import json
+import warnings
 
 import pytest
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-from transformers import AutoModelForCausalLM, GenerationConfig, PreTrainedTokenizerFast, WatermarkingConfig
+from transformers import (
+    AutoModelForCausalLM,
+    DynamicCache,
+    GenerationConfig,
+    PreTrainedTokenizerFast,
+    WatermarkingConfig,
+)
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 import hf_specdec
 from hf_specdec import ChainConfig, NGramConfig, SpecExecConfig, TreeConfig
-from hf_specdec.core.releases import cache_arg, output_cache
+from hf_specdec.core.releases import CACHE, cache_arg, output_cache
 from hf_specdec.integration.generation_config import set_speculation
 from tests.conftest import VOCAB, random_prompt, tiny_model
 from tests.test_entry_points import tiny_tokenizer
@@ -71,6 +78,32 @@ def test_returned_cache_holds_what_plain_holds(tiny_pair, new_tokens):
         cache = copy.deepcopy(output_cache(out))
         continued = target.generate(follow, **cache_arg(cache), max_new_tokens=12, do_sample=False, **speculation)
         assert torch.equal(continued, expected)
+
+
+@pytest.mark.parametrize("name", ["cache", "past_key_values"])
+def test_a_cache_under_either_name_is_the_one_filled(tiny_pair, name):
+    """`cache=` (Transformers 5.24's name) and `past_key_values=` (the older one) both reach the loop on every release:
+    the call fills that very cache; the old name warns from 5.24 on, as plain generate does, pointing at the caller."""
+    target, draft = tiny_pair
+    ids = _ids(5, 6)
+    plain = target.generate(ids, max_new_tokens=10, do_sample=False, return_dict_in_generate=True)
+    given = DynamicCache()
+    deprecated = name == "past_key_values" and CACHE == "cache"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = target.generate(ids, assistant_model=draft, speculation="chain", max_new_tokens=10, do_sample=False,
+                              return_dict_in_generate=True, **{name: given})
+    renamed = [w for w in caught if issubclass(w.category, FutureWarning) and "past_key_values" in str(w.message)]
+    assert len(renamed) == deprecated and all(w.filename == __file__ for w in renamed)
+    assert torch.equal(out.sequences, plain.sequences) and output_cache(out) is given
+    assert given.get_seq_length() == output_cache(plain).get_seq_length()
+
+
+def test_a_cache_under_both_names_is_refused(tiny_pair):
+    target, draft = tiny_pair
+    with pytest.raises(ValueError, match="Both `cache` and `past_key_values`"):
+        target.generate(_ids(5, 6), assistant_model=draft, speculation="chain", max_new_tokens=4,
+                        cache=DynamicCache(), past_key_values=DynamicCache())
 
 
 # --- stop strings and token healing need the tokenizer -----------------------------------------------------------

@@ -10,6 +10,8 @@ import torch
 
 import hf_specdec
 from hf_specdec.core.devices import kernels
+from hf_specdec.core.releases import HUB_KERNELS_BY_DEFAULT
+from hf_specdec.decoding import loop
 from hf_specdec.kernels import PackedLinear, is_prepacked
 from hf_specdec.kernels.prepack import can_prepack, packable_dtypes
 from hf_specdec.plan.latency import placement
@@ -40,6 +42,27 @@ def test_prepacked_model_decodes_like_itself_and_speculation_stays_lossless(dtyp
     assert hf_specdec.unpack(target) > 0 and not is_prepacked(target) and kernels(target) == "default"
     assert all(torch.equal(target.state_dict()[k], v) for k, v in weights.items())
     assert torch.equal(target.generate(ids, max_new_tokens=24, do_sample=False), before)
+
+
+def test_models_loaded_with_hub_kernels_stay_lossless(tmp_path, monkeypatch):
+    """From Transformers 5.25 on, `from_pretrained` kernelizes by default (`use_kernels`): a target so loaded,
+    prepacked and run through the lean tree pass, and its int8 draft, decode as plain generate does."""
+    from transformers import AutoModelForCausalLM
+
+    for seed, name in ((0, "target"), (1, "draft")):
+        tiny_model("qwen2", seed).save_pretrained(tmp_path / name)
+    target = AutoModelForCausalLM.from_pretrained(tmp_path / "target", dtype=torch.float32)
+    draft = AutoModelForCausalLM.from_pretrained(tmp_path / "draft", dtype=torch.float32)
+    assert bool(getattr(target, "use_kernels", False)) == HUB_KERNELS_BY_DEFAULT
+    ids = random_prompt(torch.Generator().manual_seed(5), 10)
+    plain = target.generate(ids, max_new_tokens=24, do_sample=False)
+    hf_specdec.prepack(target, measure=False)
+    draft = hf_specdec.quantize_draft(draft, scheme="dynamic-int8")
+    monkeypatch.setattr(loop, "LEAN_TARGET", True)
+    assert torch.equal(target.generate(ids, max_new_tokens=24, do_sample=False), plain)
+    for method in ("chain", "sequoia", "specexec"):
+        out = target.generate(ids, assistant_model=draft, speculation=method, max_new_tokens=24, do_sample=False)
+        assert torch.equal(out, plain), method
 
 
 def test_a_dtype_this_cpu_cannot_pack_is_refused_with_the_fix(monkeypatch):

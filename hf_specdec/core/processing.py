@@ -32,7 +32,7 @@ def row_processors(processors: LogitsProcessorList | None, row: int, rows: int) 
     """The processors of row `row` of a batch of `rows`, for calls that see that row's tree nodes (any number of
     sequences, all of that row). Plain batched generate builds some with per-row state: a repetition penalty that
     skips each row's left padding (`prompt_ignore_length`, one entry per row) gets the row's entry; a prefix
-    constraint gets the row's batch id. The others are shared as they are."""
+    constraint gets the batch id plain `generate` gives the row. The others are shared as they are."""
     if not processors or rows == 1:
         return processors
     out = LogitsProcessorList()
@@ -45,8 +45,11 @@ def row_processors(processors: LogitsProcessorList | None, row: int, rows: int) 
             processor = copy.copy(processor)
             processor.prompt_ignore_length = int(ignore[row])  # read once per row, before decoding
         elif isinstance(processor, PrefixConstrainedLogitsProcessor):
+            # plain's batch id: the row's prompt, its rows grouped as the processor was built (`num_beams` rows per
+            # prompt; from Transformers 5.24 on, `num_return_sequences` of them); each call here sees one row
             processor = copy.copy(processor)
-            processor._prefix_allowed_tokens_fn = _RowPrefix(processor._prefix_allowed_tokens_fn, row)
+            prompt, processor._num_beams = row // processor._num_beams, 1
+            processor._prefix_allowed_tokens_fn = _RowPrefix(processor._prefix_allowed_tokens_fn, prompt)
         out.append(processor)
     return out
 

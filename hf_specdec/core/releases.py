@@ -8,7 +8,8 @@ Nothing else in the package asks which release it runs on: it imports the names 
   caller's cache under either name (`given_cache`).
 - 5.24: Transformers' own assisted generation runs on static caches and compiles its verify pass
   (`ASSISTED_ON_STATIC_CACHE`); 5.25: it runs on models with recurrent state (`ASSISTED_ON_RECURRENT_STATE`), and its
-  loop reads `num_drafting_tokens` from its candidate generator.
+  loop reads `num_drafting_tokens` from its candidate generator; `from_pretrained` kernelizes by default
+  (`HUB_KERNELS_BY_DEFAULT`).
 """
 
 from __future__ import annotations
@@ -41,6 +42,8 @@ CACHE_NAMES = ("cache", "past_key_values")
 ASSISTED_ON_STATIC_CACHE = RENAMED
 #: Transformers' own assisted generation runs on models with recurrent state (Mamba, linear attention, ...)
 ASSISTED_ON_RECURRENT_STATE = Version(RELEASE.base_version) >= Version("5.25")
+#: `from_pretrained` kernelizes models with the Hub's kernels unless `USE_HUB_KERNELS` is off (`model.use_kernels`)
+HUB_KERNELS_BY_DEFAULT = ASSISTED_ON_RECURRENT_STATE
 
 
 def cache_arg(cache: Any) -> dict[str, Any]:

@@ -37,7 +37,8 @@ def register_cli(subparsers: argparse._SubParsersAction) -> argparse.ArgumentPar
     )
     parser.add_argument(
         "--strategy", action="append", metavar="NAME[:key=value,...]",
-        help="Repeatable. A baseline (plain, hf-assisted, hf-prompt-lookup) or a registered method; settings become "
+        help="Repeatable. A baseline (plain, hf-assisted, hf-assisted-static on Transformers 5.24+, hf-prompt-lookup) "
+        "or a registered method; settings become "
         "speculation_config= (e.g. specexec:budget=128,width=4, tree:widths=[4,2,1]). Default: all of them "
         "(plain is always run). See --list-strategies.",
     )

@@ -15,15 +15,20 @@ from typing import Any
 from transformers import GenerationConfig, PreTrainedModel
 
 from hf_specdec.core.config import SPECULATION_METHODS, SpeculationConfig, known_methods, make_config
+from hf_specdec.core.releases import ASSISTED_ON_STATIC_CACHE, RELEASE
 
 PLAIN = "plain"
 HF_ASSISTED = "hf-assisted"
+HF_ASSISTED_STATIC = "hf-assisted-static"
 HF_PROMPT_LOOKUP = "hf-prompt-lookup"
 
 #: Transformers' own decoding options: name -> (generate kwargs, needs the draft model)
 BASELINES: dict[str, tuple[dict[str, Any], bool]] = {
     PLAIN: ({}, False),
     HF_ASSISTED: ({}, True),  # assistant_model=draft, Transformers' default adaptive schedule
+    # the same on a static cache (Transformers 5.24 on), its verify pass compiled where plain's forward would be (a
+    # GPU, or a compile_config with _compile_all_devices)
+    **({HF_ASSISTED_STATIC: ({"cache_implementation": "static"}, True)} if ASSISTED_ON_STATIC_CACHE else {}),
     HF_PROMPT_LOOKUP: ({"prompt_lookup_num_tokens": 10}, False),
 }
 
@@ -110,6 +115,9 @@ def parse_strategy(spec: str) -> Strategy:
     name = name.strip()
     if name in SPECULATION_METHODS:
         name = SPECULATION_METHODS[name].method  # an alias names its method
+    if name == HF_ASSISTED_STATIC and name not in BASELINES:
+        raise StrategyError(f"{HF_ASSISTED_STATIC} needs Transformers 5.24 or newer (installed: {RELEASE}): "
+                            "pip install -U transformers, or drop it.")
     if name not in known_strategies():
         raise StrategyError(
             f"Unknown strategy {name!r} in --strategy {spec!r}. Known strategies: {', '.join(BASELINES)}, "
