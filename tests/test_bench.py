@@ -20,7 +20,7 @@ from hf_specdec_tools.bench.loading import load_models
 from hf_specdec_tools.bench.measure import ForwardCounter
 from hf_specdec_tools.bench.readme import END, SECTION, START, ReadmeError, replace_region, update_readme
 from hf_specdec_tools.bench.report import PLOTS, RESULTS_MD, budget_sweeps, load_json, settings_line, write_report
-from hf_specdec_tools.bench.strategies import default_strategies, known_strategies, quick_strategies
+from hf_specdec_tools.bench.strategies import BASELINES, default_strategies, known_strategies, quick_strategies
 from tests.conftest import random_prompt, tiny_model
 
 NEW = 8
@@ -172,10 +172,10 @@ def test_forward_counts_are_consistent(run):
             assert call["tokens_per_target_step"] == 1.0
         elif call["strategy"] == "hf-prompt-lookup":
             assert call["draft_passes"] == 0 and call["target_passes"] <= call["new_tokens"]
-        elif call["strategy"] == "hf-assisted":
+        elif call["strategy"] in ("hf-assisted", "hf-assisted-static"):
             assert call["draft_passes"] > 0 and call["target_prefill_passes"] == 0
         if stats is None:
-            assert call["strategy"] in ("plain", "hf-assisted", "hf-prompt-lookup")
+            assert call["strategy"] in BASELINES
             continue
         # hooks and the engine's own counters agree; the prompt prefill is the only non-step pass
         assert call["target_steps"] == stats["target_forwards"]

@@ -24,13 +24,14 @@ from packaging.version import Version
 from transformers.cache_utils import LinearAttentionCacheLayerMixin
 
 #: the releases this package runs on (kept equal to pyproject.toml's `transformers` requirement)
-SUPPORTED = SpecifierSet(">=5.23,<6")
+RANGE = ">=5.23,<6"
+SUPPORTED = SpecifierSet(RANGE)
 RELEASE = Version(transformers.__version__)
 
 if Version(RELEASE.base_version) not in SUPPORTED:  # a 5.26.0.dev0 counts as 5.26.0
     raise ImportError(
-        f"hf_specdec supports Transformers {SUPPORTED} and Transformers {RELEASE} is installed: "
-        f"pip install 'transformers{SUPPORTED}'."
+        f"hf_specdec supports Transformers {RANGE} and Transformers {RELEASE} is installed: "
+        f"pip install 'transformers{RANGE}'."
     )
 
 RENAMED = Version(RELEASE.base_version) >= Version("5.24")

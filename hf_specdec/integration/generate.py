@@ -93,7 +93,7 @@ def generate(self, *args, **kwargs):
             raise ValueError(f"{', '.join(given)} given without `speculation`: pass speculation=<method name> too.")
         return _ORIGINAL_GENERATE(self, **kwargs)
     config = _config_for_call(speculation, options["speculation_config"])
-    kwargs = with_cache_name(kwargs)  # the caller's cache under this release's name, `past_key_values=` or `cache=`
+    kwargs = with_cache_name(kwargs)  # the caller's cache under this release's name, whichever name it came by
     try:
         call, generation_config = _checked_call(self, config, kwargs, options["speculation_generator"])
     except ValueError:
