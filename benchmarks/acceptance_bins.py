@@ -1,6 +1,7 @@
 """Best-first trees with the online acceptance curve binned two ways, on the real pair, in one process.
 
-    .venv/bin/python benchmarks/acceptance_bins.py --prompts code:8 --output benchmarks/draft-cost-zen4/bins-code8.json
+    .venv/bin/python benchmarks/acceptance_bins.py --prompts code:8 \
+        --output benchmarks/results/zen4/draft-cost/bins-code8.json
 
 `OnlineAcceptance` (what `specexec` and `staged` rate a drafted token by: how often the target keeps a token the
 draft gave probability q) was binned in 16 equal steps of log q from 1e-4 to 1, so one bin held every q in

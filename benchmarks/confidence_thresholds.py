@@ -5,7 +5,8 @@ re-fitted every step on the ROC of the draft's probabilities against the verdict
 after another, every variant right after plain on the same prompt.
 
     .venv/bin/pip install scikit-learn   # what Transformers needs to learn its threshold (not a dependency here)
-    .venv/bin/python benchmarks/confidence_thresholds.py --prompts 4 --output benchmarks/zen3-fp32/confidence-thresholds
+    .venv/bin/python benchmarks/confidence_thresholds.py --prompts 4 \
+        --output benchmarks/results/zen3/confidence-thresholds
 
 Reports per variant: the median over prompts of plain's seconds / the variant's, tokens per target pass (the
 prompt's pass counted, as `generate` runs it) and draft passes per new token (forward hooks on both models), and

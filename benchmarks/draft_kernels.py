@@ -1,6 +1,6 @@
 """The draft's kernels on whole passes: ms per draft pass over 1-32 rows for each way to run the 0.5B draft.
 
-    nice .venv/bin/python benchmarks/draft_kernels.py --output benchmarks/draft-kernels-zen4
+    nice .venv/bin/python benchmarks/draft_kernels.py --output benchmarks/results/zen4/draft-kernels
 
 Variants of the embedded draft, all in one process: `quantize_draft`'s schemes ("dynamic-int8": fbgemm int8,
 activations per tensor; "int4" and "int8-weight-only": aten's fused weight-only CPU kernels, bfloat16

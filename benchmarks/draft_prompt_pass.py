@@ -1,6 +1,7 @@
 """The draft's pass over the prompt, per way to run the 0.5B draft: what a speculative call pays that plain does not.
 
-    .venv/bin/python benchmarks/draft_prompt_pass.py --prompts code:8 --output benchmarks/draft-cost-zen4/prompt-pass
+    .venv/bin/python benchmarks/draft_prompt_pass.py --prompts code:8 \
+        --output benchmarks/results/zen4/draft-cost/prompt-pass
 
 Every call's first draft pass reads the whole prompt (up to `draft_window` tokens): on code prompts of 44-438 tokens
 it is a quarter of the target's prompt pass, and the target's pass is all plain pays besides its one-token passes.

@@ -1,8 +1,8 @@
 """Whole calls with the draft given only the prompt's last W tokens, against the whole prompt, in one process.
 
-    .venv/bin/python benchmarks/draft_window_calls.py --output benchmarks/draft-window-zen5/calls.json
+    .venv/bin/python benchmarks/draft_window_calls.py --output benchmarks/results/zen5/draft-window/calls.json
     .venv/bin/python benchmarks/draft_window_calls.py --context-lines 300 --prompts 6 --windows 256 1024 \
-        --output benchmarks/draft-window-zen5/long-calls.json
+        --output benchmarks/results/zen5/draft-window/long-calls.json
 
 `draft_window.py` measured what a window costs in agreement, teacher-forced; this measures what it saves on the
 wall clock, through the methods' `draft_window` setting (`speculation_config={"draft_window": W}`; 0: the whole

@@ -11,7 +11,7 @@ residual writes scaled until the pair agrees on about 80% of greedy tokens, as `
 per-layer work (cache compaction) counts as it would on the real shape. With `--sites`, the ops are also
 attributed to the innermost hf_specdec (or transformers) frame that issued them.
 
-    .venv/bin/python benchmarks/engine_launches.py --output benchmarks/engine-launches/zen4.json [--sites]
+    .venv/bin/python benchmarks/engine_launches.py --output benchmarks/results/zen4/engine-launches.json [--sites]
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ greedy and sampled (T=0.7, top_k=50, top_p=0.9). Methods: chain, sequoia (a fixe
 staged (budget 32), next to Transformers' assisted generation (the same draft) and plain decoding. The models'
 passes are cheap, so what is left is what the engine costs around them: host round trips and vocabulary-wide work.
 
-    .venv/bin/python benchmarks/engine_overhead.py --output benchmarks/engine-overhead/before.json
+    .venv/bin/python benchmarks/engine_overhead.py --output benchmarks/results/zen3/engine-overhead/before.json
 
 `--compare-general` also runs every speculative method on the general processor path (Transformers' processors
 on the draft side too, as before `core/narrowed.py`), interleaved prompt by prompt with the default path, so both

@@ -1,13 +1,13 @@
 """The draft's int8 matrix products on a CPU, kernel by kernel: ms per Linear layer of the embedded draft's shapes
 over 1-32 rows, and the pass those layers add up to.
 
-    .venv/bin/python benchmarks/int8_kernels.py --output benchmarks/int8-kernels-zen3
+    .venv/bin/python benchmarks/int8_kernels.py --output benchmarks/results/zen3/int8-kernels
 
 Why: `quantize_draft`'s "dynamic-int8" scheme is built on `torch.ao.quantization.quantize_dynamic` (fbgemm), an API
-PyTorch has deprecated in favour of torchao. torchao's own int8 configurations were measured eager (README: 7-10x
-slower per pass); torchao is made to run under `torch.compile`, so this measures them compiled, against fbgemm, on
-the same random weights of the draft's shapes (several copies of a layer cycled so that each call reads its weight
-from memory, as a pass over 24 layers does):
+PyTorch has deprecated in favour of torchao. torchao's own int8 configurations were measured eager
+(docs/cpu-kernels-and-quantization.md: 7-10x slower per pass); torchao is made to run under `torch.compile`, so this
+measures them compiled, against fbgemm, on the same random weights of the draft's shapes (several copies of a layer
+cycled so that each call reads its weight from memory, as a pass over 24 layers does):
 
 - `fbgemm-dynamic`: `quantize_dynamic`'s Linear (int8 weights, activations quantized per call with one scale),
   what `quantize_draft` builds today;

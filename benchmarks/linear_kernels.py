@@ -1,13 +1,13 @@
 """The target's matrix products on a CPU, kernel by kernel: ms per Linear layer of the embedded target's shapes over
 1-32 rows, and the pass those layers add up to.
 
-    .venv/bin/python benchmarks/linear_kernels.py --output benchmarks/linear-kernels-zen3
+    .venv/bin/python benchmarks/linear_kernels.py --output benchmarks/results/zen3/linear-kernels
 
 Why: a tree pass is a matrix product with a few rows, and what it costs against a one-row pass decides which trees
-pay (README, "What this hardware rewards"). `hf_specdec.prepack` serves it with oneDNN's packed weights; this
-measures the kernels a float32 target could use instead, each on the same random weights of the target's shapes
-(query/output, key/value, gate/up, down, the output layer; several copies of a layer's weight cycled so that each
-call reads its weight from memory, as a pass over 28 layers does):
+pay (docs/cpu-kernels-and-quantization.md, "What this hardware rewards"). `hf_specdec.prepack` serves it with
+oneDNN's packed weights; this measures the kernels a float32 target could use instead, each on the same random
+weights of the target's shapes (query/output, key/value, gate/up, down, the output layer; several copies of a
+layer's weight cycled so that each call reads its weight from memory, as a pass over 28 layers does):
 
 - `aten`: `F.linear` on the plain weight (MKL for float32), what an unprepacked model runs;
 - `onednn-16`, `onednn-1`: oneDNN's weight packed for 16-row passes (`prepack`'s default) and for one row;

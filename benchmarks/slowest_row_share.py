@@ -3,7 +3,9 @@ tokens per speculative step over the rows' mean (`hf_specdec.plan.call_pricing.s
 by batch size. `call_pricing.SLOWEST_ROW_SHARE`, the prior a batch call is priced with before one of its size has
 measured it, is this median over the Zen 3 runs.
 
-    .venv/bin/python benchmarks/slowest_row_share.py benchmarks/batches-zen3/*/results.json
+    .venv/bin/python benchmarks/slowest_row_share.py benchmarks/results/zen3/batches/*.json
+
+(The prior was taken over every Zen 3 run then stored: commit eaea7f0, benchmarks/batches-zen3/*/results.json.)
 
 A row's tokens per speculative step: its new tokens over its target steps, the plain ones (one token each) taken off
 both. Runs written before `batches.py` stored `row_rates` are read from their sequences (new tokens up to the

@@ -2,7 +2,7 @@
 tokens/s against plain static-cache `generate` compiled the same way (the embedded pair; `--dtype auto`, the
 default, is bfloat16 where this CPU multiplies it natively, else float32).
 
-    .venv/bin/python benchmarks/static_compile.py --output benchmarks/static-compile-zen4/results.json
+    .venv/bin/python benchmarks/static_compile.py --output benchmarks/results/zen4/static-compile.json
 
 Part 1 times one target pass over a padded tree of each size on a StaticCache after a HumanEval prompt (median of
 `--repeats`), eagerly and through `target.get_compiled_call(config)`; the first compiled call's time is the compile.

@@ -3,10 +3,10 @@
 `hf_specdec.prepack` blocks the weights for passes over 16 tokens (tree passes), and every other row, plain
 `generate` included, runs on that one packing so that outputs compare token for token. Plain decoding makes
 one-token passes only, and on some CPUs a packing for one row makes those cheaper (Zen 3, float32: 505-525 ms
-against 627-719, benchmarks/prepack-hints-zen3). This row repacks the target that way after the other rows, times
-plain decoding on the measured prompts in the same process, and packs it back as it was, so the table says whether
-speculation beats the fastest plain decoding the library offers. Its outputs are not compared: another blocking may
-round differently.
+against 627-719, benchmarks/results/zen3/kernels/prepack-hints.json). This row repacks the target that way after the
+other rows, times plain decoding on the measured prompts in the same process, and packs it back as it was, so the
+table says whether speculation beats the fastest plain decoding the library offers. Its outputs are not compared:
+another blocking may round differently.
 """
 
 from __future__ import annotations
