@@ -2,7 +2,7 @@
 the sampling verifiers exact with their draws on the device, flash-attention refused, a static cache with CUDA
 graphs identical to plain static generate, a padded batch identical to plain batched generate.
 
-CI has no GPU; these run on a GPU machine with one command (README, "On a GPU"):
+CI has no GPU; these run on a GPU machine with one command (docs/gpu.md):
 
     python -m pytest -m cuda tests/test_cuda.py
 """

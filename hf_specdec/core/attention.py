@@ -32,10 +32,10 @@ from .tree import TokenTree, additive_mask
 FULL, SLIDING = "full_attention", "sliding_attention"
 ROW_MASKED = ("gpt_neo",)  # families that mask attention by cache row on top of the mask they are given
 Masks = torch.Tensor | dict[str, torch.Tensor]
-# SDPA kernels for tree masks on a CUDA GPU: cuDNN's left out. Measured on an H100 (torch 2.11, bf16, a 7B-shaped
-# Qwen2, eager passes, benchmarks/gpu-h100/): in a batch of 4, each masked attention call with cuDNN spent 1.45 ms
-# of host time (the batch ran 0.49x plain; without it 1.73x); one sequence's `sequoia`, whose tree sizes change every
-# step, spent 69 ms a target pass and 22 ms a draft pass with it against 34 and 3.5 without (24 -> 64 tokens/s).
+# SDPA kernels for tree masks on a CUDA GPU: cuDNN's left out. Measured on an H100 (torch 2.11, bf16, a 7B-shaped Qwen2,
+# eager passes, benchmarks/results/gpu-h100/): in a batch of 4, each masked attention call with cuDNN spent 1.45 ms of
+# host time (the batch ran 0.49x plain; without it 1.73x); one sequence's `sequoia`, whose tree sizes change every step,
+# spent 69 ms a target pass and 22 ms a draft pass with it against 34 and 3.5 without (24 -> 64 tokens/s).
 # PyTorch then picks flash (no mask) or memory-efficient attention (a mask).
 TREE_KERNELS = (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH)
 

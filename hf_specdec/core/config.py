@@ -122,7 +122,7 @@ class SpeculationConfig:
 
 #: the prompt tokens a draft model reads by default (its last ones): on a Zen 5, code prompts of 2,600-3,400 tokens
 #: decoded 1.2-1.3x faster with the draft given their last 1,024 than with all of them, at the same tokens per step;
-#: the last 256 cost acceptance (`benchmarks/draft-window-zen5`). Prompts up to this long are read whole.
+#: the last 256 cost acceptance (`benchmarks/results/zen5/draft-window`). Prompts up to this long are read whole.
 DRAFT_WINDOW = 1024
 
 

@@ -12,7 +12,7 @@ the ids it is given lose the prompt's first `len(prompt) - window` (`dropped`), 
 window's start (rotary models attend by relative position), and token types are looked up at their place in the
 sequence. Why: a draft's pass over a long prompt costs about what its size says against the target's (a third, for
 the 0.5B draft of a 1.5B target), and every later draft pass attends to all of it; the draft only proposes, so what it
-does not read changes no output, only how often it is right (`benchmarks/draft-window-zen5`).
+does not read changes no output, only how often it is right (`benchmarks/results/zen5/draft-window`).
 
 The cache keeps every row (no sliding-window layers: compaction moves rows) and remembers each node slot's position,
 so sliding-window layers get their window by position in the masks (`core.attention`).

@@ -1,11 +1,12 @@
 """A draft Linear with two kernels, picked per pass by its row count: int4 weight-only for narrow passes, dynamic
 int8 for wide ones.
 
-Measured on Zen 4 over whole draft passes (`benchmarks/draft-kernels-zen4`): PyTorch's int4 weight-only kernel is
-the cheapest at one row (25.8 ms against dynamic int8's 30.8) but grows about linearly with the rows (118 ms at 16
-rows against 62): it suits a chain's one-token passes and loses on a tree's wide levels. A draft pays for both kinds
-of pass every step (the catch-up pass and a tree's levels are wide, a chain's and a sized tree's first levels are
-narrow), so each layer keeps both copies of its weights and a pass over at most `narrow_rows` rows takes int4.
+Measured on Zen 4 over whole draft passes (`benchmarks/results/zen4/kernels/draft-kernels.json`): PyTorch's int4
+weight-only kernel is the cheapest at one row (25.8 ms against dynamic int8's 30.8) but grows about linearly with the
+rows (118 ms at 16 rows against 62): it suits a chain's one-token passes and loses on a tree's wide levels. A draft pays
+for both kinds of pass every step (the catch-up pass and a tree's levels are wide, a chain's and a sized tree's first
+levels are narrow), so each layer keeps both copies of its weights and a pass over at most `narrow_rows` rows takes
+int4.
 Either copy only changes what the draft proposes, never what the target keeps.
 """
 

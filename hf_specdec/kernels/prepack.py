@@ -3,7 +3,8 @@
 A tree pass is a matrix product with a handful of rows (one per node). PyTorch's default CPU path serves it with
 MKL (float32) or an unpacked oneDNN call (bfloat16) that re-blocks the weight on every call; on AMD CPUs MKL's
 small-row float32 path is several times slower than one row. With the weight packed once, a pass over 1, 4 or 16
-tokens streams the weights at memory speed (measured in README's "What this hardware rewards").
+tokens streams the weights at memory speed (measured in docs/cpu-kernels-and-quantization.md, "What this hardware
+rewards").
 
 `prepack(model)` swaps each plain `nn.Linear` for a `PackedLinear` that holds the packed weight only (no extra
 memory), measures a pass over 1 and over 16 tokens before and after, and keeps whichever is faster on this machine.
@@ -150,7 +151,7 @@ def prepack(model: PreTrainedModel, measure: bool = True, sizes: tuple[int, ...]
     With `measure=True` (default) a pass over each of `sizes` tokens is timed before and after (a few seconds for a
     1.5B model) and the packing is undone unless their total got at least 5% faster; `measure=False` packs.
     `rows_hint`: the pass size oneDNN blocks the weights for (on Zen 3, 1 gave the cheapest one-token pass and dear
-    tree passes: benchmarks/prepack-hints-zen3); latency curves and saved plans are keyed by it.
+    tree passes: benchmarks/results/zen3/kernels/prepack-hints.json); latency curves and saved plans are keyed by it.
     """
     if rows_hint < 1:
         raise ValueError(f"rows_hint must be at least 1, got {rows_hint}.")

@@ -16,7 +16,7 @@ from ..static_shape import StaticShapeConfig
 from ..step_sized import PLAN_BUDGET, online_sizer
 
 # Wide and shallow: on a 2-core CPU a 32-node target pass costs < 2 single-token passes, while each
-# extra level costs a whole draft pass (README, "What this hardware rewards").
+# extra level costs a whole draft pass (docs/cpu-kernels-and-quantization.md, "What this hardware rewards").
 DEFAULT_TREE_WIDTHS = [4, 2, 1, 1]
 
 
