@@ -33,7 +33,8 @@ def register_cli(subparsers: argparse._SubParsersAction) -> None:
                         "(hf_specdec.prepack; default: on a CPU). Plain generate runs on the same prepared models.")
     parser.add_argument("--quantize-target", choices=QUANTIZE_CHOICES, default=None, metavar="ROUTE",
                         help="auto (default on a CPU): time the target unquantized and through each available "
-                        "quantization route (torchao) and keep the fastest; or name one: "
+                        "quantization route that keeps a tree pass's rows (torchao int8) and keep the fastest; or "
+                        "name one: "
                         f"{', '.join(QUANTIZE_CHOICES)}. Plain generate runs on the same target.")
     parser.add_argument("--draft-vocabulary", type=int, metavar="K",
                         help="Restrict the draft's output layer to its K most frequent tokens (hf_specdec."
@@ -88,7 +89,25 @@ def run(args: argparse.Namespace) -> int:
     add_plain_bfloat16_row(results, loaded, prompts, settings, args.plain_bfloat16, dtype, True)
     print(markdown_table(results["summary"]))
     for call in results["calls"]:
+        if call.get("difference"):
+            print(difference_line(call, str(dtype).removeprefix("torch.")), flush=True)
+    for call in results["calls"]:
         source = (call.get("speculation_stats") or {}).get("plan_source")
         if source and call["prompt"] == 0:
             print(f"{call['strategy']}: {source}")
     return 0
+
+
+def difference_line(call: dict, dtype: str) -> str:
+    """Why a greedy call left plain's output: a near-tie of the dtype's rounding, or a fault to report."""
+    difference = call["difference"]
+    where = f"`{call['strategy']}` left plain on prompt {call['prompt'] + 1} at new token {difference['new_token']}"
+    margin, step = difference["margin"], difference["rounding_step"]
+    if margin is None:
+        return f"{where}: it stopped at another length."
+    judged = (f"a near-tie in {dtype}, whose tree passes round differently from "
+              "one-token passes; float32 output is identical" if difference["near_tie"]
+              else "wider than rounding: a fault, please report it")
+    return (f"{where}: plain's own pass put its token {margin:.4g} above the other (one rounding step: {step:.4g}), "
+            f"{judged}.")
+

@@ -402,7 +402,7 @@ def test_quantized_target_auto_times_every_route_and_keeps_the_fastest(tmp_path,
             return type(curve)(curve.sizes, tuple(seconds for _ in curve.sizes), curve.past_length)
 
         monkeypatch.setattr(target_quantization, "measure_latency", timed)
-        monkeypatch.setattr(loading, "available_routes", lambda: ["int8"])
+        monkeypatch.setattr(loading, "automatic_routes", lambda: ["int8"])
         loaded = load_models(str(folder), None, dtype=torch.float32, need_draft=False, quantize_target="auto",
                              remeasure=True)
         quantized = loaded.info["target_quantization"]
@@ -414,6 +414,55 @@ def test_quantized_target_auto_times_every_route_and_keeps_the_fastest(tmp_path,
     for route in ("auto", "int8"):
         with pytest.raises(ValueError, match="cannot be combined with --offload.*Quantize the target or offload it"):
             load_models(str(folder), None, need_draft=False, quantize_target=route, offload=True)
+
+
+def test_a_route_much_slower_than_the_best_is_timed_for_one_pass_only():
+    """A route whose first timed pass is over twice the best's stops there (prompt, warm-up, one timing: three
+    passes), so a losing route costs a first run seconds, not a whole curve; a route as fast is timed whole."""
+    import time
+
+    from hf_specdec_tools.bench.target_quantization import fastest_route
+
+    models = {None: tiny_model("llama", 0), "slow": tiny_model("llama", 0), "same": tiny_model("llama", 0)}
+    passes = {route: 0 for route in models}
+
+    def counted(route, delay):
+        def hook(module, args):
+            passes[route] += 1
+            time.sleep(delay)
+        return hook
+
+    models[None].register_forward_pre_hook(counted(None, 0.01))
+    models["slow"].register_forward_pre_hook(counted("slow", 0.1))
+    models["same"].register_forward_pre_hook(counted("same", 0.01))
+    route, model, timings = fastest_route(models.__getitem__, [None, "slow", "same"], progress=False)
+    assert passes["slow"] == 3 and list(timings["slow"]) == [1]
+    assert passes[None] == passes["same"] == 1 + 2 * (1 + 2)  # prompt, then per size a warm-up and two timings
+    assert list(timings["same"]) == list(timings["none"]) == [1, 16]
+    assert route in (None, "same") and model is models[route]
+
+
+def test_auto_never_picks_a_route_that_widens_the_rows_gap(tmp_path, monkeypatch):
+    """int8 activations turn bfloat16's rounding gap between a tree pass and one-token passes into whole
+    quantization steps (measured: logits 1.03 apart against 0.16 unquantized), so `auto` leaves int8-dynamic out,
+    and a choice remembered from before is timed again rather than reused."""
+    from hf_specdec_tools.bench import loading, machine_choices, target_quantization
+    from tests.test_entry_points import tiny_tokenizer
+
+    assert not target_quantization.ROUTES["int8-dynamic"].keeps_rows and target_quantization.ROUTES["int8"].keeps_rows
+    assert "int8-dynamic" not in target_quantization.automatic_routes()
+    folder = tmp_path / "tiny"
+    tiny_model("llama", 0).save_pretrained(folder)
+    tiny_tokenizer().save_pretrained(folder)
+    timed = []
+    real_measure = target_quantization.measure_latency
+    monkeypatch.setattr(target_quantization, "measure_latency",
+                        lambda *args, **kwargs: timed.append(1) or real_measure(*args, **kwargs))
+    monkeypatch.setattr(loading, "automatic_routes", lambda: [])
+    key = machine_choices.machine_key(f"{folder}|None|int8=False|vocabulary=None|offload=False", torch.float32)
+    machine_choices.remember(key, {"route": "int8-dynamic", "prepacked": {}})
+    loaded = load_models(str(folder), None, dtype=torch.float32, need_draft=False, quantize_target="auto")
+    assert timed and loaded.info["target_quantization"]["route"] == "none" and loaded.info["remembered"] is None
 
 
 @pytest.mark.parametrize("scheme", ["dynamic-int8", "int4"])
@@ -453,7 +502,7 @@ def test_automatic_choices_are_remembered_per_machine(tmp_path, monkeypatch):
         return real_measure(*args, **kwargs)
 
     monkeypatch.setattr(target_quantization, "measure_latency", timed)
-    monkeypatch.setattr(loading, "available_routes", lambda: ["int8"])
+    monkeypatch.setattr(loading, "automatic_routes", lambda: ["int8"])
     first = load_models(str(folder), None, dtype=torch.float32, need_draft=False, quantize_target="auto")
     assert len(timings) == 2 and first.info["remembered"] is None
     again = load_models(str(folder), None, dtype=torch.float32, need_draft=False, quantize_target="auto")
@@ -629,6 +678,49 @@ def test_report_writes_json_markdown_and_plots(run, tmp_path):
     for kind in ("speedup", "tokens_per_step", "time_split"):
         assert paths[kind].read_bytes().startswith(b"\x89PNG")
     assert "budget" not in paths  # no budget sweep in this run
+
+
+def test_a_greedy_difference_is_located_and_judged_by_plains_own_margin():
+    """A call that leaves plain is reported with where and by what margin plain's own pass chose: within two rounding
+    steps of the dtype (a bfloat16 near-tie) it is told apart from a wider, real difference."""
+    from types import SimpleNamespace
+
+    from hf_specdec_tools.bench.runner import first_difference
+
+    model = tiny_model("llama", 0)  # float32
+    ids = torch.tensor([[5, 6, 7, 8]])
+    plain = model.generate(ids, do_sample=False, max_new_tokens=6)
+    with torch.no_grad():
+        logits = model(input_ids=plain[:, :6]).logits[0, -1]
+    runner_up = int(logits.topk(2).indices[1])
+    other = plain.clone()
+    other[0, 6] = runner_up
+    found = first_difference(model, plain, other, ids.shape[1])
+    margin = float(logits[plain[0, 6]] - logits[runner_up])
+    assert found["new_token"] == 2 and found["margin"] == pytest.approx(margin, abs=1e-5)
+    assert margin > 1e-3 and not found["near_tie"]  # float32: far wider than its rounding
+
+    def target(tied_by: float):
+        row = torch.full((1, 1, 32), -5.0, dtype=torch.bfloat16)
+        row[0, 0, 3], row[0, 0, 4] = 20.25, 20.25 - tied_by  # one bfloat16 step near 20 is 0.125
+        return lambda **kwargs: SimpleNamespace(logits=row)
+
+    plain, other = torch.tensor([[1, 2, 3]]), torch.tensor([[1, 2, 4]])
+    tie = first_difference(target(0.125), plain, other, 2)
+    assert tie == {"new_token": 0, "margin": 0.125, "rounding_step": 0.125, "near_tie": True}
+    assert not first_difference(target(1.0), plain, other, 2)["near_tie"]
+    shorter = first_difference(target(0.125), plain, plain[:, :2], 1)
+    assert shorter["margin"] is None and not shorter["near_tie"]
+
+    calls = [{"strategy": label, "prompt": prompt, "seconds": 1.0, "new_tokens": 6, "target_steps": 2,
+              "target_passes": 3, "draft_passes": 0, "peak_rss_delta_bytes": 0, "identical": identical,
+              **({"difference": difference} if difference else {})}
+             for label, prompt, identical, difference in [
+                 ("plain", 0, True, None), ("plain", 1, True, None), ("plain", 2, True, None),
+                 ("chain", 0, True, None), ("chain", 1, False, tie), ("chain", 2, False, {**tie, "near_tie": False})]]
+    strategies = [parse_strategy(name).to_dict() for name in ("plain", "chain")]
+    (chain,) = [row for row in summarize(calls, strategies, sampling=False) if row["strategy"] == "chain"]
+    assert chain["identical_text"] == "1/3 (1 at a near-tie)" and chain["near_ties"] == 1
 
 
 def test_budget_sweep_plot(run, tmp_path):

@@ -66,6 +66,13 @@ def test_measure_latency_on_a_tiny_model():
     # Sizes stop once a pass costs more than stop_ratio times the first (here: at once), and the curve extrapolates.
     cut = measure_latency(model, sizes=(1, 3, 8), past_length=16, repeats=1, progress=False, stop_ratio=0.0)
     assert cut.sizes == (1, 3) and cut(8) >= cut(3) > 0
+    # A first timing above `give_up`'s bound ends the measurement: the sizes timed so far, that one included.
+    given_up = measure_latency(model, sizes=(1, 3, 8), past_length=16, repeats=3, progress=False, stop_ratio=None,
+                               give_up={1: 1e3, 3: 0.0})
+    assert given_up.sizes == (1, 3)
+    kept = measure_latency(model, sizes=(1, 3, 8), past_length=16, repeats=1, progress=False, stop_ratio=None,
+                           give_up={1: 1e3, 3: 1e3, 8: 1e3})
+    assert kept.sizes == (1, 3, 8)
 
 
 def test_level_widths_count_only_nodes_with_children():

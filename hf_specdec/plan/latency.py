@@ -12,7 +12,7 @@ import functools
 import math
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -131,6 +131,7 @@ def measure_latency(
     progress: bool = True,
     desc: str | None = None,
     stop_ratio: float | None = STOP_RATIO,
+    give_up: Mapping[int, float] | None = None,
 ) -> LatencyCurve:
     """Time `model` on n new tokens (a star tree under one root: the costliest mask shape) for each n in `sizes`.
 
@@ -142,6 +143,10 @@ def measure_latency(
     of its `repeats`: a slow spell of the machine (a busy neighbour) then lands on one timing of several sizes, not
     on every timing of one (timed size by size, one spell priced a 32-token pass on a 2-core Zen 3 at 1.76 s where
     its neighbours put it at 1.52, and steered 4-row batches away from 8-node trees).
+
+    `give_up` (seconds per size): a first timing above its size's bound ends the measurement there, the curve
+    holding the sizes timed so far. Comparing candidates (a target's quantization routes), one pass shows a route
+    that is several times slower than the best so far; its full curve would cost minutes for nothing.
     """
     sizes = sorted({int(s) for s in sizes})
     device, dtype = execution_device(model), model.dtype
@@ -177,6 +182,8 @@ def measure_latency(
                         "position_ids": star.position_ids(past_length).to(device)}
             timed(n)  # warm-up
             times[n] = [timed(n)]
+            if give_up is not None and times[n][0] > give_up.get(n, math.inf):
+                return LatencyCurve(tuple(times), tuple(t[0] for t in times.values()), past_length)
             if stop_ratio is not None and len(times) > 1 and times[n][0] > stop_ratio * times[sizes[0]][0]:
                 break
         bar.total = len(times) * (repeats + 1)  # the sizes cut off are not timed again

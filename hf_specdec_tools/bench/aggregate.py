@@ -29,6 +29,8 @@ def _per_prompt(calls: list[dict[str, Any]], label: str) -> dict[int, dict[str, 
             "seconds": statistics.median(c["seconds"] for c in group),
             "new_tokens": statistics.median(c["new_tokens"] for c in group),
             "identical": None if any(c["identical"] is None for c in group) else all(c["identical"] for c in group),
+            "near_tie": any(c.get("difference") for c in group)
+            and all(c["difference"]["near_tie"] for c in group if c.get("difference")),
         }
         for prompt, group in sorted(grouped.items())
     }
@@ -83,6 +85,7 @@ def summarize(calls: list[dict[str, Any]], strategies: list[dict[str, Any]], sam
             if p in plain and row["seconds"] > 0
         ]
         identical = [row["identical"] for row in prompts.values()]
+        near_ties = sum(bool(row["near_tie"]) for row in prompts.values())
         reference = strategy["kind"] == "reference"  # another engine or dtype: its greedy path is its own
         not_compared = sampling or reference
         new_tokens = sum(c["new_tokens"] for c in mine)
@@ -106,8 +109,10 @@ def summarize(calls: list[dict[str, Any]], strategies: list[dict[str, Any]], sam
             "draft_passes_per_token": None if reference else _ratio(sum(c["draft_passes"] for c in mine), new_tokens),
             "identical": None if not_compared else sum(bool(i) for i in identical),
             "compared": None if not_compared else len(identical),
+            "near_ties": None if not_compared else near_ties,
             "identical_text": "n/a (sampling)" if sampling else "n/a (own numerics)" if reference
-            else f"{sum(bool(i) for i in identical)}/{len(identical)}",
+            else f"{sum(bool(i) for i in identical)}/{len(identical)}" + (f" ({near_ties} at a near-tie)" if near_ties
+                                                                           else ""),
             "peak_rss_mib": None if reference else max((c["peak_rss_delta_bytes"] for c in mine), default=0) / MIB,
             "time_split": _time_split(mine),
         }

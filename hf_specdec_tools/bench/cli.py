@@ -96,9 +96,11 @@ def register_cli(subparsers: argparse._SubParsersAction) -> argparse.ArgumentPar
                         "what an earlier run measured on this machine.")
     parser.add_argument("--quantize-target", choices=QUANTIZE_CHOICES, default=None, metavar="ROUTE",
                         help="Load the target quantized through a Transformers route: int8 (torchao weight-only), "
-                        "int8-dynamic (torchao), none, or auto (time the target unquantized and through each route "
-                        "here and keep the fastest). Plain generate runs on the same quantized target, so "
-                        "outputs are still compared token for token. Default none.")
+                        "int8-dynamic (torchao; its int8 activations widen bfloat16's rounding gap between a tree pass "
+                        "and one-token passes, so greedy outputs may leave plain's), none, or auto (time the target "
+                        "unquantized and through each route that keeps that gap, int8, and keep the fastest). Plain "
+                        "generate runs on the same quantized target, so outputs are still compared token for token. "
+                        "Default none.")
     parser.add_argument("--llama-cpp", action=argparse.BooleanOptionalAction, default=None,
                         help="Add a llama.cpp reference row (plain decoding of the embedded target's original "
                         "Q4_K_M GGUF through llama-cpp-python, same prompts and threads). Default: when the extra "

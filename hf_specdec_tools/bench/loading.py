@@ -18,7 +18,7 @@ from hf_specdec.draft import frequent_tokens, quantize_draft, restrict_vocabular
 from hf_specdec.draft.quantize import default_scheme
 
 from .machine_choices import machine_key, recall, remember
-from .target_quantization import ROUTES, available_routes, fastest_route, quantization_config
+from .target_quantization import ROUTES, automatic_routes, fastest_route, quantization_config
 
 #: RAM given to the offloaded target by default, as a share of its weights. accelerate counts the (tied) embedding
 #: against it and reserves room for the largest layer, so half the bytes keeps about a quarter of the layers in RAM;
@@ -145,6 +145,8 @@ def load_models(
     key = machine_key(f"{target_source}|{draft}|int8={quantized}|vocabulary={draft_vocabulary}|offload={offload}",
                       dtype)
     known = {} if remeasure or not (prepack or quantize_target == "auto") else (recall(key) or {})
+    if quantize_target == "auto" and known.get("route", "none") not in ("none", *automatic_routes()):
+        known = {}  # remembered from before `auto` left that route out (int8-dynamic): measure again
     packed = known.get("prepacked", {})
 
     def load_target(route: str | None) -> PreTrainedModel:
@@ -162,7 +164,7 @@ def load_models(
             route = None if known["route"] == "none" else known["route"]
             target_model = load_target(route)
         elif quantize_target == "auto":
-            route, target_model, route_timings = fastest_route(load_target, [None, *available_routes()],
+            route, target_model, route_timings = fastest_route(load_target, [None, *automatic_routes()],
                                                                   progress=progress)
         else:
             route = None if quantize_target in (None, "none") else quantize_target

@@ -224,6 +224,10 @@ def markdown_table(summary: list[dict[str, Any]]) -> str:
 
 
 TABLE_NOTES = (
+    "Identical to plain (greedy): prompts whose output equals plain generate's token for token; \"at a near-tie\" "
+    "counts prompts that first left plain where plain's own pass put the two best logits within two rounding steps "
+    "of the model's dtype (bfloat16 tree passes round differently from one-token passes; results.json has each "
+    "difference's position and margin). "
     "Speedup: per prompt, plain's seconds per new token over the strategy's, then the median over prompts "
     "(min–max and interquartile range beside it). Tokens / target step: new tokens per target pass that emits "
     "tokens (hf_specdec's separate prompt-prefill pass is not a step; in Transformers' loops every pass is). "

@@ -160,6 +160,30 @@ def measure_call(
     return record, out.sequences
 
 
+def first_difference(
+    target: PreTrainedModel, plain: torch.LongTensor, other: torch.LongTensor, prompt_length: int
+) -> dict[str, Any]:
+    """Where `other` first leaves `plain`, and by what margin plain's own pass chose there.
+
+    In bfloat16 a tree pass's logits differ from a one-token pass's by rounding (attention over more rows: up to
+    0.16 on the 1.5B target, where one rounding step of a logit near 20 is 0.125), so where the two best logits lie
+    within that, greedy speculation may pick the other, as Transformers' assisted generation may. `near_tie` says
+    the margin is within two rounding steps of the target's dtype at that logit; a wider margin is a real fault.
+    """
+    length = min(plain.shape[1], other.shape[1])
+    unequal = (plain[0, :length] != other[0, :length]).nonzero()
+    if len(unequal) == 0:  # one stopped earlier: same tokens as far as both go
+        return {"new_token": length - prompt_length, "margin": None, "rounding_step": None, "near_tie": False}
+    at = int(unequal[0])
+    with torch.no_grad():
+        logits = target(input_ids=plain[:, :at], logits_to_keep=1).logits[0, -1]
+    chosen, taken = logits[plain[0, at]], logits[other[0, at]]
+    margin = float(chosen.float() - taken.float())
+    exponent = torch.frexp(chosen.float().abs()).exponent - 1  # chosen lies in [2**e, 2**(e + 1))
+    step = float(torch.finfo(logits.dtype).eps * 2.0 ** exponent)
+    return {"new_token": at - prompt_length, "margin": margin, "rounding_step": step, "near_tie": margin <= 2 * step}
+
+
 def _stats_record(stats: Any) -> dict[str, Any] | None:
     if stats is None:
         return None
@@ -214,6 +238,9 @@ def run_benchmark(
                         for call in calls[-len(strategies) :]:
                             call["identical"] = bool(torch.equal(outputs[call["strategy"]].cpu(),
                                                                  outputs[PLAIN].cpu()))
+                            if not call["identical"]:
+                                call["difference"] = first_difference(target, outputs[PLAIN],
+                                                                      outputs[call["strategy"]], input_ids.shape[1])
     except KeyboardInterrupt:  # keep what was measured: a long run stopped early still reports its prompts
         interrupted = True
         rounds = Counter((c["prompt"], c["repeat"]) for c in calls)
