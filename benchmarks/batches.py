@@ -27,8 +27,8 @@ from pathlib import Path
 import torch
 
 import hf_specdec  # noqa: F401  (installs `speculation=`)
-from hf_specdec.core.devices import cpu_flags, cpu_model
 from hf_specdec.integration.batch import speculative_rate
+from hf_specdec.runtime.devices import cpu_flags, cpu_model
 from hf_specdec_tools.models import load_default_pair
 from hf_specdec_tools.prompts import humaneval_prompts
 

@@ -25,8 +25,8 @@ import torch
 from transformers.generation import candidate_generator
 
 import hf_specdec
-from hf_specdec.core.devices import cpu_flags, cpu_model
 from hf_specdec.plan import guard
+from hf_specdec.runtime.devices import cpu_flags, cpu_model
 from hf_specdec_tools.models import load_default_pair
 from hf_specdec_tools.prompts import humaneval_prompts
 

@@ -27,7 +27,7 @@ from peft import LoraConfig, get_peft_model
 from tqdm.auto import tqdm
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from hf_specdec.core.devices import native_bfloat16
+from hf_specdec.runtime.devices import native_bfloat16
 from hf_specdec_tools import models
 from hf_specdec_tools.prompts import held_out_corpus
 

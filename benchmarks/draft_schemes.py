@@ -4,8 +4,8 @@
 
 Arguments: temperature (0: greedy), prompt set (humaneval or code), prompts, methods; then the `quantize_draft`
 schemes to compare (default dynamic-int8 and mixed); a scheme written `mixed:model-forward` is that draft run
-through the model's own forward (no `draft/lean_pass.py`), `mixed:unfused` through the lean pass without its fused
-int4 calls (`draft/fused_int4.py`); `mixed@16384` is that draft with its output layer over
+through the model's own forward (no `kernels/lean_pass.py`), `mixed:unfused` through the lean pass without its fused
+int4 calls (`kernels/fused_int4.py`); `mixed@16384` is that draft with its output layer over
 the 16,384 tokens most frequent in `held_out_corpus()` (text disjoint from the prompts; `frequent_tokens`);
 `mixed=FOLDER` is the draft saved in FOLDER (one `draft_distill.py` wrote, say) quantized that way. The
 embedded pair in bfloat16 with the target prepacked; each prompt runs plain, then every method with every draft, in
@@ -30,9 +30,9 @@ from transformers import AutoModelForCausalLM
 
 import hf_specdec  # noqa: F401  (installs `speculation=`)
 from hf_specdec import frequent_tokens, prepack, quantize_draft
-from hf_specdec.core.devices import cpu_flags, cpu_model
-from hf_specdec.draft import lean_pass
-from hf_specdec.draft.row_dispatch import RowDispatchLinear
+from hf_specdec.kernels import lean_pass
+from hf_specdec.kernels.row_dispatch import RowDispatchLinear
+from hf_specdec.runtime.devices import cpu_flags, cpu_model
 from hf_specdec_tools import models
 from hf_specdec_tools.prompts import code_prompts, held_out_corpus, humaneval_prompts
 

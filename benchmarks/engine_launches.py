@@ -36,8 +36,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu import early_layer_draft, tune_agreement  # noqa: E402
 
 import hf_specdec  # noqa: E402, F401  (installs `speculation=`)
-from hf_specdec.core import pass_shapes, wide_rows  # noqa: E402
-from hf_specdec.core.devices import cpu_flags, cpu_model  # noqa: E402
+from hf_specdec.runtime import pass_shapes, wide_rows  # noqa: E402
+from hf_specdec.runtime.devices import cpu_flags, cpu_model  # noqa: E402
 
 #: ops that launch nothing on a GPU: allocation, aliasing and shape bookkeeping
 FREE = {"empty", "empty_strided", "empty_like", "detach", "alias", "lift_fresh", "sym_size", "sym_stride",

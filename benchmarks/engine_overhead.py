@@ -9,14 +9,14 @@ passes are cheap, so what is left is what the engine costs around them: host rou
     .venv/bin/python benchmarks/engine_overhead.py --output benchmarks/results/zen3/engine-overhead/before.json
 
 `--compare-general` also runs every speculative method on the general processor path (Transformers' processors
-on the draft side too, as before `core/narrowed.py`), interleaved prompt by prompt with the default path, so both
+on the draft side too, as before `logits/narrowed.py`), interleaved prompt by prompt with the default path, so both
 see the same machine load. `--compare-before-21d` does the same with the engine as it was before branch issue21d
 (the target's rows on Transformers' path, `torch.multinomial` draws, target sampling walked node by node on the
 host with every leaf child's row processed and drawn at its parent). `--compare-before-21e`: the engine before branch
 issue21e (every row vocabulary-wide: no top-k columns on the draft or the target side; the stopping criteria handed
 Transformers' rows of the accepted path). `--compare-before-21f`: the engine before branch issue21f (with a top-p
 after the top-k, the target's rows cut vocabulary-wide, not on their top-k columns). `--compare-before-21g`: torch's
-own argmax and top-k over whole rows (before `core/wide_rows.py`). `--compare-guard-per-call`: the measured guard
+own argmax and top-k over whole rows (before `logits/wide_rows.py`). `--compare-guard-per-call`: the measured guard
 judging afresh at each call with the doubling waits only (as before it was remembered across calls). `--top-p 1.0`
 samples as the real-pair bench does by default (T=0.7, top-k 50). `--defaults` runs every method as
 `speculation="<name>"` gives it (trees sized every step where the method sizes them), `--no-guard` makes every step
@@ -41,9 +41,9 @@ from transformers import AutoModelForCausalLM, Qwen2Config
 
 import hf_specdec  # noqa: F401  (installs `speculation=`)
 from hf_specdec import ChainConfig, SequoiaConfig, SpecExecConfig, StagedConfig
-from hf_specdec.core import processing
-from hf_specdec.core.devices import cpu_flags, cpu_model
+from hf_specdec.logits import processing
 from hf_specdec.plan.sequoia import plan_tree
+from hf_specdec.runtime.devices import cpu_flags, cpu_model
 
 VOCAB = 151_936
 NEW_TOKENS = 64
@@ -188,15 +188,15 @@ def before_21f() -> contextlib.AbstractContextManager:
 
 def before_21g() -> contextlib.AbstractContextManager:
     """The engine before branch issue21g: torch's own argmax and top-k over every vocabulary-wide row (no block
-    maxima, `core/wide_rows.py`)."""
-    from hf_specdec.core import wide_rows
+    maxima, `logits/wide_rows.py`)."""
+    from hf_specdec.logits import wide_rows
 
     return mock.patch.object(wide_rows, "_blocks", lambda rows: None)
 
 
 def depth_first() -> contextlib.AbstractContextManager:
     """The target's tree handed over depth first, as off the CPU (`core.pass_shapes.DEPTH_FIRST`)."""
-    from hf_specdec.core import pass_shapes
+    from hf_specdec.runtime import pass_shapes
 
     return mock.patch.object(pass_shapes, "DEPTH_FIRST", True)
 

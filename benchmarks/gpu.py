@@ -65,15 +65,15 @@ from engine_overhead import ACCEPTANCE, SAMPLING, peaky_model  # noqa: E402
 
 import hf_specdec  # noqa: E402, F401  (installs `speculation=`)
 from hf_specdec import ChainConfig, SequoiaConfig, SpecExecConfig, StagedConfig, TreeConfig  # noqa: E402
-from hf_specdec.core import attention, pass_shapes  # noqa: E402
-from hf_specdec.core.attention import tree_attention_kernels  # noqa: E402
 from hf_specdec.core.releases import ASSISTED_ON_STATIC_CACHE, cache_arg, given_cache  # noqa: E402
 from hf_specdec.decoding import loop  # noqa: E402
-from hf_specdec.draft import lean_pass  # noqa: E402
+from hf_specdec.kernels import lean_pass  # noqa: E402
 from hf_specdec.plan.latency import measure_latency  # noqa: E402
 from hf_specdec.plan.plan_file import pair_placement  # noqa: E402
 from hf_specdec.plan.sequoia import plan_tree  # noqa: E402
 from hf_specdec.plan.sizing import HardwareProfile  # noqa: E402
+from hf_specdec.runtime import attention, pass_shapes  # noqa: E402
+from hf_specdec.runtime.attention import tree_attention_kernels  # noqa: E402
 
 
 def fixed_chain(length: int, **settings) -> ChainConfig:
@@ -132,7 +132,7 @@ class Run:
         """(output, seconds) of one `generate` call, the device synchronised on both sides. A table entry with
         `NO_CUDNN` set runs the whole call with cuDNN's SDPA kernel off (our eager tree passes do so by themselves);
         one with `CUDNN_KEPT` lets our tree passes use it; one with `BREADTH_FIRST` hands the target the drafted
-        order; one with `MODEL_FORWARD` runs the draft through its model's forward (before `draft/lean_pass.py`);
+        order; one with `MODEL_FORWARD` runs the draft through its model's forward (before `kernels/lean_pass.py`);
         one with `TARGET_FORWARD` the target's tree passes (before `decoding.loop.lean_target`)."""
         self.sync()
         start = time.perf_counter()
@@ -329,8 +329,8 @@ def pass_costs(run: Run, model, label: str, repeats: int = 10) -> dict:
     from transformers import DynamicCache
 
     from hf_specdec.accept.kv_cache import crop
-    from hf_specdec.core.attention import AttentionLayout
     from hf_specdec.core.tree import TokenTree
+    from hf_specdec.runtime.attention import AttentionLayout
 
     past, device = 256, run.device
     ids = torch.randint(3, 1000, (1, past), generator=torch.Generator().manual_seed(3)).to(device)
@@ -577,7 +577,7 @@ def step_parts(run: Run, target, draft, prompts, new_tokens: int, rounds: int = 
              # the target's tree in the drafted (breadth-first) order: the cache compaction moves rows more often
              **{f"{name}, breadth-first": {"assistant_model": draft, "speculation": name, BREADTH_FIRST: True}
                 for name in ("sequoia", "specexec", "staged")},
-             # the draft through its model's own forward, not the lean pass (`draft/lean_pass.py`)
+             # the draft through its model's own forward, not the lean pass (`kernels/lean_pass.py`)
              **{f"{name}, model forward": {"assistant_model": draft, "speculation": name, MODEL_FORWARD: True}
                 for name in ("chain", "sequoia", "specexec")},
              # the target's tree passes through its model's own forward, not the lean pass (`decoding.loop.lean_target`)

@@ -1,4 +1,4 @@
-"""The draft's pass through the model's forward against `draft/lean_pass.py`, per rows fed, on the embedded pair.
+"""The draft's pass through the model's forward against `kernels/lean_pass.py`, per rows fed, on the embedded pair.
 
     .venv/bin/python benchmarks/lean_pass.py --output benchmarks/results/zen4/lean-pass
     .venv/bin/python benchmarks/lean_pass.py --vocabulary 16384 32768 --output benchmarks/results/zen4/lean-pass-fused
@@ -8,7 +8,7 @@ The draft is what `quantize_draft` returns here (its default scheme for this CPU
 bfloat16, prepacked. After 256 cached tokens, each round times, one after another, a draft pass over 1, 2, 4 and 8
 rows both ways and the target's one-row pass, all with a 4-D additive mask and explicit positions as the engine
 calls them (the cache cut back after each pass); the figure is the median over rounds. The lean pass also runs
-without its fused int4 calls (`draft/fused_int4.py`: each projection its own call), and, with `--vocabulary K`, on a
+without its fused int4 calls (`kernels/fused_int4.py`: each projection its own call), and, with `--vocabulary K`, on a
 draft whose output layer covers the K tokens most frequent in `held_out_corpus()` (`frequent_tokens`), and, with
 `--target-rows N`, the target's tree pass over N rows (all rows' logits) through its forward and the lean pass
 (which the loop takes for the target off the CPU only: `decoding.loop.lean_target`). Writes
@@ -30,11 +30,11 @@ from transformers import DynamicCache
 
 from hf_specdec import frequent_tokens, prepack, quantize_draft
 from hf_specdec.accept.kv_cache import crop
-from hf_specdec.core.attention import AttentionLayout
-from hf_specdec.core.devices import cpu_flags, cpu_model
 from hf_specdec.core.releases import cache_arg
-from hf_specdec.draft import lean_pass
-from hf_specdec.draft.lean_pass import LeanPass
+from hf_specdec.kernels import lean_pass
+from hf_specdec.kernels.lean_pass import LeanPass
+from hf_specdec.runtime.attention import AttentionLayout
+from hf_specdec.runtime.devices import cpu_flags, cpu_model
 from hf_specdec_tools import models
 from hf_specdec_tools.prompts import held_out_corpus
 

@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 from transformers import AutoConfig
 
-from hf_specdec.core.devices import cpu_flags, cpu_model
+from hf_specdec.runtime.devices import cpu_flags, cpu_model
 from hf_specdec_tools.models.fetch import DEFAULT_TARGET, fetch
 
 FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16")

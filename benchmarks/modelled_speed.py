@@ -63,7 +63,7 @@ METHODS = {
     "hf-assisted": None,  # Transformers' assisted generation, same draft
 }
 #: modules whose `time.perf_counter` decides or measures while generating
-CLOCKED = ("hf_specdec.decoding.loop", "hf_specdec.core.devices", "hf_specdec.draft.best_first",
+CLOCKED = ("hf_specdec.decoding.loop", "hf_specdec.runtime.devices", "hf_specdec.draft.best_first",
            "hf_specdec.draft.guarded")
 
 

@@ -31,8 +31,8 @@ import torch
 from transformers import DynamicCache
 
 import hf_specdec
-from hf_specdec.core.devices import cpu_flags, cpu_model
 from hf_specdec.core.releases import cache_arg
+from hf_specdec.runtime.devices import cpu_flags, cpu_model
 from hf_specdec_tools.models import load_default_pair
 
 FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16")

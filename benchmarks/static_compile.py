@@ -27,13 +27,13 @@ from transformers import CompileConfig, StaticCache
 
 import hf_specdec  # noqa: F401  (installs `speculation=`)
 from hf_specdec.accept.kv_cache import crop
-from hf_specdec.core.attention import AttentionLayout
-from hf_specdec.core.devices import cpu_flags, cpu_model
-from hf_specdec.core.pass_shapes import PassShapes
 from hf_specdec.core.releases import cache_arg
 from hf_specdec.core.tree import TokenTree
 from hf_specdec.decoding.loop import tree_pass
 from hf_specdec.plan.sequoia import plan_tree
+from hf_specdec.runtime.attention import AttentionLayout
+from hf_specdec.runtime.devices import cpu_flags, cpu_model
+from hf_specdec.runtime.pass_shapes import PassShapes
 from hf_specdec_tools.bench.cli import resolve_dtype
 from hf_specdec_tools.models import load_default_pair
 from hf_specdec_tools.prompts import humaneval_prompts

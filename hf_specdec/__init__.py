@@ -16,18 +16,10 @@ embedded models) sits apart: the library never imports it.
 from .core import SPECULATION_METHODS, Drafter, SpeculationConfig, TokenTree, Verdict, register_speculation
 from .core.version import __version__
 from .decoding import SpeculationStats, SpeculativeDecoderOnlyOutput
-from .draft import (
-    BestFirstDrafter,
-    ModelTreeDrafter,
-    NGramDrafter,
-    PromptLookupDrafter,
-    frequent_tokens,
-    quantize_draft,
-    restrict_vocabulary,
-)
+from .draft import BestFirstDrafter, ModelTreeDrafter, NGramDrafter, PromptLookupDrafter
 from .integration import install, uninstall
 from .integration.generation_config import set_speculation
-from .kernels import prepack, unpack
+from .kernels import frequent_tokens, prepack, quantize_draft, restrict_vocabulary, unpack
 from .methods import (
     ChainConfig,
     NGramConfig,

@@ -61,9 +61,9 @@ def _check(args: argparse.Namespace) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from hf_specdec.core.paths import CACHE_ENV
     from hf_specdec.plan.calibrate import calibrate, evaluate_plan
     from hf_specdec.plan.store import save_user_plan
+    from hf_specdec.runtime.paths import CACHE_ENV
 
     from .bench.inputs import load_prompt_source, tokenize_prompts
     from .bench.loading import load_models

@@ -50,7 +50,7 @@ def register_cli(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from hf_specdec.core.model_info import quantization
+    from hf_specdec.runtime.model_info import quantization
 
     from .bench.cli import add_plain_bfloat16_row, benchmark, report_loading, resolve_dtype
     from .bench.inputs import load_prompt_source, tokenize_prompts

@@ -17,8 +17,8 @@ from transformers import (
 )
 
 import hf_specdec
-from hf_specdec.core.model_info import MAX_PADDING_ROWS
 from hf_specdec.core.releases import cache_arg
+from hf_specdec.runtime.model_info import MAX_PADDING_ROWS
 from tests.conftest import VOCAB, random_prompt, tiny_model
 
 

@@ -13,9 +13,9 @@ import pytest
 import torch
 from transformers import DynamicCache, pipeline
 
-from hf_specdec.core import processing
 from hf_specdec.core.releases import output_cache
 from hf_specdec.decoding import batch_loop
+from hf_specdec.logits import processing
 from hf_specdec.plan.latency import LatencyCurve
 from hf_specdec.plan.sequoia import plan_tree
 from hf_specdec.plan.sizing import HardwareProfile, for_batch
@@ -770,7 +770,7 @@ def test_on_cuda_tree_passes_attend_without_cudnn_and_give_the_settings_back():
     """cuDNN's SDPA cost 1.45 ms of host time per masked call in a batch on an H100 and made the passes of trees whose
     sizes change 2-7x slower (core.attention): eager tree passes run without it, and the user's backend settings are
     theirs again after the call. (No GPU needed: the context only sets PyTorch's backend flags.)"""
-    from hf_specdec.core.attention import tree_attention_kernels
+    from hf_specdec.runtime.attention import tree_attention_kernels
 
     def flags() -> dict[str, bool]:
         backends = torch.backends.cuda

@@ -258,7 +258,7 @@ def test_time_limit_stops_before_a_prompt_that_would_overrun(pair, monkeypatch):
 @pytest.mark.parametrize(("flags", "expected"), [(["avx2"], "float32"), (["avx2", "avx512_bf16"], "bfloat16"),
                                                  (["neon", "bf16"], "bfloat16")])
 def test_auto_dtype_is_bfloat16_only_where_it_is_native(monkeypatch, flags, expected):
-    from hf_specdec.core import devices as environment
+    from hf_specdec.runtime import devices as environment
     from hf_specdec_tools.bench.cli import resolve_dtype
 
     monkeypatch.setattr(environment, "cpu_flags", lambda: flags)
@@ -386,7 +386,7 @@ def test_offloaded_target_loads_from_a_folder(tmp_path):
 def test_quantized_target_auto_times_every_route_and_keeps_the_fastest(tmp_path, monkeypatch):
     """`--quantize-target auto` loads the target through each available route, times it, keeps the fastest and says
     so; the choice follows the measured times (here made up, so that each route wins once)."""
-    from hf_specdec.core.model_info import quantization
+    from hf_specdec.runtime.model_info import quantization
     from hf_specdec_tools.bench import loading, target_quantization
     from tests.test_entry_points import tiny_tokenizer
 
@@ -617,8 +617,8 @@ def test_one_row_packing_row_repacks_the_target_and_packs_it_back(run, pair):
     run, and leaves the target packed (and decoding) as it was; an unpacked target skips the row, saying why."""
     import copy
 
-    from hf_specdec.core.devices import kernels
     from hf_specdec.kernels import prepack
+    from hf_specdec.runtime.devices import kernels
     from hf_specdec_tools.bench import packing_reference
     from hf_specdec_tools.bench.cli import add_one_row_packing_row
 

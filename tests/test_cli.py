@@ -62,7 +62,7 @@ def test_demo_defaults_to_what_this_hardware_runs_fastest(monkeypatch, capsys):
     times the target's quantization routes and keeps the fastest (`auto`)."""
     import torch
 
-    from hf_specdec.core import devices as environment
+    from hf_specdec.runtime import devices as environment
 
     asked = []
 

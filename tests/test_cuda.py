@@ -149,7 +149,7 @@ def test_first_child_paths_kept_in_place_on_the_gpu(name, monkeypatch):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("name", sorted(LEAN_FAMILIES))
 def test_lean_draft_pass_equals_the_model_on_the_gpu(name, dtype):
-    """The draft's lean pass (`draft/lean_pass.py`) on CUDA: the model's own logits and cache writes on a tree, in
+    """The draft's lean pass (`kernels/lean_pass.py`) on CUDA: the model's own logits and cache writes on a tree, in
     float32 to rounding and in bfloat16 to its precision (the fused `F.rms_norm` rounds once, not per op)."""
     model = LEAN_FAMILIES[name]().to("cuda", dtype)
     tolerance = dict(atol=2e-5, rtol=1e-4) if dtype == torch.float32 else dict(atol=3e-2, rtol=3e-2)

@@ -1,5 +1,5 @@
 """A target split over devices (accelerate device_map): each tree pass puts its mask and positions once on each device
-its layers run on, not once per layer (hf_specdec/core/device_copies.py); a target on one device gets no hooks."""
+its layers run on, not once per layer (hf_specdec/runtime/device_copies.py); a target on one device gets no hooks."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from collections import Counter
 import pytest
 import torch
 
-from hf_specdec.core import device_copies
-from hf_specdec.core.device_copies import DeviceCopies
+from hf_specdec.runtime import device_copies
+from hf_specdec.runtime.device_copies import DeviceCopies
 from tests.conftest import random_prompt, tiny_model
 
 NEW = 20

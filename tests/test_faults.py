@@ -20,13 +20,13 @@ import torch
 from transformers import DynamicCache, LogitsProcessor, LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
 from transformers.generation.streamers import BaseStreamer
 
-from hf_specdec.core import paths
 from hf_specdec.core.releases import cache_arg
 from hf_specdec.plan import plan_lookup, plan_tree, store
 from hf_specdec.plan.latency import LatencyCurve
 from hf_specdec.plan.plan_file import SequoiaPlan, model_record, pair_placement
 from hf_specdec.plan.sequoia import TreePlan
 from hf_specdec.plan.sizing import HardwareProfile
+from hf_specdec.runtime import paths
 from tests.conftest import random_prompt, tiny_model
 
 NEW_TOKENS = 16

@@ -9,12 +9,12 @@ import pytest
 import torch
 
 import hf_specdec
-from hf_specdec.core.devices import kernels
 from hf_specdec.core.releases import HUB_KERNELS_BY_DEFAULT
 from hf_specdec.decoding import loop
 from hf_specdec.kernels import PackedLinear, is_prepacked
 from hf_specdec.kernels.prepack import can_prepack, packable_dtypes
 from hf_specdec.plan.latency import placement
+from hf_specdec.runtime.devices import kernels
 from tests.conftest import random_prompt, tiny_model
 
 

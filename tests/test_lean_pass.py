@@ -1,4 +1,4 @@
-"""The draft's lean pass (`draft/lean_pass.py`) computes what the model's own forward computes, on tree masks."""
+"""The draft's lean pass (`kernels/lean_pass.py`) computes what the model's own forward computes, on tree masks."""
 
 from __future__ import annotations
 
@@ -8,14 +8,15 @@ import transformers
 from transformers import DynamicCache
 
 from hf_specdec import TokenTree, quantize_draft
-from hf_specdec.core.attention import AttentionLayout
 from hf_specdec.core.releases import cache_arg
-from hf_specdec.draft import draft_model, lean_pass
+from hf_specdec.draft import draft_model
 from hf_specdec.draft.draft_model import DraftModelRunner
-from hf_specdec.draft.fused_int4 import FusedInt4
-from hf_specdec.draft.lean_pass import LeanPass
-from hf_specdec.draft.row_dispatch import set_narrow_rows
-from hf_specdec.draft.weight_only import Int4Linear
+from hf_specdec.kernels import lean_pass
+from hf_specdec.kernels.fused_int4 import FusedInt4
+from hf_specdec.kernels.lean_pass import LeanPass
+from hf_specdec.kernels.row_dispatch import set_narrow_rows
+from hf_specdec.kernels.weight_only import Int4Linear
+from hf_specdec.runtime.attention import AttentionLayout
 from tests.test_round_trips import GREEDY  # the methods at fixed shapes
 from tests.tiny import SIZES, VOCAB, build, tiny_model
 

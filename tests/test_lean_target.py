@@ -7,14 +7,14 @@ import pytest
 import torch
 
 from hf_specdec import SequoiaConfig, SpecExecConfig
-from hf_specdec.core.attention import AttentionLayout
 from hf_specdec.core.model_inputs import TokenInputs
-from hf_specdec.core.pass_shapes import PassShapes
-from hf_specdec.core.ranks import Ranks
 from hf_specdec.core.releases import cache_arg
 from hf_specdec.decoding import loop
-from hf_specdec.draft.lean_pass import LeanPass
+from hf_specdec.kernels.lean_pass import LeanPass
 from hf_specdec.plan.sequoia import plan_tree
+from hf_specdec.runtime.attention import AttentionLayout
+from hf_specdec.runtime.pass_shapes import PassShapes
+from hf_specdec.runtime.ranks import Ranks
 from tests.test_batches import kwargs_for, near_draft, padded_batch
 from tests.test_lean_pass import PAIRS  # Llama-shaped families, a sliding-window layer and one key/value head
 from tests.test_round_trips import GREEDY  # the methods at fixed shapes

@@ -1,4 +1,4 @@
-"""Top-p after top-k in linear time (`core/narrowed.py`) against Transformers' own processors on random rows.
+"""Top-p after top-k in linear time (`logits/narrowed.py`) against Transformers' own processors on random rows.
 
 The claim: bit-identical to Transformers whenever its sort puts equal scores in column order (a stable sort), on
 every row (ties at the k-th value, at the top-p cut, -inf present, bfloat16-rounded scores, temperature before and
@@ -27,8 +27,8 @@ from transformers import (
 
 import hf_specdec  # noqa: F401  (installs `speculation=`)
 from hf_specdec import SpecExecConfig, TokenTree, TreeConfig
-from hf_specdec.core import narrowed
-from hf_specdec.core.processing import NodeScores, process_tree_scores
+from hf_specdec.logits import narrowed
+from hf_specdec.logits.processing import NodeScores, process_tree_scores
 from tests.tiny import tiny_model
 
 _SORT = torch.sort

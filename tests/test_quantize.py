@@ -7,13 +7,13 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-import hf_specdec.draft.quantize as quantize_module
+import hf_specdec.kernels.quantize as quantize_module
 from hf_specdec import quantize_draft
-from hf_specdec.core.model_info import quantization
-from hf_specdec.draft import weight_only
-from hf_specdec.draft.quantize import faster_prefix, is_quantized
-from hf_specdec.draft.row_dispatch import RowDispatchLinear, set_narrow_rows, split_by_rows
-from hf_specdec.draft.weight_only import Int4Linear, Int8Linear
+from hf_specdec.kernels import weight_only
+from hf_specdec.kernels.quantize import faster_prefix, is_quantized
+from hf_specdec.kernels.row_dispatch import RowDispatchLinear, set_narrow_rows, split_by_rows
+from hf_specdec.kernels.weight_only import Int4Linear, Int8Linear
+from hf_specdec.runtime.model_info import quantization
 from tests.conftest import random_prompt, tiny_model
 
 

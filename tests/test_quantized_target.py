@@ -14,11 +14,11 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from hf_specdec import plan_tree, prepack
-from hf_specdec.core.model_info import quantization
 from hf_specdec.kernels.prepack import PackedLinear
 from hf_specdec.plan.latency import placement
 from hf_specdec.plan.plan_file import pair_placement
 from hf_specdec.plan.store import plan_filename
+from hf_specdec.runtime.model_info import quantization
 from hf_specdec_tools.bench.target_quantization import ROUTES, quantization_config
 from tests.conftest import random_prompt, tiny_model
 
@@ -130,7 +130,7 @@ def test_unknown_or_missing_routes_are_named(monkeypatch):
 
 
 def test_the_command_line_offers_every_route():
-    from hf_specdec.draft.quantize import SCHEMES
+    from hf_specdec.kernels.quantize import SCHEMES
     from hf_specdec_tools.bench.cli import DRAFT_SCHEMES, QUANTIZE_CHOICES
     from hf_specdec_tools.bench.target_quantization import CHOICES
 

@@ -116,7 +116,7 @@ def test_offloaded_target_is_lossless(real_pair_fp32, plain_outputs, tmp_path):
     plain's tokens, and the offloaded target alone decodes as the one in memory."""
     from transformers import AutoModelForCausalLM
 
-    from hf_specdec.core.devices import is_offloaded
+    from hf_specdec.runtime.devices import is_offloaded
     from hf_specdec_tools import models
 
     _, draft, _ = real_pair_fp32
@@ -141,7 +141,7 @@ def test_int8_quantized_real_target_is_lossless(real_pair_fp32):
     pytest.importorskip("torchao", reason="torchao is a test requirement (pyproject [test])")
     from transformers import AutoModelForCausalLM
 
-    from hf_specdec.core.model_info import quantization
+    from hf_specdec.runtime.model_info import quantization
     from hf_specdec_tools import models
     from hf_specdec_tools.bench.target_quantization import quantization_config
 

@@ -20,10 +20,10 @@ from collections import defaultdict
 import pytest
 import torch
 
-from hf_specdec.core.child_selection import select_children
-from hf_specdec.core.pass_shapes import depth_first
 from hf_specdec.core.tree import TokenTree
 from hf_specdec.decoding.batch_loop import verify_rows
+from hf_specdec.logits.child_selection import select_children
+from hf_specdec.runtime.pass_shapes import depth_first
 from hf_specdec.verify import VERIFIERS, SequoiaVerifier, SpecInferVerifier, TargetSampleVerifier, TorchRandom
 
 # --------------------------------------------------------------------------- toy models: prefix -> distribution

@@ -21,7 +21,7 @@ from transformers import (
 )
 
 from hf_specdec import TokenTree
-from hf_specdec.core import processing
+from hf_specdec.logits import processing
 from hf_specdec.verify import SequoiaVerifier, SpecInferVerifier, TargetSampleVerifier, Verdict, sampling
 from tests.test_sampling_exact import (
     SHAPES,

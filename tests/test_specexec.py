@@ -10,8 +10,8 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from hf_specdec import SpecExecConfig, TokenTree
-from hf_specdec.core.devices import is_offloaded
 from hf_specdec.draft.best_first import BestFirstDrafter, step_memory_bound
+from hf_specdec.runtime.devices import is_offloaded
 from hf_specdec_tools.bench.measure import PeakMemory
 from tests.conftest import random_prompt, tiny_model
 

@@ -17,11 +17,11 @@ from transformers import (
 )
 
 from hf_specdec import NGramModel, NGramModelDrafter, StagedConfig, TokenTree
-from hf_specdec.core.model_info import MAX_PADDING_ROWS
-from hf_specdec.core.processing import process_tree_scores
 from hf_specdec.core.verdict import Verdict
 from hf_specdec.draft.best_first import BestFirstDrafter
 from hf_specdec.draft.draft_model import DraftModelRunner
+from hf_specdec.logits.processing import process_tree_scores
+from hf_specdec.runtime.model_info import MAX_PADDING_ROWS
 from hf_specdec.verify import TargetSampleVerifier
 from tests.conftest import VOCAB, random_prompt, tiny_model
 from tests.test_sampling_exact import all_runs, chi_square_pvalue, total_variation

@@ -12,11 +12,11 @@ from transformers import CompileConfig, DynamicCache, StaticCache
 from transformers.cache_utils import StaticLayer
 
 from hf_specdec.accept.kv_cache import cache_length, crop, full_length_cache, keep_positions, layer_rows
-from hf_specdec.core.attention import AttentionLayout
-from hf_specdec.core.pass_shapes import PassShapes, fit_tree
 from hf_specdec.core.releases import cache_arg, output_cache
 from hf_specdec.core.tree import TokenTree
 from hf_specdec.decoding.loop import tree_pass
+from hf_specdec.runtime.attention import AttentionLayout
+from hf_specdec.runtime.pass_shapes import PassShapes, fit_tree
 from hf_specdec.verify import SequoiaVerifier, TargetSampleVerifier
 from tests.conftest import random_prompt, tiny_model
 from tests.families import WINDOW, family
@@ -389,8 +389,8 @@ def test_forward_the_user_compiled_works():
 def test_a_compiled_pass_runs_only_at_sizes_where_it_measured_faster(compiled_faster, monkeypatch):
     """The first pass of a size tries both calls over the same cache rows (the write length rewound between them)
     and keeps the faster; later passes of that size run it alone. The cache ends as after one pass either way."""
-    from hf_specdec.core import faster_call
-    from hf_specdec.core.faster_call import FasterCall
+    from hf_specdec.runtime import faster_call
+    from hf_specdec.runtime.faster_call import FasterCall
 
     target = tiny("Llama")
     ids, layout = prompt(), AttentionLayout.of(target)

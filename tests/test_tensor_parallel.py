@@ -16,12 +16,12 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from hf_specdec.core import ranks as ranks_module
-from hf_specdec.core.devices import PassClock, compute_devices, device_layout
-from hf_specdec.core.ranks import ONE_PROCESS, Ranks, sharding_mesh
 from hf_specdec.core.tree import TokenTree
 from hf_specdec.plan import store
 from hf_specdec.plan.latency import placement
+from hf_specdec.runtime import ranks as ranks_module
+from hf_specdec.runtime.devices import PassClock, compute_devices, device_layout
+from hf_specdec.runtime.ranks import ONE_PROCESS, Ranks, sharding_mesh
 
 sys.path.insert(0, str(Path(__file__).parent))
 import tp_worker  # noqa: E402

@@ -26,8 +26,8 @@ from transformers import (
 )
 
 from hf_specdec import TokenTree
-from hf_specdec.core import narrowed, processing
 from hf_specdec.draft.shaped_tree import ModelTreeDrafter
+from hf_specdec.logits import narrowed, processing
 from hf_specdec.verify import SequoiaVerifier, SpecInferVerifier, sampling
 from tests.test_sampling_exact import (
     SHAPES,

@@ -9,9 +9,9 @@ from hypothesis import strategies as st
 from transformers import DynamicCache
 
 from hf_specdec import TokenTree
-from hf_specdec.core import pass_shapes
-from hf_specdec.core.pass_shapes import depth_first
 from hf_specdec.core.releases import cache_arg
+from hf_specdec.runtime import pass_shapes
+from hf_specdec.runtime.pass_shapes import depth_first
 from tests.conftest import VOCAB, tiny_model
 
 

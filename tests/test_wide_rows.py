@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hf_specdec.core import wide_rows
+from hf_specdec.logits import wide_rows
 
 
 def _rows(kind: str, m: int, width: int, seed: int) -> torch.Tensor:

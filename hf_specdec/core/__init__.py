@@ -1,5 +1,6 @@
-"""The contracts every layer above shares: the TokenTree value and its operations, the Drafter and Verifier
-interfaces, how a drafter picks children, logits processing per node, where a model runs, and the config registry.
+"""The contracts every layer above shares: the TokenTree value and its operations (`tree.py`), the Drafter and
+Verifier interfaces (`drafter.py`, `verdict.py`) and the token inputs a drafter takes (`model_inputs.py`), the config
+registry (`config.py`), and what differs between the Transformers releases supported (`releases.py`).
 
 Nothing here runs a drafting or verification algorithm; everything above builds on these.
 """

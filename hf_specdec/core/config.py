@@ -52,7 +52,7 @@ class SpeculationConfig:
     needs_assistant: ClassVar[bool] = True
     #: every step drafts a chain (one token per level): it also runs on models with recurrent state
     drafts_chains: ClassVar[bool] = False
-    #: how this method's drafter can pick children (see core/child_selection.py); sampling verifiers need
+    #: how this method's drafter can pick children (see logits/child_selection.py); sampling verifiers need
     #: children drawn from the draft distribution, so deterministic drafters accept only greedy and target_sample
     child_selections: ClassVar[tuple[str, ...]] = ("top_k",)
     #: the verifier used when sampling and none is named: the best-accepting exact one for this drafter

@@ -23,20 +23,20 @@ from transformers import DynamicCache, LogitsProcessorList, PreTrainedModel, Sto
 
 from ..accept.emit import BlockStops, block_scores, emit_rows
 from ..accept.ragged import RaggedRows
-from ..core.attention import AttentionLayout
-from ..core.device_copies import DeviceCopies
-from ..core.devices import PassClock, compute_devices, execution_device
 from ..core.drafter import Drafter
-from ..core.processing import NodeScores, process_tree_scores, row_processors
-from ..core.ranks import Ranks
 from ..core.releases import cache_arg
 from ..core.tree import TokenTree
 from ..core.verdict import Verdict, Verifier
 from ..draft.batch_shaped import LockstepShapeDrafter
 from ..draft.guarded import root_only
+from ..logits.processing import NodeScores, process_tree_scores, row_processors
 from ..plan.guard import PlainGuard
 from ..plan.sizing import row_share
 from ..plan.step_sizing import StepSizer
+from ..runtime.attention import AttentionLayout
+from ..runtime.device_copies import DeviceCopies
+from ..runtime.devices import PassClock, compute_devices, execution_device
+from ..runtime.ranks import Ranks
 from ..verify import RandomSource
 from .batch_cache import FinishedRows
 from .loop import _prefill, _record, _renumbered, fit_positions, lean_target

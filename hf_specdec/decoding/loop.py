@@ -17,19 +17,19 @@ from transformers.modeling_outputs import CausalLMOutputWithPast, ModelOutput
 
 from ..accept.emit import BlockStops, block_scores, emit
 from ..accept.kv_cache import cache_length, crop, is_static, keep_positions, keeps_state, layer_rows, record_states
-from ..core.attention import AttentionLayout, Masks
-from ..core.device_copies import DeviceCopies, one_pass
-from ..core.devices import PassClock, compute_devices, execution_device
 from ..core.drafter import Drafter
-from ..core.faster_call import FasterCall, compile_events
 from ..core.model_inputs import TokenInputs
-from ..core.pass_shapes import PassShapes, depth_first, fit_tree, padded_pass
-from ..core.processing import NodeScores, process_tree_scores
-from ..core.ranks import Ranks
 from ..core.releases import CACHE, cache_arg
 from ..core.tree import TokenTree
 from ..core.verdict import Verdict, Verifier
-from ..draft.lean_pass import LeanPass
+from ..kernels.lean_pass import LeanPass
+from ..logits.processing import NodeScores, process_tree_scores
+from ..runtime.attention import AttentionLayout, Masks
+from ..runtime.device_copies import DeviceCopies, one_pass
+from ..runtime.devices import PassClock, compute_devices, execution_device
+from ..runtime.faster_call import FasterCall, compile_events
+from ..runtime.pass_shapes import PassShapes, depth_first, fit_tree, padded_pass
+from ..runtime.ranks import Ranks
 from .outputs import TokenRecords
 from .stats import SpeculationStats
 

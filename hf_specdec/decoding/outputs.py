@@ -9,7 +9,7 @@ from transformers import GenerationConfig
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 from transformers.modeling_outputs import ModelOutput
 
-from ..core.attention import SLIDING, AttentionLayout
+from ..runtime.attention import SLIDING, AttentionLayout
 from .stats import SpeculationStats
 
 

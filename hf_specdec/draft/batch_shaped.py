@@ -29,14 +29,14 @@ import torch
 from transformers import DynamicCache, LogitsProcessorList, PreTrainedModel
 
 from ..accept.ragged import RaggedRows
-from ..core.attention import AttentionLayout
-from ..core.child_selection import select_children
-from ..core.devices import PassClock, execution_device
-from ..core.model_info import embeddable, fit_vocabulary
 from ..core.model_inputs import explicit_parameters
-from ..core.processing import process_tree_scores
 from ..core.releases import cache_arg
 from ..core.tree import HostTree, TokenTree, additive_mask
+from ..logits.child_selection import select_children
+from ..logits.processing import process_tree_scores
+from ..runtime.attention import AttentionLayout
+from ..runtime.devices import PassClock, execution_device
+from ..runtime.model_info import embeddable, fit_vocabulary
 from .draft_model import forwarded_prefix
 from .shaped_tree import ModelTreeDrafter, read_with_tokens
 

@@ -32,10 +32,10 @@ import torch
 from transformers import LogitsProcessorList, PreTrainedModel
 
 from ..core.drafter import Drafter
-from ..core.processing import draft_top_scores, process_tree_scores
 from ..core.tree import HostTree, TokenTree
 from ..core.verdict import Verdict
-from ..core.wide_rows import row_topk
+from ..logits.processing import draft_top_scores, process_tree_scores
+from ..logits.wide_rows import row_topk
 from ..plan.sizing import default_beams
 from ..plan.step_sizing import OnlineAcceptance, StepSizer
 from .draft_model import DraftModelCounts, DraftModelRunner, HostSequence, emitted_tokens, forwarded_prefix
@@ -95,12 +95,6 @@ class Growth:
             slots.append(self.nodes[node].slot)
             node = self.nodes[node].parent
         return slots
-
-    def as_tree(self, device: torch.device) -> TokenTree:
-        """Every node so far (pruned ones too: indices stay valid) as a TokenTree, for the logits processors."""
-        parents, tokens = [n.parent for n in self.nodes], [n.token for n in self.nodes]
-        return TokenTree(tokens=torch.tensor(tokens).to(device), parents=torch.tensor(parents).to(device),
-                         _host=HostTree(parents=parents, tokens=tokens))
 
     def kept(self) -> list[int]:
         return [i for i, n in enumerate(self.nodes) if n.kept]
@@ -185,8 +179,6 @@ class BestFirstDrafter(DraftModelCounts, Drafter):
         self.max_passes = max_passes  # None: until nothing can grow
         self.min_log_rank = math.log(min_prob) if min_prob > 0 else float("-inf")
         self.sequence = HostSequence()
-        self.lower_forwarded = 0  # lower-stage nodes forwarded (stats)
-        self.lower_confirmed = 0  # ... of which joined the tree
         self._slots: list[int] = []  # draft-cache slot of each node of the last proposed tree (-1: not forwarded)
         self._logq: list[float] = []  # the draft's log-probability of each node of the last proposed tree
 
@@ -195,12 +187,6 @@ class BestFirstDrafter(DraftModelCounts, Drafter):
         self.runner.use_window(tokens)
         if self.lower is not None:
             self.lower.use_window(tokens)
-
-    def stage_counts(self) -> list[dict[str, float]]:
-        """Per model stage, top first: its passes and how many forwarded lower-stage nodes it confirmed."""
-        here = {"model": type(self.runner.model).__name__, "passes": self.runner.forward_count,
-                "lower_forwarded": self.lower_forwarded, "lower_confirmed": self.lower_confirmed}
-        return [here, *(self.lower.stage_counts() if isinstance(self.lower, BestFirstDrafter) else [])]
 
     @property
     def num_drafting_tokens(self) -> int:
@@ -304,7 +290,6 @@ class BestFirstDrafter(DraftModelCounts, Drafter):
         lower = {}
         for hang, tree, at in trees:  # their rows follow the frontier's, tree by tree, as fed
             lower[hang] = LowerAt(LowerTree(tree, tree.host(), old + at), at=0)
-            self.lower_forwarded += len(tree) - 1
         return ready, logits, lower
 
     def _grow(self, growth: Growth, ready: list[int], logits: torch.Tensor, lower: dict[int, LowerAt]) -> None:
@@ -384,7 +369,6 @@ class BestFirstDrafter(DraftModelCounts, Drafter):
             child = growth.nodes[first + j]
             child.slot = place.lower.first_slot + c - 1
             lower[first + j] = LowerAt(place.lower, at=c)
-            self.lower_confirmed += 1
             if child.depth < self.max_depth:
                 confirmed.append(first + j)
         return confirmed

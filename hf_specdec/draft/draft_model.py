@@ -46,16 +46,16 @@ from ..accept.kv_cache import (
     static_capacity,
     static_copy,
 )
-from ..core.attention import AttentionLayout, keeps_state
-from ..core.devices import PassClock, execution_device
-from ..core.faster_call import FasterCall, compile_events
-from ..core.model_info import embeddable, fit_vocabulary
 from ..core.model_inputs import TokenInputs, explicit_parameters
-from ..core.pass_shapes import PassShapes, padded_inputs
 from ..core.releases import cache_arg
 from ..core.tree import TokenTree
 from ..core.verdict import Verdict
-from .lean_pass import LeanPass
+from ..kernels.lean_pass import LeanPass
+from ..runtime.attention import AttentionLayout, keeps_state
+from ..runtime.devices import PassClock, execution_device
+from ..runtime.faster_call import FasterCall, compile_events
+from ..runtime.model_info import embeddable, fit_vocabulary
+from ..runtime.pass_shapes import PassShapes, padded_inputs
 
 LEAN_CATCH_UP = 16  # a catch-up over at most this many tokens takes the lean pass with a mask (longer: causal)
 EAGER_CATCH_UP = 4  # on a static cache, at most this many fresh tokens join a padded pass (more: an eager pass first)

@@ -14,11 +14,11 @@ from dataclasses import dataclass
 import torch
 from transformers import LogitsProcessorList, PreTrainedModel
 
-from ..core.child_selection import select_children
 from ..core.drafter import Drafter
-from ..core.processing import draft_top_scores, process_tree_scores
 from ..core.tree import HostTree, TokenTree
 from ..core.verdict import Verdict
+from ..logits.child_selection import select_children
+from ..logits.processing import draft_top_scores, process_tree_scores
 from .draft_model import DraftModelCounts, DraftModelRunner, HostSequence, emitted_tokens, forwarded_prefix
 
 

@@ -23,23 +23,23 @@ from transformers import GenerationConfig, LogitsProcessorList, PreTrainedModel,
 from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria, MaxTimeCriteria
 
 from ..accept.kv_cache import full_length_cache
-from ..core.attention import tree_attention_kernels
 from ..core.config import PlanRequest, SpeculationConfig
-from ..core.devices import execution_device
-from ..core.model_info import vocab_size
-from ..core.processing import row_processors
 from ..core.releases import CACHE, cache_arg
 from ..decoding.batch_loop import RowDrafters, batch_speculative_loop
 from ..decoding.outputs import SpeculativeDecoderOnlyOutput
 from ..decoding.stats import SpeculationStats
 from ..draft.batch_shaped import LockstepShapeDrafter
 from ..draft.batch_sized import SizedLockstepDrafter
+from ..logits.processing import row_processors
 from ..methods.static_shape import StaticShapeConfig
 from ..methods.step_sized import PLAN_BUDGET, StepSizedConfig, online_sizer
 from ..plan.call_pricing import PRICING_MARGIN, SLOWEST_ROW_SHARE, call_pays, saving_per_token
 from ..plan.guard import BATCH_MARGIN, PlainGuard, remembered_guard
 from ..plan.shape_sizing import RankAcceptance, ShapeMenu, sequoia_menu
 from ..plan.sizing import for_batch, row_by_row
+from ..runtime.attention import tree_attention_kernels
+from ..runtime.devices import execution_device
+from ..runtime.model_info import vocab_size
 from .call import SpeculationCall, guard_key
 
 

@@ -28,18 +28,18 @@ from transformers.generation.utils import GenerationMixin
 from transformers.utils import logging
 
 from ..accept.kv_cache import full_length_cache, is_static, make_room, static_capacity
-from ..core.attention import tree_attention_kernels
 from ..core.config import ModelDraftConfig, PlanRequest, SpeculationConfig, make_config
-from ..core.devices import execution_device
-from ..core.faster_call import FasterCall
 from ..core.model_inputs import TokenInputs
-from ..core.ranks import Ranks
 from ..core.releases import CACHE, cache_arg, with_cache_name
 from ..decoding.loop import speculative_loop
 from ..decoding.outputs import SpeculativeDecoderOnlyOutput, TokenRecords
 from ..decoding.stats import SpeculationStats
 from ..draft.guarded import GuardedDrafter
 from ..plan.plan_lookup import call_temperature, plan_for_call
+from ..runtime.attention import tree_attention_kernels
+from ..runtime.devices import execution_device
+from ..runtime.faster_call import FasterCall
+from ..runtime.ranks import Ranks
 from ..verify import verifier_for
 from .batch import batch_plainly, batch_plan_request, decode_batch
 from .call import SpeculationCall, guard_key

@@ -8,11 +8,11 @@ import torch
 from transformers import DynamicCache, GenerationConfig, PreTrainedModel, StaticCache
 
 from ..accept.kv_cache import cache_length, dropped_rows, is_static, static_capacity
-from ..core.attention import AttentionLayout, check_supported, keeps_state
-from ..core.model_info import vocabulary_mismatch
 from ..core.model_inputs import TokenInputs, unplaceable_inputs
-from ..core.ranks import Ranks
 from ..core.releases import CACHE
+from ..runtime.attention import AttentionLayout, check_supported, keeps_state
+from ..runtime.model_info import vocabulary_mismatch
+from ..runtime.ranks import Ranks
 from ..verify import verifier_for
 from .call import SpeculationCall
 

@@ -21,8 +21,8 @@ import torch
 from torch import nn
 from transformers import PreTrainedModel
 
-from ..core.devices import KERNELS_ATTRIBUTE, execution_device, is_offloaded
 from ..plan.latency import measure_latency
+from ..runtime.devices import KERNELS_ATTRIBUTE, execution_device, is_offloaded
 
 #: rows the packed layout is tuned for: tree passes are a few to a few dozen tokens
 BATCH_HINT = 16

@@ -6,11 +6,11 @@ from __future__ import annotations
 import torch
 from transformers import LogitsProcessorList, PreTrainedModel
 
-from ..core.child_selection import CHILD_SELECTIONS
 from ..core.config import ModelDraftConfig
-from ..core.model_info import vocab_size
 from ..draft.shaped_tree import ModelTreeDrafter
+from ..logits.child_selection import CHILD_SELECTIONS
 from ..plan.shape_sizing import ShapeMenu, level_cuts_menu
+from ..runtime.model_info import vocab_size
 
 
 class StaticShapeConfig(ModelDraftConfig):

@@ -21,9 +21,9 @@ from transformers import (
     TopPLogitsWarper,
 )
 
-from ..core.attention import AttentionLayout
-from ..core.devices import execution_device
-from ..core.model_info import vocab_size
+from ..runtime.attention import AttentionLayout
+from ..runtime.devices import execution_device
+from ..runtime.model_info import vocab_size
 from .acceptance import estimate_acceptance
 from .latency import DEFAULT_SIZES, STOP_RATIO, measure_latency
 from .plan_file import SequoiaPlan, environment, model_record, pair_placement

@@ -21,12 +21,12 @@ from tqdm.auto import tqdm
 from transformers import DynamicCache, PreTrainedModel
 
 from ..accept.kv_cache import crop
-from ..core.attention import AttentionLayout
-from ..core.devices import compute_devices, cpu_model, device_layout, execution_device, is_offloaded, kernels
-from ..core.model_info import quantization
-from ..core.paths import json_object
 from ..core.releases import cache_arg
 from ..core.tree import TokenTree
+from ..runtime.attention import AttentionLayout
+from ..runtime.devices import compute_devices, cpu_model, device_layout, execution_device, is_offloaded, kernels
+from ..runtime.model_info import quantization
+from ..runtime.paths import json_object
 
 DEFAULT_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128)
 STOP_RATIO = 16.0  # see measure_latency

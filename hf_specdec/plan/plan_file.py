@@ -19,10 +19,10 @@ import torch
 import transformers
 from transformers import PreTrainedModel
 
-from ..core.devices import cpu_model
-from ..core.model_info import quantization
-from ..core.paths import json_list, json_object, write_json
 from ..core.version import __version__
+from ..runtime.devices import cpu_model
+from ..runtime.model_info import quantization
+from ..runtime.paths import json_list, json_object, write_json
 from ..verify.registry import VERIFIERS
 from .latency import dtype_name, placement
 from .sequoia import TreePlan

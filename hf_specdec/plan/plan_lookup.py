@@ -16,8 +16,8 @@ from transformers import GenerationConfig, PreTrainedModel
 from transformers.utils import logging
 
 from ..core.config import PlanRequest
-from ..core.devices import is_offloaded
-from ..core.ranks import ONE_PROCESS, Ranks
+from ..runtime.devices import is_offloaded
+from ..runtime.ranks import ONE_PROCESS, Ranks
 from . import store
 from .calibrate import calibrate, measure_profile, resize
 from .latency import STOP_RATIO

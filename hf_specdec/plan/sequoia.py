@@ -32,8 +32,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..core.paths import json_object
 from ..core.tree import TokenTree, breadth_first_order, renumber_parents, reorder
+from ..runtime.paths import json_object
 from .shapes import validate_parents
 
 

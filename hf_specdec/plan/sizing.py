@@ -15,7 +15,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from ..core.paths import json_object
+from ..runtime.paths import json_object
 from .latency import LatencyCurve
 from .sequoia import TreePlan, TreePlanner
 

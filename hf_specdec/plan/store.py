@@ -23,9 +23,9 @@ from typing import Any
 
 from transformers import PreTrainedModel
 
-from ..core.devices import device_layout, execution_device, is_offloaded
-from ..core.model_info import quantization
-from ..core.paths import CACHE_ENV, cache_dir
+from ..runtime.devices import device_layout, execution_device, is_offloaded
+from ..runtime.model_info import quantization
+from ..runtime.paths import CACHE_ENV, cache_dir
 from .latency import dtype_name
 from .plan_file import SequoiaPlan, model_fingerprint, read_json
 from .sizing import HardwareProfile

@@ -10,7 +10,7 @@ from typing import ClassVar
 import torch
 
 from ..core.tree import TokenTree
-from ..core.wide_rows import row_argmax
+from ..logits.wide_rows import row_argmax
 from .registry import register_verifier
 from .tree_walk import Verdict, reads_per_level, walk_down
 

@@ -15,8 +15,8 @@ from typing import ClassVar, Protocol
 
 import torch
 
-from ..core.processing import NodeScores
 from ..core.tree import TokenTree
+from ..logits.processing import NodeScores
 from .registry import register_verifier
 from .tree_walk import Verdict, reads_per_level, walk_down
 

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM
 
-from hf_specdec.core.devices import native_bfloat16
+from hf_specdec.runtime.devices import native_bfloat16
 
 from .runner import BenchSettings, plain_reference_calls
 from .strategies import PLAIN

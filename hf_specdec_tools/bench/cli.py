@@ -15,7 +15,7 @@ SCHEMA = "hf_specdec.bench/1"
 DTYPES = ("auto", "bfloat16", "float32", "float16")
 #: target_quantization.CHOICES, spelled out so that `--help` imports no model code (a test keeps them equal)
 QUANTIZE_CHOICES = ("none", "auto", "int8", "int8-dynamic")
-#: hf_specdec.draft.quantize.SCHEMES, spelled out for the same reason (the same test keeps them equal)
+#: hf_specdec.kernels.quantize.SCHEMES, spelled out for the same reason (the same test keeps them equal)
 DRAFT_SCHEMES = ("dynamic-int8", "int4", "int8-weight-only", "mixed")
 DEFAULT_PROMPTS, QUICK_PROMPTS = "humaneval:8", "humaneval:3"
 DEFAULT_NEW_TOKENS, QUICK_NEW_TOKENS = 128, 48
@@ -383,7 +383,7 @@ def resolve_dtype(name: str) -> str:
         return name
     import torch
 
-    from hf_specdec.core.devices import native_bfloat16
+    from hf_specdec.runtime.devices import native_bfloat16
 
     return "bfloat16" if native_bfloat16(torch.cuda.is_available()) else "float32"
 

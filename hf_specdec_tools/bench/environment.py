@@ -11,7 +11,7 @@ from typing import Any
 import psutil
 import torch
 
-from hf_specdec.core.devices import cpu_family_model, cpu_flags, cpu_model
+from hf_specdec.runtime.devices import cpu_family_model, cpu_flags, cpu_model
 
 PACKAGES = ("torch", "transformers", "accelerate", "hf_specdec")
 def _version(package: str) -> str | None:

@@ -13,9 +13,9 @@ from typing import Any
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
-from hf_specdec.core.model_info import quantization
-from hf_specdec.draft import frequent_tokens, quantize_draft, restrict_vocabulary
-from hf_specdec.draft.quantize import default_scheme
+from hf_specdec.kernels import frequent_tokens, quantize_draft, restrict_vocabulary
+from hf_specdec.kernels.quantize import default_scheme
+from hf_specdec.runtime.model_info import quantization
 
 from .machine_choices import machine_key, recall, remember
 from .target_quantization import ROUTES, automatic_routes, fastest_route, quantization_config

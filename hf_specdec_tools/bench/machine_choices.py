@@ -15,8 +15,8 @@ from typing import Any
 import torch
 import transformers
 
-from hf_specdec.core.devices import cpu_flags, cpu_model
-from hf_specdec.core.paths import cache_dir, write_json
+from hf_specdec.runtime.devices import cpu_flags, cpu_model
+from hf_specdec.runtime.paths import cache_dir, write_json
 
 FILE = "machine-choices.json"
 

@@ -16,9 +16,9 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel
 
-from hf_specdec.core.devices import kernels
 from hf_specdec.kernels import prepack, unpack
 from hf_specdec.kernels.prepack import kernels_tag
+from hf_specdec.runtime.devices import kernels
 
 from .runner import BenchSettings, plain_reference_calls
 from .strategies import PLAIN

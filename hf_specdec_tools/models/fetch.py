@@ -30,7 +30,7 @@ from filelock import FileLock
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 from tqdm.auto import tqdm
 
-from hf_specdec.core.paths import CACHE_ENV, cache_dir
+from hf_specdec.runtime.paths import CACHE_ENV, cache_dir
 
 from .registry import DEFAULT_DRAFT, DEFAULT_TARGET, ModelSpec
 

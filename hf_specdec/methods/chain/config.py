@@ -8,10 +8,10 @@ import torch
 from transformers import LogitsProcessorList, PreTrainedModel
 
 from ...core.config import register_speculation
-from ...core.model_info import vocab_size
 from ...draft.confident_chain import ConfidentChainDrafter
 from ...draft.shaped_tree import ModelTreeDrafter
 from ...plan.shapes import chain_parents
+from ...runtime.model_info import vocab_size
 from ..static_shape import StaticShapeConfig
 
 

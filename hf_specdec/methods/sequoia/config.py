@@ -11,12 +11,12 @@ from typing import Any
 from transformers.utils import logging
 
 from ...core.config import PlanRequest, register_speculation, set_by_with_plan
-from ...core.model_info import vocab_size
 from ...draft.shaped_tree import ModelTreeDrafter
 from ...draft.sized_shape import SizedShapeDrafter
 from ...plan.plan_file import SequoiaPlan
 from ...plan.sequoia import TreePlan
 from ...plan.shape_sizing import RankAcceptance, ShapeMenu, sequoia_menu
+from ...runtime.model_info import vocab_size
 from ..static_shape import StaticShapeConfig
 from ..step_sized import online_sizer
 

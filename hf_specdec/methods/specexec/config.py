@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ...core.config import register_speculation
-from ...core.model_info import vocab_size
 from ...draft.best_first import BestFirstDrafter
 from ...plan.step_sizing import FRONTIER_SIZES
+from ...runtime.model_info import vocab_size
 from ..step_sized import StepSizedConfig
 
 

@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ...core.config import register_speculation, settings
-from ...core.model_info import vocab_size
 from ...draft.best_first import BestFirstDrafter
+from ...runtime.model_info import vocab_size
 from ..step_sized import StepSizedConfig
 from .stack import build_stack, parse_stages
 

@@ -22,11 +22,11 @@ from typing import Any
 import torch
 from transformers import LogitsProcessorList, PreTrainedModel
 
-from ...core.attention import check_supported
 from ...core.drafter import Drafter
-from ...core.model_info import vocab_size, vocabulary_mismatch
 from ...draft.best_first import BestFirstDrafter
 from ...draft.prompt_lookup import PromptLookupDrafter
+from ...runtime.attention import check_supported
+from ...runtime.model_info import vocab_size, vocabulary_mismatch
 from .merged import MergedDrafter
 from .ngram_model import NGramModel, NGramModelDrafter
 

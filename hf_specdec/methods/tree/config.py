@@ -7,11 +7,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ...core.config import PlanRequest, register_speculation, set_by_with_plan
-from ...core.model_info import vocab_size
 from ...draft.shaped_tree import ModelTreeDrafter
 from ...draft.sized_shape import SizedShapeDrafter
 from ...plan.shape_sizing import RankAcceptance, ShapeMenu, sub_shapes_menu
 from ...plan.shapes import validate_parents, widths_parents
+from ...runtime.model_info import vocab_size
 from ..static_shape import StaticShapeConfig
 from ..step_sized import PLAN_BUDGET, online_sizer
 

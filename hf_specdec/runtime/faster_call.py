@@ -19,7 +19,7 @@ import torch
 from torch._dynamo.utils import counters
 from transformers.cache_utils import StaticLayer
 
-from .releases import given_cache
+from ..core.releases import given_cache
 
 # The compiled call must be this much faster in the trial to be kept. On a CPU a trial of alternating passes is off
 # by several percent from whole calls (Zen 3, float32, the real target's 8-node pass: compiled 1.33 s against eager

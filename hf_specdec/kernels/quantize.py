@@ -23,8 +23,8 @@ from collections.abc import Sequence
 import torch
 from transformers import PreTrainedModel
 
-from ..core.devices import native_bfloat16
 from ..plan.latency import measure_latency
+from ..runtime.devices import native_bfloat16
 from .row_dispatch import MAX_NARROW_ROWS, set_narrow_rows, split_by_rows
 from .vocabulary import restrict_vocabulary
 from .weight_only import to_weight_only, weight_only_unavailable

@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from transformers import Cache, PreTrainedModel
 
-from ..core.attention import Masks
+from ..runtime.attention import Masks
 from .fused_int4 import FusedInt4
 
 #: model classes whose decoder layers this pass reproduces (norm, attention, MLP and residuals in the same order)

@@ -26,8 +26,8 @@ from transformers.cache_utils import (
     get_layer_types_and_kwargs,
 )
 
-from .releases import ASSISTED_ON_RECURRENT_STATE, RELEASE, keeps_recurrent_state
-from .tree import TokenTree, additive_mask
+from ..core.releases import ASSISTED_ON_RECURRENT_STATE, RELEASE, keeps_recurrent_state
+from ..core.tree import TokenTree, additive_mask
 
 FULL, SLIDING = "full_attention", "sliding_attention"
 ROW_MASKED = ("gpt_neo",)  # families that mask attention by cache row on top of the mask they are given

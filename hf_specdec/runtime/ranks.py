@@ -18,8 +18,8 @@ from typing import Any, TypeVar
 import torch
 import torch.distributed as dist
 
-from .tree import HostTree, TokenTree
-from .verdict import Verdict
+from ..core.tree import HostTree, TokenTree
+from ..core.verdict import Verdict
 
 T = TypeVar("T")
 _HOST_GROUPS: dict[tuple[int, ...], Any] = {}  # a gloo group per set of ranks, made once per process

@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..core.tree import TokenTree
 from .attention import AttentionLayout, Masks
-from .tree import TokenTree
 
 
 @dataclass

@@ -11,6 +11,7 @@ from transformers import (
     RepetitionPenaltyLogitsProcessor,
 )
 
+from ..core.tree import TokenTree
 from .narrowed import (
     apply_narrowed,
     deferred,
@@ -20,7 +21,6 @@ from .narrowed import (
     top_columns,
     topk_split,
 )
-from .tree import TokenTree
 
 # Processors that read a row's batch index, not only its tokens: `prefix_allowed_tokens_fn(batch_id, sentence)`.
 # Nodes batched as rows would show up as batch ids 0..k-1 of a batch of k, while each node is the one real sequence
