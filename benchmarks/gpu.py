@@ -66,7 +66,7 @@ from engine_overhead import ACCEPTANCE, SAMPLING, peaky_model  # noqa: E402
 import hf_specdec  # noqa: E402, F401  (installs `speculation=`)
 from hf_specdec import ChainConfig, SequoiaConfig, SpecExecConfig, StagedConfig, TreeConfig  # noqa: E402
 from hf_specdec.core.releases import ASSISTED_ON_STATIC_CACHE, cache_arg, given_cache  # noqa: E402
-from hf_specdec.decoding import loop  # noqa: E402
+from hf_specdec.decoding import step  # noqa: E402
 from hf_specdec.kernels import lean_pass  # noqa: E402
 from hf_specdec.plan.latency import measure_latency  # noqa: E402
 from hf_specdec.plan.plan_file import pair_placement  # noqa: E402
@@ -133,7 +133,7 @@ class Run:
         `NO_CUDNN` set runs the whole call with cuDNN's SDPA kernel off (our eager tree passes do so by themselves);
         one with `CUDNN_KEPT` lets our tree passes use it; one with `BREADTH_FIRST` hands the target the drafted
         order; one with `MODEL_FORWARD` runs the draft through its model's forward (before `kernels/lean_pass.py`);
-        one with `TARGET_FORWARD` the target's tree passes (before `decoding.loop.lean_target`)."""
+        one with `TARGET_FORWARD` the target's tree passes (before `decoding.step.lean_target`)."""
         self.sync()
         start = time.perf_counter()
         with contextlib.ExitStack() as kernels:
@@ -146,7 +146,7 @@ class Run:
             if kwargs.get(MODEL_FORWARD):
                 kernels.enter_context(mock.patch.object(lean_pass, "SUPPORTED", ()))
             if kwargs.get(TARGET_FORWARD):
-                kernels.enter_context(mock.patch.object(loop, "LEAN_TARGET", False))
+                kernels.enter_context(mock.patch.object(step, "LEAN_TARGET", False))
             out = generate(target, ids, new_tokens, **call_kwargs(kwargs))
         self.sync()
         return out, time.perf_counter() - start
@@ -580,7 +580,7 @@ def step_parts(run: Run, target, draft, prompts, new_tokens: int, rounds: int = 
              # the draft through its model's own forward, not the lean pass (`kernels/lean_pass.py`)
              **{f"{name}, model forward": {"assistant_model": draft, "speculation": name, MODEL_FORWARD: True}
                 for name in ("chain", "sequoia", "specexec")},
-             # the target's tree passes through its model's own forward, not the lean pass (`decoding.loop.lean_target`)
+             # the target's tree passes through its model's own forward, not the lean pass (`decoding.step.lean_target`)
              **{f"{name}, target forward": {"assistant_model": draft, "speculation": name, TARGET_FORWARD: True}
                 for name in ("chain", "sequoia", "specexec", "staged")},
              "staged": {"assistant_model": draft, "speculation": "staged"}}
@@ -707,7 +707,7 @@ def batch_speed(run: Run, target, draft, new_tokens: int, sizes=(1, 2, 4, 8, 16)
         table = {"plain (batched)": mask, "plain (batched), no cuDNN SDPA": {**mask, NO_CUDNN: True},
                  **{name: {"assistant_model": draft, "speculation": name, **mask}
                     for name in ("chain", "sequoia", "specexec")},
-                 # the target's tree passes through its forward, not the lean pass (`decoding.loop.lean_target`)
+                 # the target's tree passes through its forward, not the lean pass (`decoding.step.lean_target`)
                  **{f"{name}, target forward": {"assistant_model": draft, "speculation": name, TARGET_FORWARD: True,
                                                 **mask} for name in ("chain", "sequoia")}}
         if run.args.only:

@@ -11,7 +11,7 @@ calls them (the cache cut back after each pass); the figure is the median over r
 without its fused int4 calls (`kernels/fused_int4.py`: each projection its own call), and, with `--vocabulary K`, on a
 draft whose output layer covers the K tokens most frequent in `held_out_corpus()` (`frequent_tokens`), and, with
 `--target-rows N`, the target's tree pass over N rows (all rows' logits) through its forward and the lean pass
-(which the loop takes for the target off the CPU only: `decoding.loop.lean_target`). Writes
+(which the loop takes for the target off the CPU only: `decoding.step.lean_target`). Writes
 results.json (machine, settings, every figure) and prints a table.
 """
 

@@ -13,7 +13,15 @@ models, so `draft` stands on `plan`). `hf_specdec_tools` (the `hf-specdec` comma
 embedded models) sits apart: the library never imports it.
 """
 
-from .core import SPECULATION_METHODS, Drafter, SpeculationConfig, TokenTree, Verdict, register_speculation
+from .core import (
+    SPECULATION_METHODS,
+    Drafter,
+    SpeculationConfig,
+    TokenTree,
+    Verdict,
+    Verifier,
+    register_speculation,
+)
 from .core.version import __version__
 from .decoding import SpeculationStats, SpeculativeDecoderOnlyOutput
 from .draft import BestFirstDrafter, ModelTreeDrafter, NGramDrafter, PromptLookupDrafter
@@ -58,6 +66,7 @@ __all__ = [
     "SpeculativeDecoderOnlyOutput",
     "TokenTree",
     "TreeConfig",
+    "Verifier",
     "TreePlan",
     "Verdict",
     "__version__",

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from hf_specdec.accept.kv_cache import keep_positions
-from hf_specdec.decoding import loop
+from hf_specdec.decoding import loop, step
 from hf_specdec.verify import SequoiaVerifier, SpecInferVerifier
 from tests.conftest import random_prompt, tiny_model
 from tests.test_batches import kwargs_for, near_draft, padded_batch
@@ -58,8 +58,8 @@ def test_greedy_float32_identical_to_plain(name, attn):
 def test_greedy_float32_batch_identical_to_plain_batched(name, monkeypatch):
     """A left-padded batch, each row's tree passes on the GPU through the lean target pass (the loop's default
     off the CPU): every row's tokens are plain batched generate's."""
-    calls, run = [], loop.LeanPass.__call__
-    monkeypatch.setattr(loop.LeanPass, "__call__", lambda self, *args: calls.append(args[0].shape) or run(self, *args))
+    calls, run = [], step.LeanPass.__call__
+    monkeypatch.setattr(step.LeanPass, "__call__", lambda self, *args: calls.append(args[0].shape) or run(self, *args))
     target = tiny_model("llama", 0)
     draft = near_draft(target).cuda()  # its noise drawn on the host, as in the CPU tests
     target = target.cuda()

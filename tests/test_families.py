@@ -23,7 +23,7 @@ from hf_specdec import plan_tree
 from hf_specdec.accept.kv_cache import full_length_cache, record_states
 from hf_specdec.core.releases import ASSISTED_ON_RECURRENT_STATE, cache_arg, output_cache
 from hf_specdec.core.tree import TokenTree
-from hf_specdec.decoding.loop import chain_pass, tree_pass
+from hf_specdec.decoding.step import chain_pass, tree_pass
 from hf_specdec.draft.draft_model import DraftModelRunner
 from hf_specdec.plan.latency import measure_latency
 from hf_specdec.runtime.attention import AttentionLayout

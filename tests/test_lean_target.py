@@ -1,4 +1,4 @@
-"""The target's tree passes through the lean pass (`decoding.loop.lean_target`): what plain `generate` gives, and
+"""The target's tree passes through the lean pass (`decoding.step.lean_target`): what plain `generate` gives, and
 only where the pass needs nothing but the logits. Off the CPU the loop takes it by itself; here it is switched on."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import torch
 from hf_specdec import SequoiaConfig, SpecExecConfig
 from hf_specdec.core.model_inputs import TokenInputs
 from hf_specdec.core.releases import cache_arg
-from hf_specdec.decoding import loop
+from hf_specdec.decoding import step
 from hf_specdec.kernels.lean_pass import LeanPass
 from hf_specdec.plan.sequoia import plan_tree
 from hf_specdec.runtime.attention import AttentionLayout
@@ -33,8 +33,8 @@ def lean_target_calls(monkeypatch) -> list[torch.Size]:
             calls.append(args[0].shape)
             return super().__call__(*args)
 
-    monkeypatch.setattr(loop, "LEAN_TARGET", True)
-    monkeypatch.setattr(loop, "LeanPass", Counted)
+    monkeypatch.setattr(step, "LEAN_TARGET", True)
+    monkeypatch.setattr(step, "LeanPass", Counted)
     return calls
 
 
@@ -63,7 +63,7 @@ def test_sampling_with_the_lean_target_pass_draws_what_the_forward_draws(method,
     target, draft = tiny_model("qwen2", 0), tiny_model("qwen2", 1)
     outs = []
     for lean in (True, False):
-        monkeypatch.setattr(loop, "LEAN_TARGET", lean)
+        monkeypatch.setattr(step, "LEAN_TARGET", lean)
         torch.manual_seed(3)
         outs.append(target.generate(IDS, assistant_model=draft, speculation=FIXED[method], do_sample=True,
                                     temperature=0.8, max_new_tokens=32))
@@ -77,11 +77,11 @@ def test_passes_that_need_more_than_logits_keep_the_forward(monkeypatch):
     one = Ranks.of(target)
 
     def lean(model=target, shapes=dynamic, outputs=False):
-        return loop.lean_target(model, layout, copies=None, ranks=one, static=shapes.width is not None,
+        return step.lean_target(model, layout, copies=None, ranks=one, static=shapes.width is not None,
                                 pass_outputs=outputs, token_inputs=TokenInputs())
 
     assert lean() is None  # a CPU: the forward by default
-    monkeypatch.setattr(loop, "LEAN_TARGET", True)
+    monkeypatch.setattr(step, "LEAN_TARGET", True)
     forward = lean()
     assert forward is not None
     with pytest.raises(TypeError):  # an input the lean pass would not honour is never dropped
@@ -89,7 +89,7 @@ def test_passes_that_need_more_than_logits_keep_the_forward(monkeypatch):
     assert lean(shapes=static) is None  # padded passes on a static cache
     assert lean(outputs=True) is None  # hidden states or attentions to return
     assert lean(model=_eager(tiny_model("qwen2", 0))) is None
-    monkeypatch.setattr(loop, "LEAN_TARGET", False)
+    monkeypatch.setattr(step, "LEAN_TARGET", False)
     assert lean() is None
 
 

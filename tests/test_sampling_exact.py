@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from hf_specdec.core.tree import TokenTree
-from hf_specdec.decoding.batch_loop import verify_rows
+from hf_specdec.core.verdict import Verdict
 from hf_specdec.logits.child_selection import select_children
 from hf_specdec.runtime.pass_shapes import depth_first
 from hf_specdec.verify import VERIFIERS, SequoiaVerifier, SpecInferVerifier, TargetSampleVerifier, TorchRandom
@@ -296,16 +296,16 @@ def test_exact_distribution_depth_first(verifier_cls, shape, case_name):
 
 def batch_joint(cases: list[Case], specs: list[list], verifier, lengths: list[int]) -> dict:
     """Exact joint distribution of every row's next `lengths[r]` tokens when one batch step drafts each row's tree
-    and verifies all rows at once, as the batch loop does (`verify_rows`, the rows drawing from one random source
-    one after another); each row's emission is extended by target samples, independently per row."""
+    and verifies all rows at once, as the batch loop does (`Verifier.verify_rows`, the rows drawing from one random
+    source one after another); each row's emission is extended by target samples, independently per row."""
     out: dict = defaultdict(float)
     drafts = [list(draft_trees(case, case.prompt, spec, verifier.child_selection)) for case, spec in zip(cases, specs)]
     for combo in itertools.product(*drafts):
         built = [to_token_tree(case, nested) for case, (_, nested) in zip(cases, combo)]
         trees, scores = [tree for tree, _ in built], [row_scores for _, row_scores in built]
         tree_prob = math.prod(prob for prob, _ in combo)
-        for run_prob, verdicts in all_runs(lambda src, trees=trees, scores=scores: verify_rows(
-                verifier, trees, scores, None, source=src)):
+        for run_prob, verdicts in all_runs(lambda src, trees=trees, scores=scores: verifier.verify_rows(
+                trees, scores, None, source=src)):
             rows = []
             for case, tree, verdict, length in zip(cases, trees, verdicts, lengths):
                 tokens = tree.tokens.tolist()
@@ -446,6 +446,37 @@ def test_registered_and_protocol():
     ]:
         assert VERIFIERS[name] is cls
         assert cls.child_selection in ("top_k", "without_replacement", "with_replacement")
+
+
+def test_a_verifier_builds_on_the_contract_the_loops_read():
+    """The loops read `walks` and `verify_rows` from the `Verifier` contract, which declares both with defaults: a
+    class that is not a Verifier is refused at registration, naming the fix; a Verifier that only implements
+    `verify` verifies a batch row by row, the rows drawing one after another."""
+    from hf_specdec import Verifier
+    from hf_specdec.verify import register_verifier
+
+    class Loose:
+        name, child_selection = "loose", "top_k"
+
+        def verify(self, tree, target_scores, generator=None):
+            raise AssertionError("never called")
+
+    with pytest.raises(TypeError, match="subclass hf_specdec.Verifier"):
+        register_verifier(Loose)
+    assert "loose" not in VERIFIERS
+
+    class FirstChild(Verifier):
+        name, child_selection = "first_child", "top_k"
+        seen: list = []
+
+        def verify(self, tree, target_scores, generator=None):
+            self.seen.append(len(tree))
+            return Verdict(path=[0], bonus_token=int(target_scores[0].argmax()), accepted_ranks=[])
+
+    trees = [TokenTree.from_parents(torch.tensor([5, 6]), [-1, 0]), TokenTree.from_parents(torch.tensor([7]), [-1])]
+    scores = [torch.eye(8)[[3, 4]], torch.eye(8)[[2]]]
+    verdicts = FirstChild().verify_rows(trees, scores)
+    assert not FirstChild.walks and FirstChild.seen == [2, 1] and [v.bonus_token for v in verdicts] == [3, 2]
 
 
 @pytest.mark.parametrize("verifier_cls", [SequoiaVerifier, SpecInferVerifier, TargetSampleVerifier])

@@ -14,7 +14,7 @@ from transformers.cache_utils import StaticLayer
 from hf_specdec.accept.kv_cache import cache_length, crop, full_length_cache, keep_positions, layer_rows
 from hf_specdec.core.releases import cache_arg, output_cache
 from hf_specdec.core.tree import TokenTree
-from hf_specdec.decoding.loop import tree_pass
+from hf_specdec.decoding.step import tree_pass
 from hf_specdec.runtime.attention import AttentionLayout
 from hf_specdec.runtime.pass_shapes import PassShapes, fit_tree
 from hf_specdec.verify import SequoiaVerifier, TargetSampleVerifier

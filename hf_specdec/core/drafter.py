@@ -20,6 +20,18 @@ class Drafter(CandidateGenerator):
     #: draft-model forward passes so far, and the seconds they took (stats)
     forward_count: int = 0
     forward_time: float = 0.0
+    #: proposals a per-step sizing cut below the method's full tree (stats)
+    shrunk_steps: int = 0
+
+    @property
+    def draft_pass_sizes(self) -> set[int]:
+        """The pass sizes the draft model ran on a static cache (stats; none for a drafter without one)."""
+        return set()
+
+    @property
+    def draft_sizes_kept_eager(self) -> set[int]:
+        """Those of `draft_pass_sizes` a compiled call kept eager, having measured it no faster (stats)."""
+        return set()
 
     def propose(self, input_ids: torch.LongTensor) -> TokenTree:
         raise NotImplementedError
@@ -40,6 +52,10 @@ class Drafter(CandidateGenerator):
     def use_window(self, tokens: int | None) -> None:
         """Drafters that run a model let it read only the prompt's last `tokens` tokens (None: all of it): a cheaper
         draft over long prompts; output unchanged, as the draft only proposes."""
+
+    def share_rows(self, rows: int) -> None:
+        """The drafter now drafts one of `rows` rows of a batch whose target pass verifies every row's tree together:
+        drafters that size trees by the target's latency curve price their tree as one row's share of that pass."""
 
     def observe_target_pass(self, tree_size: int, seconds: float) -> None:
         """The target's pass over the last proposed tree (`tree_size` nodes) took `seconds`: drafters that size trees

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar, Protocol
+from typing import ClassVar
 
 import torch
 
@@ -26,7 +26,7 @@ class Verdict:
     accepted_ranks: list[int]
 
 
-class Verifier(Protocol):
+class Verifier:
     """Decides which drafted tokens the target keeps.
 
     `child_selection` tells drafters how children must be drawn for this verifier to stay exact:
@@ -36,9 +36,20 @@ class Verifier(Protocol):
 
     name: ClassVar[str]
     child_selection: ClassVar[str]
+    #: reads the target scores of the nodes it visits only: the loop hands it `logits.processing.NodeScores`, which
+    #: processes a node's row when it is first indexed (the sampling verifiers); False: every node's row, processed
+    walks: ClassVar[bool] = False
 
     def verify(self, tree: TokenTree, target_scores: torch.Tensor, generator: torch.Generator | None = None) -> Verdict:
         """`target_scores` are `(n, vocab)` float32 processed scores (logits processors applied per node). A verifier
-        with `walks = True` (it reads only the nodes it visits) gets them as `core.processing.NodeScores`, which
+        with `walks = True` (it reads only the nodes it visits) gets them as `logits.processing.NodeScores`, which
         processes a node's row when it is first indexed."""
-        ...
+        raise NotImplementedError
+
+    def verify_rows(self, trees: list[TokenTree], target_scores: list, generator: torch.Generator | None = None,
+                    source: object | None = None) -> list[Verdict]:
+        """Every row's verdict of a batch step. By default row by row, the rows drawing one after another from one
+        generator (or from `source`, a scripted random source the exactness tests enumerate outcomes with); a
+        verifier that can decide them together (greedy: one read) overrides it."""
+        draws = {"generator": generator} if source is None else {"source": source}
+        return [self.verify(tree, scores, **draws) for tree, scores in zip(trees, target_scores)]

@@ -31,16 +31,13 @@ from ..draft.batch_shaped import LockstepShapeDrafter
 from ..draft.guarded import root_only
 from ..logits.processing import NodeScores, process_tree_scores, row_processors
 from ..plan.guard import PlainGuard
-from ..plan.sizing import row_share
-from ..plan.step_sizing import StepSizer
 from ..runtime.attention import AttentionLayout
 from ..runtime.device_copies import DeviceCopies
 from ..runtime.devices import PassClock, compute_devices, execution_device
 from ..runtime.ranks import Ranks
-from ..verify import RandomSource
 from .batch_cache import FinishedRows
-from .loop import _prefill, _record, _renumbered, fit_positions, lean_target
 from .stats import SpeculationStats
+from .step import fit_positions, lean_target, prompt_pass, record_step, renumbered
 
 
 class RowDrafters:
@@ -56,17 +53,14 @@ class RowDrafters:
         self.guard = guard
         self._step = (0.0, 0.0, False, 0)  # the last step's start, every drafter's pass time then, plain, rows
         self._tokens, self._steps = 0, 0  # every row's tokens of the last step; steps proposed
-        # a drafter sized every step (specexec, staged) prices its tree as one row of the batch (`plan.row_share`)
-        sizers = [getattr(drafter, "sizer", None) for drafter in drafters]
-        self.sized = [(sizer, sizer.profile) for sizer in sizers if isinstance(sizer, StepSizer)]
-        self.sized_rows = 1  # the rows those sizers' curves were last shared among
+        self.sized_rows = 1  # the rows the drafters last priced their trees among (`Drafter.share_rows`)
 
     def propose(self, ids: list[list[int]], prefixes: list[torch.Tensor],
                 unpadded: list[torch.LongTensor]) -> list[TokenTree]:
         if len(self.active) != self.sized_rows:
             self.sized_rows = len(self.active)
-            for sizer, single in self.sized:
-                sizer.profile = row_share(single, self.sized_rows)
+            for drafter in self.drafters:
+                drafter.share_rows(self.sized_rows)
         if self.guard is not None and self._plain_step():  # every row's root alone; each drafter catches up later
             return [root_only(tokens[-1], sequence.device) for tokens, sequence in zip(ids, unpadded)]
         return [self.drafters[row].propose(sequence) for row, sequence in zip(self.active, unpadded)]
@@ -98,7 +92,7 @@ class RowDrafters:
         return self.drafters[row].forward_count, self.drafters[row].forward_time
 
     def shrunk_steps(self, row: int) -> int:
-        return getattr(self.drafters[row], "shrunk_steps", 0)
+        return self.drafters[row].shrunk_steps
 
 
 @dataclass
@@ -139,7 +133,7 @@ def batch_speculative_loop(
     start = time.perf_counter()
     cache = DynamicCache() if cache is None else cache
     kwargs = {**(model_kwargs or {}), "attention_mask": attention_mask, **cache_arg(cache)}
-    prefill = _prefill(target, input_ids, cache, kwargs, False)
+    prefill = prompt_pass(target, input_ids, cache, kwargs, False)
     first_logits = prefill.logits[:, -1]
     prefill_seconds = time.perf_counter() - start
     rows = RaggedRows(attention_mask[:, :-1].to(device))
@@ -151,6 +145,7 @@ def batch_speculative_loop(
     processors = [row_processors(logits_processor, row, batch) for row in range(batch)]  # each row's own state
     first_step = True
     while active:
+        # 1. every row still decoding gets a tree, cut to the positions its row may use
         t0 = time.perf_counter()
         drafted = drafter.propose([host[row] for row in active], [sequences[row][:, :-1] for row in active],
                                   [unpadded[row] for row in active])
@@ -158,6 +153,7 @@ def batch_speculative_loop(
                   for tree, row in zip(drafted, active)]
         trees = [tree for tree, _ in fitted]
         t1 = time.perf_counter()
+        # 2. one target pass over every row's tree
         tokens, positions, mask = rows.tree_inputs(trees, dtype)
         timed = clock.total
         clock.start()
@@ -165,16 +161,18 @@ def batch_speculative_loop(
                          use_cache=True, return_dict=True)
         clock.stop()
         seconds = clock.total - timed
+        # 3. each row's nodes processed with that row's own processors, and every row's verdict
         logits_rows = []
         for index, (row, tree) in enumerate(zip(active, trees)):
             logits = output.logits[index, : len(tree)]
-            if first_step:  # the first token as plain generate computes it (see loop._prefill)
+            if first_step:  # the first token as plain generate computes it (see step.prompt_pass)
                 logits = torch.cat([first_logits[row : row + 1].to(logits.dtype), logits[1:]])
             logits_rows.append(logits)
-        score_rows = NodeScores if getattr(verifier, "walks", False) else process_tree_scores
+        score_rows = NodeScores if verifier.walks else process_tree_scores
         scores = [score_rows(processors[row], sequences[row][:, :-1].to(device), tree, logits)
                   for row, tree, logits in zip(active, trees, logits_rows)]
-        verdicts = verify_rows(verifier, trees, scores, generator)
+        verdicts = verifier.verify_rows(trees, scores, generator)  # greedy: one read for every row
+        # 4. each row's accepted path and bonus token emitted, stopping where its criteria fire
         blocks = [[tree.host(tokens=True).tokens[node] for node in verdict.path[1:]] + [verdict.bonus_token]
                   for tree, verdict in zip(trees, verdicts)]
         emitted_rows = emit_rows([(sequences[row], block, block_scores(row_scores, verdict.path, stops))
@@ -188,11 +186,12 @@ def batch_speculative_loop(
             kept.append(verdict.path[:emitted])
             if not finished:
                 still.append(index)
-                drafter.accept(index, unpadded[row], drafted[index], verdict if cut is None else _renumbered(verdict,
+                drafter.accept(index, unpadded[row], drafted[index], verdict if cut is None else renumbered(verdict,
                                                                                                              cut))
-            _record(stats[row], tree, verdict, emitted)
+            record_step(stats[row], tree, verdict, emitted)
             stats[row].time_target_forward += seconds / len(active)
             stats[row].time_drafting += (t1 - t0) / len(active)
+        # 5. the drafter learns the step; the cache keeps each row's path; finished rows leave the batch
         drafter.observe_step([len(tree) for tree in trees], seconds, [len(path) for path in kept])
         rows.keep(cache, kept)
         if len(still) < len(active):
@@ -212,19 +211,6 @@ def batch_speculative_loop(
         row_stats.draft_forwards, row_stats.time_draft_forward = drafter.counts(row)
         row_stats.shrunk_steps = drafter.shrunk_steps(row)
     return BatchResult(sequences=padded(sequences, pad_token_id), stats=stats, cache=returned)
-
-
-def verify_rows(verifier: Verifier, trees: list[TokenTree], scores: list, generator: torch.Generator | None,
-                source: RandomSource | None = None) -> list[Verdict]:
-    """Every row's verdict, decided together where the verifier can (greedy: one read), else row by row (the
-    sampling verifiers: each row's walk reads as a single sequence's does, the rows drawing one after another from
-    one generator). `source`: what the sampling verifiers draw from instead of `generator` (the
-    exactness tests script one to enumerate every outcome of a batch step)."""
-    together = getattr(verifier, "verify_rows", None)
-    if together is not None:
-        return together(trees, scores, generator)
-    draws = {"generator": generator} if source is None else {"source": source}
-    return [verifier.verify(tree, row_scores, **draws) for tree, row_scores in zip(trees, scores)]
 
 
 def padded(sequences: list[torch.LongTensor], pad_token_id: int) -> torch.LongTensor:

@@ -36,7 +36,7 @@ from ..core.tree import HostTree, TokenTree
 from ..core.verdict import Verdict
 from ..logits.processing import draft_top_scores, process_tree_scores
 from ..logits.wide_rows import row_topk
-from ..plan.sizing import default_beams
+from ..plan.sizing import default_beams, row_share
 from ..plan.step_sizing import OnlineAcceptance, StepSizer
 from .draft_model import DraftModelCounts, DraftModelRunner, HostSequence, emitted_tokens, forwarded_prefix
 
@@ -172,6 +172,7 @@ class BestFirstDrafter(DraftModelCounts, Drafter):
     ) -> None:
         self.runner = DraftModelRunner(draft_model, vocab)
         self.sizer = sizer  # None: grow to `budget`; else size every step by its cost model (`budget` is a cap)
+        self._single_profile = None  # the sizer's latency profile for one sequence, once a batch shares it
         self.budget, self.max_depth, self.width = budget, max_depth, width
         self.beams = beams or default_beams(budget)
         self.logits_processor = logits_processor
@@ -187,6 +188,15 @@ class BestFirstDrafter(DraftModelCounts, Drafter):
         self.runner.use_window(tokens)
         if self.lower is not None:
             self.lower.use_window(tokens)
+
+    def share_rows(self, rows: int) -> None:
+        """Price each tree as one row's share of the batch's pass (`plan.sizing.row_share`), from the profile the
+        sizer had for one sequence."""
+        if self.sizer is None:
+            return
+        if self._single_profile is None:
+            self._single_profile = self.sizer.profile
+        self.sizer.profile = row_share(self._single_profile, rows)
 
     @property
     def num_drafting_tokens(self) -> int:

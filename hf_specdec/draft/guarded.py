@@ -57,7 +57,18 @@ class GuardedDrafter(Drafter):
 
     @property
     def shrunk_steps(self) -> int:
-        return getattr(self.inner, "shrunk_steps", 0)
+        return self.inner.shrunk_steps
+
+    @property
+    def draft_pass_sizes(self) -> set[int]:
+        return self.inner.draft_pass_sizes
+
+    @property
+    def draft_sizes_kept_eager(self) -> set[int]:
+        return self.inner.draft_sizes_kept_eager
+
+    def share_rows(self, rows: int) -> None:
+        self.inner.share_rows(rows)
 
     @property
     def guard_plain_steps(self) -> int:

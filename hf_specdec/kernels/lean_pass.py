@@ -6,7 +6,7 @@ a 2-core Zen 4 the 0.5B Qwen2 draft (int4/int8, "mixed") took 27.3 ms over one r
 25.5 ms through this one; 39.6 against 35.7 ms over four (`benchmarks/lean_pass.py`): the wrapper's Python,
 its mask and output bookkeeping, and an RMSNorm spelled in eight ops where `F.rms_norm` is one. On a GPU each op
 saved is a kernel launch. A draft whose logits differ in their last bits only proposes differently, never wrongly.
-Off the CPU the target's eager tree passes take it too (`decoding.loop.lean_target`): there a 7B target's pass is bound
+Off the CPU the target's eager tree passes take it too (`decoding.step.lean_target`): there a 7B target's pass is bound
 by its host time, and the lean pass cut it from 21.3 to 13.7 ms on an H200 (`benchmarks/results/gpu-h200/README.md`); on
 a CPU, where its matmuls bound it, the target keeps its forward (1-4% faster lean on the 1.5B, and bfloat16 logits that
 round differently from plain's).

@@ -10,13 +10,14 @@ from typing import ClassVar
 import torch
 
 from ..core.tree import TokenTree
+from ..core.verdict import Verifier
 from ..logits.wide_rows import row_argmax
 from .registry import register_verifier
 from .tree_walk import Verdict, reads_per_level, walk_down
 
 
 @register_verifier
-class GreedyVerifier:
+class GreedyVerifier(Verifier):
     """Accept the longest path whose every token equals the target's argmax at its parent."""
 
     name: ClassVar[str] = "greedy"
@@ -37,7 +38,7 @@ class GreedyVerifier:
         return walk_down(tree, _argmax_child(host.tokens, best))
 
     def verify_rows(self, trees: list[TokenTree], target_scores: list[torch.Tensor],
-                    generator: torch.Generator | None = None) -> list[Verdict]:
+                    generator: torch.Generator | None = None, source: object | None = None) -> list[Verdict]:
         """The verdicts of several trees (a batch's rows): each node's argmax computed on the target's device and
         read in one transfer (with the tokens a host copy lacks), then the walk down each tree on the host."""
         lacking = [tree.host().tokens is None for tree in trees]

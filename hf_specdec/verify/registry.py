@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 from ..core.config import SpeculationConfig
+from ..core.verdict import Verifier
 
 VERIFIERS: dict[str, type] = {}
 
 
 def register_verifier(cls: type) -> type:
-    """Class decorator: make a verifier selectable by its `name`."""
+    """Class decorator: make a verifier selectable by its `name`. It builds on `Verifier`, whose defaults the loops
+    read (`walks`, `verify_rows`)."""
+    if not issubclass(cls, Verifier):
+        raise TypeError(f"{cls.__name__} is not a Verifier: subclass hf_specdec.Verifier (the loops read its `walks` "
+                        "and `verify_rows`, which it declares with defaults), then register it.")
     VERIFIERS[cls.name] = cls
     return cls
 

@@ -16,6 +16,7 @@ from typing import ClassVar, Protocol
 import torch
 
 from ..core.tree import TokenTree
+from ..core.verdict import Verifier
 from ..logits.processing import NodeScores
 from .registry import register_verifier
 from .tree_walk import Verdict, reads_per_level, walk_down
@@ -227,7 +228,7 @@ def _residual_verify(
     return walk_down(tree, choose)
 
 
-class _ResidualVerifier:
+class _ResidualVerifier(Verifier):
     """Recursive rejection sampling (`_residual_verify`); subclasses say how the drafter drew the children."""
 
     walks: ClassVar[bool] = True  # reads the target scores of the nodes it visits only (see NodeScores)
@@ -264,7 +265,7 @@ class SpecInferVerifier(_ResidualVerifier):
 
 
 @register_verifier
-class TargetSampleVerifier:
+class TargetSampleVerifier(Verifier):
     """Sample from the target at each node and descend while a child carries the sample.
 
     Exact for any tree whose shape and tokens do not depend on the target's randomness (top-k, best-first,

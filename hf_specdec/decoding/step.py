@@ -1,0 +1,177 @@
+"""The parts of one speculative step, shared by the loop over one sequence (`loop.py`) and over a batch
+(`batch_loop.py`): the prompt's pass as plain `generate` makes it, the target's pass over a tree (or a chain, on
+recurrent state), the lean forward its eager tree passes may take, the tree cut to the positions and rows it may use,
+a verdict renumbered to the drafted tree, and the step's stats."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from transformers import Cache, PreTrainedModel
+from transformers.modeling_outputs import CausalLMOutputWithPast, ModelOutput
+
+from ..accept.kv_cache import cache_length, crop
+from ..core.model_inputs import TokenInputs
+from ..core.releases import CACHE, cache_arg
+from ..core.tree import TokenTree
+from ..core.verdict import Verdict
+from ..kernels.lean_pass import LeanPass
+from ..runtime.attention import AttentionLayout, Masks
+from ..runtime.device_copies import DeviceCopies
+from ..runtime.devices import execution_device
+from ..runtime.pass_shapes import PassShapes, fit_tree, padded_pass
+from ..runtime.ranks import Ranks
+from .stats import SpeculationStats
+
+#: whether the target's eager tree passes take the lean pass where it computes the model's function
+#: (`lean_target`); None: off the CPU only, where a pass's host time is mostly launches (see `lean_target`)
+LEAN_TARGET: bool | None = None
+
+
+def prompt_pass(
+    target: PreTrainedModel, input_ids: torch.LongTensor, cache: Cache, model_kwargs: dict, pass_outputs: bool
+) -> ModelOutput:
+    """Plain `generate`'s first pass, built by the model's own `prepare_inputs_for_generation` from every input of
+    the call (images, token types, ...): the prompt tokens the cache lacks. Its last logits decide the first new
+    token, which then equals plain's in any dtype (a tree pass computes the same position with other matrix shapes,
+    which in half precision round differently). The last token is then dropped from the cache again: it is the first
+    tree's root, which the loop feeds with its tree."""
+    if cache_length(cache) >= input_ids.shape[1]:  # a cache holding the whole prompt: recompute its last token
+        crop(cache, input_ids.shape[1] - 1)
+    kwargs = {**model_kwargs, **cache_arg(cache), "use_cache": True}
+    if pass_outputs:  # what plain's first entry of hidden states / attentions holds
+        kwargs.update(output_hidden_states=bool(kwargs.get("output_hidden_states")),
+                      output_attentions=bool(kwargs.get("output_attentions")))
+    inputs = target.prepare_inputs_for_generation(
+        input_ids, next_sequence_length=input_ids.shape[1] - cache_length(cache), is_first_iteration=True, **kwargs
+    )
+    output = target(**inputs, return_dict=True)
+    crop(cache, input_ids.shape[1] - 1)
+    return output
+
+
+def tree_pass(
+    target: PreTrainedModel,
+    tree: TokenTree,
+    past: int,
+    cache: Cache,
+    layout: AttentionLayout,
+    dtype: torch.dtype,
+    device: torch.device,
+    token_inputs: TokenInputs | None = None,
+    pass_outputs: bool = False,
+    shapes: PassShapes | None = None,
+    forward: Callable[..., ModelOutput] | None = None,
+) -> ModelOutput:
+    """One target pass over `tree` after `past` cached tokens (logits `(1, n, vocab)`, or more rows when `shapes`
+    pads the tree: the first n are the nodes'): each node sees its ancestors (and, in sliding-window layers, only
+    keys less than a window behind it) at position past + its depth. `token_inputs` places per-token inputs at the
+    nodes' positions; `pass_outputs` asks for hidden states and attentions too. Masks are built on the host and
+    copied once, position ids on the target's device; `forward` (default `target`; a compiled call, or the lean
+    pass of `lean_target`) runs the pass."""
+    flags = {"output_hidden_states": True, "output_attentions": True} if pass_outputs else {}
+    tree = tree.to(device)
+    width = shapes.width if shapes is not None else None
+    if width is None:
+        tokens, positions = tree.tokens[None], tree.position_ids(past)
+        masks = layout.tree_masks(tree, past, dtype, device)
+    else:
+        padded = padded_pass(tree, past, shapes.size(len(tree)), width, layout, dtype, device)
+        tokens, positions, masks = padded.tokens, padded.positions, padded.masks
+    extra = token_inputs.at(positions, device) if token_inputs is not None and token_inputs.prompt else {}
+    return (forward or target)(
+        input_ids=tokens.to(device),
+        attention_mask=masks,
+        position_ids=positions.to(device),
+        **cache_arg(cache),
+        use_cache=True,
+        return_dict=True,
+        **extra,
+        **flags,
+    )
+
+
+def chain_pass(target: PreTrainedModel, tree: TokenTree, cache: Cache, device: torch.device) -> ModelOutput:
+    """One target pass over `tree`, a chain, on a model with recurrent state: a plain causal pass over its tokens (the
+    model places them after the cache's and builds its own masks, as for any later pass of plain `generate`)."""
+    if tree.host().depths()[-1] != len(tree) - 1:
+        raise ValueError("A target with recurrent state verifies chains only (one drafted token per level).")
+    return target(input_ids=tree.tokens[None].to(device), **cache_arg(cache), use_cache=True, return_dict=True)
+
+
+def lean_target(
+    target: PreTrainedModel,
+    layout: AttentionLayout,
+    *,
+    copies: DeviceCopies | None,
+    ranks: Ranks,
+    static: bool = False,
+    pass_outputs: bool = False,
+    token_inputs: TokenInputs | None = None,
+) -> Callable[..., ModelOutput] | None:
+    """The target's eager tree passes through the lean pass (`draft.lean_pass`), called as its forward is (the
+    inputs a tree pass gives, nothing else), or None where they keep the forward.
+
+    Why: on a GPU an eager pass of a 7B target is bound by its host time (about 20 ms over one token on an H200,
+    where its matmuls take a few), and most of that is the wrapper's Python and ops the lean pass does not run. It
+    computes the model's function (tested against the forward to float32 rounding, as a tree pass's other shapes
+    already differ from plain's single-row passes in their last bits) for an sdpa target on one device, in one
+    process, with nothing but token ids asked of the pass: a padded call (static cache), hidden states or attentions
+    to return, per-token inputs, another attention or a split target keep the forward. A batch's passes take it too.
+    """
+    use = LEAN_TARGET if LEAN_TARGET is not None else execution_device(target).type != "cpu"
+    extra = token_inputs is not None and bool(token_inputs.prompt)
+    if (not use or static or pass_outputs or extra or copies is not None or ranks.shared
+            or target.config._attn_implementation != "sdpa"):
+        return None
+    lean = LeanPass.of(target, layout.layer_types)
+    if lean is None:
+        return None
+
+    def forward(input_ids: torch.Tensor, attention_mask: Masks, position_ids: torch.Tensor, use_cache: bool = True,
+                return_dict: bool = True, **cache: Cache) -> ModelOutput:
+        if list(cache) != [CACHE]:  # any other input would go unhonoured
+            raise TypeError(f"The lean pass takes the cache ({CACHE}=) beside its inputs, and was given {list(cache)}.")
+        return CausalLMOutputWithPast(logits=lean(input_ids, position_ids, attention_mask, cache[CACHE]))
+
+    return forward
+
+
+def fit_positions(
+    tree: TokenTree, layout: AttentionLayout, past: int, target: PreTrainedModel, rows: int | None = None
+) -> tuple[TokenTree, list[int] | None]:
+    """`tree` without the nodes past the end of a learned position table, cut to at most `rows` nodes (what a
+    static cache can still take), and the kept nodes (None: all kept).
+
+    Dropping whole levels leaves every kept node's children intact or empty, so any verifier stays exact.
+    At the table's very end nothing fits, as in plain `generate`, which fails on the same token.
+    """
+    deepest = layout.deepest_node(past)
+    if deepest is not None and deepest < 0:
+        raise IndexError(
+            f"{type(target).__name__} has learned positions 0..{layout.position_limit - 1} only, and the next token "
+            f"needs position {past}: plain generate fails here too. Ask for at most "
+            f"max_length={layout.position_limit + 1} tokens (prompt included)."
+        )
+    return fit_tree(tree, past, deepest, rows)
+
+
+def renumbered(verdict: Verdict, kept: list[int]) -> Verdict:
+    """A verdict on `tree.select(kept)` in the numbering of the whole tree (what the drafter proposed)."""
+    return Verdict(path=[kept[node] for node in verdict.path], bonus_token=verdict.bonus_token,
+                   accepted_ranks=verdict.accepted_ranks)
+
+
+def record_step(stats: SpeculationStats, tree, verdict, emitted: int) -> None:
+    stats.target_forwards += 1
+    stats.drafted_tokens += len(tree) - 1
+    stats.new_tokens += emitted
+    stats.tokens_per_step.append(emitted)
+    stats.plain_steps += len(tree) == 1
+    children = tree.host().children()
+    for depth, node in enumerate(verdict.path):
+        if children[node]:
+            stats.reached_depths[depth] += 1
+            if depth < len(verdict.accepted_ranks):
+                stats.accepted_ranks[(depth, verdict.accepted_ranks[depth])] += 1
