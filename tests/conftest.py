@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import hf_specdec  # noqa: F401  (installs `speculation=`)
-from tests.tiny import TINY_CONFIGS, VOCAB, tiny_config, tiny_model  # noqa: F401  (the one factory, re-exported)
+from tests.tiny import TINY_CONFIGS, VOCAB, tiny_config, tiny_model, tiny_tokenizer  # noqa: F401  (the one factory, re-exported)
 
 
 @pytest.fixture(autouse=True)
@@ -184,6 +184,12 @@ def tiny_pair(request):
 def random_prompt(generator: torch.Generator, length: int) -> torch.LongTensor:
     # Tokens >= 3 so no prompt contains pad/bos/eos.
     return torch.randint(3, VOCAB, (1, length), generator=generator)
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    """The tiny models' word-level tokenizer (`tests.tiny.tiny_tokenizer`), one per test module."""
+    return tiny_tokenizer()
 
 
 @pytest.fixture(scope="session")

@@ -20,8 +20,8 @@ from hf_specdec.plan.latency import LatencyCurve
 from hf_specdec.plan.sequoia import plan_tree
 from hf_specdec.plan.sizing import HardwareProfile, for_batch
 from tests.conftest import TINY_CONFIGS, VOCAB, tiny_model
-from tests.test_entry_points import tiny_tokenizer
 from tests.test_generate_options import stop_tokenizer  # noqa: F401  (a fixture)
+from tests.tiny import tiny_tokenizer
 
 METHODS = ["chain", "tree", "sequoia", "sequoia-online", "specexec", "staged", "prompt_lookup"]
 NEW = 20

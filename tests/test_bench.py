@@ -292,7 +292,7 @@ def test_forward_counter_counts_top_level_passes_once():
 
 
 def test_prompt_sources(tmp_path):
-    from tests.test_entry_points import tiny_tokenizer
+    from tests.tiny import tiny_tokenizer
 
     tokenizer = tiny_tokenizer()
     text = tmp_path / "p.txt"
@@ -363,7 +363,7 @@ def test_settings_line_says_what_prepacking_did():
 
 
 def test_offloaded_target_loads_from_a_folder(tmp_path):
-    from tests.test_entry_points import tiny_tokenizer
+    from tests.tiny import tiny_tokenizer
 
     folder = tmp_path / "tiny"
     tiny_model("llama", 0).save_pretrained(folder)
@@ -388,7 +388,7 @@ def test_quantized_target_auto_times_every_route_and_keeps_the_fastest(tmp_path,
     so; the choice follows the measured times (here made up, so that each route wins once)."""
     from hf_specdec.runtime.model_info import quantization
     from hf_specdec_tools.bench import loading, target_quantization
-    from tests.test_entry_points import tiny_tokenizer
+    from tests.tiny import tiny_tokenizer
 
     folder = tmp_path / "tiny"
     tiny_model("llama", 0).save_pretrained(folder)
@@ -447,7 +447,7 @@ def test_auto_never_picks_a_route_that_widens_the_rows_gap(tmp_path, monkeypatch
     quantization steps (measured: logits 1.03 apart against 0.16 unquantized), so `auto` leaves int8-dynamic out,
     and a choice remembered from before is timed again rather than reused."""
     from hf_specdec_tools.bench import loading, machine_choices, target_quantization
-    from tests.test_entry_points import tiny_tokenizer
+    from tests.tiny import tiny_tokenizer
 
     assert not target_quantization.ROUTES["int8-dynamic"].keeps_rows and target_quantization.ROUTES["int8"].keeps_rows
     assert "int8-dynamic" not in target_quantization.automatic_routes()
@@ -469,7 +469,7 @@ def test_auto_never_picks_a_route_that_widens_the_rows_gap(tmp_path, monkeypatch
 def test_draft_vocabulary_restricts_the_loaded_draft(tmp_path, scheme):
     """--draft-vocabulary K: the draft's output layer covers K tokens ranked on the shipped corpus, quantized after
     with --draft-scheme."""
-    from tests.test_entry_points import tiny_tokenizer
+    from tests.tiny import tiny_tokenizer
 
     folder = tmp_path / "tiny"
     tiny_model("llama", 0).save_pretrained(folder)
@@ -489,7 +489,7 @@ def test_automatic_choices_are_remembered_per_machine(tmp_path, monkeypatch):
     """The first run times the routes and prepacking and saves what won; the next reuses it without timing anything
     and says so; --remeasure times again; another dtype is another key."""
     from hf_specdec_tools.bench import loading, target_quantization
-    from tests.test_entry_points import tiny_tokenizer
+    from tests.tiny import tiny_tokenizer
 
     folder = tmp_path / "tiny"
     tiny_model("llama", 0).save_pretrained(folder)

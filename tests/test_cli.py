@@ -8,7 +8,7 @@ from hf_specdec_tools import cli
 from hf_specdec_tools.bench import loading
 from hf_specdec_tools.bench.loading import LoadedModels
 from tests.conftest import tiny_model
-from tests.test_entry_points import tiny_tokenizer
+from tests.tiny import tiny_tokenizer
 
 COMMANDS = ("models", "plan", "calibrate", "demo", "bench")
 

@@ -16,11 +16,9 @@ from threading import Thread
 
 import pytest
 import torch
-from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import (
     AutoModelForCausalLM,
     GenerationConfig,
-    PreTrainedTokenizerFast,
     TextIteratorStreamer,
     TextStreamer,
     pipeline,
@@ -30,33 +28,10 @@ from transformers.generation.utils import GenerationMixin
 import hf_specdec
 from hf_specdec.integration import generate as integration
 from hf_specdec.integration.generation_config import get_speculation, set_speculation
-from tests.conftest import VOCAB, random_prompt, tiny_model
+from tests.conftest import random_prompt, tiny_model
 
 HUB = Path(__file__).resolve().parent.parent / "hub"
-SPECIALS = ["<pad>", "<s>", "</s>", "<unk>", "<|system|>", "<|user|>", "<|assistant|>"]
-CHAT_TEMPLATE = (
-    "{% for m in messages %}<|{{ m['role'] }}|> {{ m['content'] }} {% endfor %}"
-    "{% if add_generation_prompt %}<|assistant|> {% endif %}"
-)
 NEW = 24
-
-
-def tiny_tokenizer() -> PreTrainedTokenizerFast:
-    """A word-level tokenizer over the tiny models' 64 ids: special tokens, then words "w7" ... "w63"."""
-    vocab = {token: i for i, token in enumerate(SPECIALS)}
-    vocab.update({f"w{i}": i for i in range(len(SPECIALS), VOCAB)})
-    backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=backend,
-        pad_token="<pad>",
-        bos_token="<s>",
-        eos_token="</s>",
-        unk_token="<unk>",
-        additional_special_tokens=SPECIALS[4:],
-    )
-    tokenizer.chat_template = CHAT_TEMPLATE
-    return tokenizer
 
 
 class ForwardCounter:
@@ -72,11 +47,6 @@ class ForwardCounter:
     def take(self) -> int:
         calls, self.calls = self.calls, 0
         return calls
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    return tiny_tokenizer()
 
 
 def with_greedy_plan(target: torch.nn.Module, draft: torch.nn.Module) -> None:

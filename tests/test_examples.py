@@ -12,7 +12,7 @@ from transformers import pipeline
 
 from hf_specdec.plan import validate_parents
 from tests.conftest import tiny_model
-from tests.test_entry_points import ForwardCounter, tiny_tokenizer, with_greedy_plan
+from tests.test_entry_points import ForwardCounter, with_greedy_plan
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 NEW = 24
@@ -23,11 +23,6 @@ def load_example(name: str):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    return tiny_tokenizer()
 
 
 @pytest.fixture

@@ -25,7 +25,7 @@ from hf_specdec import ChainConfig, NGramConfig, SpecExecConfig, TreeConfig
 from hf_specdec.core.releases import CACHE, cache_arg, output_cache
 from hf_specdec.integration.generation_config import set_speculation
 from tests.conftest import VOCAB, random_prompt, tiny_model
-from tests.test_entry_points import tiny_tokenizer
+from tests.tiny import tiny_tokenizer
 
 CONFIGS = [ChainConfig(num_draft_tokens=3), TreeConfig(widths=[3, 2]), SpecExecConfig(budget=16), NGramConfig()]
 
@@ -37,11 +37,6 @@ def _ids(seed: int, length: int = 6, batch: int = 1) -> torch.LongTensor:
 def _spec(target, draft, ids, config, **kwargs):
     assistant = draft if config.needs_assistant else None
     return target.generate(ids, assistant_model=assistant, speculation=config, do_sample=False, **kwargs)
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    return tiny_tokenizer()
 
 
 @pytest.fixture(scope="module")

@@ -24,8 +24,8 @@ from hf_specdec.verify import SequoiaVerifier, SpecInferVerifier
 from hf_specdec_tools.cli import main as cli_main
 from hf_specdec_tools.plots import plot_all
 from tests.conftest import random_prompt, tiny_model
-from tests.test_entry_points import tiny_tokenizer
 from tests.test_sampling_exact import Case, all_runs, draft_trees, to_token_tree
+from tests.tiny import tiny_tokenizer
 
 
 @pytest.fixture(autouse=True)

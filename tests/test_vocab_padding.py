@@ -85,7 +85,7 @@ def test_vocabulary_rule():
 
 
 def test_refusal_names_the_rule_and_a_tokenizer_settles_it(tiny_pair):
-    from tests.test_entry_points import tiny_tokenizer
+    from tests.tiny import tiny_tokenizer
 
     target, _ = tiny_pair
     other = tiny_model(_other_arch(target), 5, sharpen=1.0, vocab_size=VOCAB + 8)

@@ -16,7 +16,7 @@ from hf_specdec.kernels.vocabulary import SubsetHead
 from hf_specdec.plan.store import plan_filename
 from hf_specdec.runtime.model_info import quantization, vocab_size
 from tests.conftest import VOCAB, tiny_model
-from tests.test_entry_points import tiny_tokenizer
+from tests.tiny import tiny_tokenizer
 
 KEEP = torch.arange(0, VOCAB, 2)  # every other token: the draft can never propose an odd one
 METHODS = {"chain": {}, "tree": {}, "sequoia": {"plan": hf_specdec.plan_tree([0.6, 0.2], 12, 5)},

@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 import transformers
+from tokenizers import Tokenizer, models, pre_tokenizers
 
 VOCAB = 64
 SHARPEN = 8.0  # output-layer scale: peaked distributions, so a draft that is the target agrees with it
@@ -69,3 +70,28 @@ def tiny_model(
 ) -> torch.nn.Module:
     """A tiny random model of `arch` (a key of TINY_CONFIGS) with config `changes`, seeded by `seed`."""
     return build(tiny_config(arch, **changes), seed, attn=attn, sharpen=sharpen, model_class=model_class)
+
+
+SPECIALS = ["<pad>", "<s>", "</s>", "<unk>", "<|system|>", "<|user|>", "<|assistant|>"]
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|> {{ m['content'] }} {% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|> {% endif %}"
+)
+
+
+def tiny_tokenizer() -> transformers.PreTrainedTokenizerFast:
+    """A word-level tokenizer over the tiny models' 64 ids: special tokens, then words "w7" ... "w63"."""
+    vocab = {token: i for i, token in enumerate(SPECIALS)}
+    vocab.update({f"w{i}": i for i in range(len(SPECIALS), VOCAB)})
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        pad_token="<pad>",
+        bos_token="<s>",
+        eos_token="</s>",
+        unk_token="<unk>",
+        additional_special_tokens=SPECIALS[4:],
+    )
+    tokenizer.chat_template = CHAT_TEMPLATE
+    return tokenizer
