@@ -57,6 +57,21 @@ def test_demo_prints_the_comparison_table(monkeypatch, capsys):
     assert cli.main(["demo", "--methods", "nope"]) == 2
 
 
+def test_demo_says_why_a_greedy_call_left_plain():
+    """A near-tie of the dtype's rounding is told apart from a fault, with where it happened and by what margin."""
+    from hf_specdec_tools.demo import difference_line
+
+    tie = {"strategy": "chain", "prompt": 2, "difference": {"new_token": 26, "margin": 0.125, "rounding_step": 0.125,
+                                                            "near_tie": True}}
+    line = difference_line(tie, "bfloat16")
+    assert line.startswith("`chain` left plain on prompt 3 at new token 26") and "0.125 above the other" in line
+    assert "a near-tie in bfloat16" in line and "float32 output is identical" in line
+    fault = {**tie, "difference": {**tie["difference"], "margin": 3.0, "near_tie": False}}
+    assert "a fault, please report it" in difference_line(fault, "float32")
+    shorter = {**tie, "difference": {**tie["difference"], "margin": None}}
+    assert difference_line(shorter, "bfloat16").endswith("it stopped at another length.")
+
+
 def test_demo_defaults_to_what_this_hardware_runs_fastest(monkeypatch, capsys):
     """On a CPU without native bfloat16 the demo loads float32 and an int8 draft; with it, bfloat16; on a CPU it
     times the target's quantization routes and keeps the fastest (`auto`)."""
