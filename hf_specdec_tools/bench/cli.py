@@ -52,7 +52,9 @@ def register_cli(subparsers: argparse._SubParsersAction) -> argparse.ArgumentPar
     )
     parser.add_argument(
         "--prompts", default=None,
-        help="humaneval (all 164), humaneval:N, rewrite[:N] (chats whose answers repeat their input), or a "
+        help="humaneval (all 164), humaneval:N, code[:N] (continuations cut from the standard library's functions), "
+        "rewrite[:N] (chats whose answers repeat their input), chat[:N] (general chat: multi-turn, translation, "
+        "summarization, QA, math, a long retrieved context), or a "
         ".jsonl/.json/.txt file (chats use the chat template). "
         f"Default {DEFAULT_PROMPTS} ({QUICK_PROMPTS} with --quick).",
     )

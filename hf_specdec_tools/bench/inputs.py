@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from ..prompts import code_prompts, humaneval_prompts, load_prompts, rewrite_chats
+from ..prompts import chat_prompts, code_prompts, humaneval_prompts, load_prompts, rewrite_chats
 
 Chat = list[dict[str, Any]]
 Prompt = str | Chat
@@ -16,6 +16,7 @@ Prompt = str | Chat
 HUMANEVAL = "humaneval"
 REWRITE = "rewrite"
 CODE = "code"
+CHAT = "chat"
 
 
 class PromptError(ValueError):
@@ -25,21 +26,24 @@ class PromptError(ValueError):
 def load_prompt_source(spec: str) -> list[Prompt]:
     """`humaneval` (all 164), `humaneval:N` (the first N), `code[:N]` (continuations of functions cut from the
     Python standard library's sources, see `prompts.code_prompts`), `rewrite[:N]` (chats whose answers repeat their
-    input: rewrite a HumanEval solution with one rename), or a `.jsonl` / `.json` / `.txt` file."""
+    input: rewrite a HumanEval solution with one rename), `chat[:N]` (general chat: multi-turn, translation,
+    summarization, QA, math, a long retrieved context; see `prompts.chat_prompts`), or a `.jsonl` / `.json` / `.txt`
+    file."""
     name, _, count = spec.partition(":")
-    if name in (HUMANEVAL, REWRITE, CODE):
+    if name in (HUMANEVAL, REWRITE, CODE, CHAT):
         try:
             number = int(count) if count else None
         except ValueError:
             raise PromptError(f"--prompts {spec!r}: the count after `{name}:` must be an integer.") from None
         if number is not None and number < 1:
             raise PromptError(f"--prompts {spec!r}: ask for at least one prompt.")
-        sources = {HUMANEVAL: humaneval_prompts, CODE: code_prompts, REWRITE: rewrite_chats}
+        sources = {HUMANEVAL: humaneval_prompts, CODE: code_prompts, REWRITE: rewrite_chats, CHAT: chat_prompts}
         return list(sources[name](number))
     path = Path(spec)
     if not path.is_file():
         raise PromptError(
-            f"--prompts {spec!r} is neither `humaneval[:N]`, `code[:N]`, `rewrite[:N]` nor an existing file: give a "
+            f"--prompts {spec!r} is neither `humaneval[:N]`, `code[:N]`, `rewrite[:N]`, `chat[:N]` nor an existing "
+            "file: give a "
             '.jsonl (one {"prompt": ...} or {"messages": [...]} per line), a .json list of strings or chats, or a .txt '
             "file."
         )
