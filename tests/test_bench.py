@@ -720,10 +720,17 @@ def test_a_greedy_difference_is_located_and_judged_by_plains_own_margin():
     assert found["new_token"] == 2 and found["margin"] == pytest.approx(margin, abs=1e-5)
     assert margin > 1e-3 and not found["near_tie"]  # float32: far wider than its rounding
 
-    def target(tied_by: float):
-        row = torch.full((1, 1, 32), -5.0, dtype=torch.bfloat16)
-        row[0, 0, 3], row[0, 0, 4] = 20.25, 20.25 - tied_by  # one bfloat16 step near 20 is 0.125
-        return lambda **kwargs: SimpleNamespace(logits=row)
+    class Target:  # computes in bfloat16 and hands its logits out upcast, as some models do
+        dtype = torch.bfloat16
+
+        def __init__(self, tied_by: float) -> None:
+            self.row = torch.full((1, 1, 32), -5.0)
+            self.row[0, 0, 3], self.row[0, 0, 4] = 20.25, 20.25 - tied_by  # one bfloat16 step near 20 is 0.125
+
+        def __call__(self, **kwargs):
+            return SimpleNamespace(logits=self.row)
+
+    target = Target
 
     plain, other = torch.tensor([[1, 2, 3]]), torch.tensor([[1, 2, 4]])
     tie = first_difference(target(0.125), plain, other, 2)

@@ -168,7 +168,8 @@ def first_difference(
     In bfloat16 a tree pass's logits differ from a one-token pass's by rounding (attention over more rows: up to
     0.16 on the 1.5B target, where one rounding step of a logit near 20 is 0.125), so where the two best logits lie
     within that, greedy speculation may pick the other, as Transformers' assisted generation may. `near_tie` says
-    the margin is within two rounding steps of the target's dtype at that logit; a wider margin is a real fault.
+    the margin is within two rounding steps, at that logit, of the dtype the target computes in (its logits may be
+    upcast after the rounding happened); a wider margin is a real fault.
     """
     length = min(plain.shape[1], other.shape[1])
     unequal = (plain[0, :length] != other[0, :length]).nonzero()
@@ -180,7 +181,7 @@ def first_difference(
     chosen, taken = logits[plain[0, at]], logits[other[0, at]]
     margin = float(chosen.float() - taken.float())
     exponent = torch.frexp(chosen.float().abs()).exponent - 1  # chosen lies in [2**e, 2**(e + 1))
-    step = float(torch.finfo(logits.dtype).eps * 2.0 ** exponent)
+    step = float(torch.finfo(target.dtype).eps * 2.0 ** exponent)
     return {"new_token": at - prompt_length, "margin": margin, "rounding_step": step, "near_tie": margin <= 2 * step}
 
 
