@@ -26,8 +26,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from hf_specdec.draft import best_first
-from hf_specdec.plan import guard
+from hf_specdec.plan import guard, step_sizing
 from hf_specdec.plan.step_sizing import OnlineAcceptance
 from hf_specdec_tools.bench.cli import resolve_dtype
 from hf_specdec_tools.bench.environment import collect_environment
@@ -55,10 +54,10 @@ class Layout:
         self.make, self.learned, self.guards = make, weakref.WeakKeyDictionary(), weakref.WeakKeyDictionary()
 
     def __enter__(self) -> None:
-        best_first.OnlineAcceptance, best_first._LEARNED, guard._REMEMBERED = self.make, self.learned, self.guards
+        step_sizing.OnlineAcceptance, step_sizing._LEARNED, guard._REMEMBERED = self.make, self.learned, self.guards
 
     def __exit__(self, *exc) -> None:
-        best_first.OnlineAcceptance = OnlineAcceptance
+        step_sizing.OnlineAcceptance = OnlineAcceptance
 
 
 def main() -> None:

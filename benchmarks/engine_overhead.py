@@ -42,7 +42,7 @@ from transformers import AutoModelForCausalLM, Qwen2Config
 import hf_specdec  # noqa: F401  (installs `speculation=`)
 from hf_specdec import ChainConfig, SequoiaConfig, SpecExecConfig, StagedConfig
 from hf_specdec.logits import processing
-from hf_specdec.plan.sequoia import plan_tree
+from hf_specdec.methods.sequoia.dp import plan_tree
 from hf_specdec.runtime.devices import cpu_flags, cpu_model
 
 VOCAB = 151_936

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 import hf_specdec  # noqa: F401  (installs `speculation=`)
-from hf_specdec.plan import store
+from hf_specdec.methods.sequoia import store
 from hf_specdec.runtime.devices import cpu_flags, cpu_model
 from hf_specdec_tools.bench.loading import load_models
 from hf_specdec_tools.prompts import humaneval_prompts

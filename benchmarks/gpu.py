@@ -68,9 +68,9 @@ from hf_specdec import ChainConfig, SequoiaConfig, SpecExecConfig, StagedConfig,
 from hf_specdec.core.releases import ASSISTED_ON_STATIC_CACHE, cache_arg, given_cache  # noqa: E402
 from hf_specdec.decoding import step  # noqa: E402
 from hf_specdec.kernels import lean_pass  # noqa: E402
+from hf_specdec.methods.sequoia.dp import plan_tree  # noqa: E402
+from hf_specdec.methods.sequoia.plan_file import pair_placement  # noqa: E402
 from hf_specdec.plan.latency import measure_latency  # noqa: E402
-from hf_specdec.plan.plan_file import pair_placement  # noqa: E402
-from hf_specdec.plan.sequoia import plan_tree  # noqa: E402
 from hf_specdec.plan.sizing import HardwareProfile  # noqa: E402
 from hf_specdec.runtime import attention, pass_shapes  # noqa: E402
 from hf_specdec.runtime.attention import tree_attention_kernels  # noqa: E402

@@ -45,7 +45,8 @@ import hf_specdec  # noqa: F401  (installs `speculation=`)
 import hf_specdec.integration.generate as integration
 from hf_specdec import ChainConfig, SequoiaConfig, SpecExecConfig, StagedConfig, TreeConfig
 from hf_specdec.core.config import PlanRequest
-from hf_specdec.plan import guard, plan_lookup
+from hf_specdec.methods.sequoia import lookup as plan_lookup
+from hf_specdec.plan import guard
 from hf_specdec.plan.latency import LatencyCurve
 from hf_specdec.plan.sizing import ROOT_PASS_TOKENS, HardwareProfile
 from hf_specdec_tools.bench.cli import resolve_dtype
@@ -63,7 +64,7 @@ METHODS = {
     "hf-assisted": None,  # Transformers' assisted generation, same draft
 }
 #: modules whose `time.perf_counter` decides or measures while generating
-CLOCKED = ("hf_specdec.decoding.loop", "hf_specdec.runtime.devices", "hf_specdec.draft.best_first",
+CLOCKED = ("hf_specdec.decoding.loop", "hf_specdec.runtime.devices", "hf_specdec.methods.specexec.best_first",
            "hf_specdec.draft.guarded")
 
 

@@ -30,7 +30,7 @@ from hf_specdec.accept.kv_cache import crop
 from hf_specdec.core.releases import cache_arg
 from hf_specdec.core.tree import TokenTree
 from hf_specdec.decoding.step import tree_pass
-from hf_specdec.plan.sequoia import plan_tree
+from hf_specdec.methods.sequoia.dp import plan_tree
 from hf_specdec.runtime.attention import AttentionLayout
 from hf_specdec.runtime.devices import cpu_flags, cpu_model
 from hf_specdec.runtime.pass_shapes import PassShapes

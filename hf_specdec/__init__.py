@@ -24,7 +24,7 @@ from .core import (
 )
 from .core.version import __version__
 from .decoding import SpeculationStats, SpeculativeDecoderOnlyOutput
-from .draft import BestFirstDrafter, ModelTreeDrafter, NGramDrafter, PromptLookupDrafter
+from .draft import ModelTreeDrafter
 from .integration import install, uninstall
 from .integration.generation_config import set_speculation
 from .kernels import frequent_tokens, prepack, quantize_draft, restrict_vocabulary, unpack
@@ -39,7 +39,9 @@ from .methods import (
     StagedConfig,
     TreeConfig,
 )
-from .plan import SequoiaPlan, TreePlan, calibrate, plan_tree
+from .methods.prompt_lookup import NGramDrafter, PromptLookupDrafter
+from .methods.sequoia import SequoiaPlan, TreePlan, calibrate, plan_tree
+from .methods.specexec import BestFirstDrafter
 from .verify import VERIFIERS, register_verifier
 
 install()

@@ -61,8 +61,8 @@ def _check(args: argparse.Namespace) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from hf_specdec.plan.calibrate import calibrate, evaluate_plan
-    from hf_specdec.plan.store import save_user_plan
+    from hf_specdec.methods.sequoia.calibrate import calibrate, evaluate_plan
+    from hf_specdec.methods.sequoia.store import save_user_plan
     from hf_specdec.runtime.paths import CACHE_ENV
 
     from .bench.inputs import load_prompt_source, tokenize_prompts

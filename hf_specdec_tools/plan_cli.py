@@ -6,7 +6,7 @@ import argparse
 import sys
 import time
 
-from hf_specdec.plan.sequoia import plan_tree
+from hf_specdec.methods.sequoia.dp import plan_tree
 
 
 def register_cli(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:

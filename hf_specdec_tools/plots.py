@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from hf_specdec.plan.plan_file import SequoiaPlan
-from hf_specdec.plan.sequoia import TreePlanner
+from hf_specdec.methods.sequoia.dp import TreePlanner
+from hf_specdec.methods.sequoia.plan_file import SequoiaPlan
 
 
 def _pyplot():

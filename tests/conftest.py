@@ -97,11 +97,11 @@ def isolated_machine_choices(tmp_path, monkeypatch):
 
 @pytest.fixture(autouse=True)
 def fresh_lookup_learning(monkeypatch):
-    """What prompt lookup's sizing learns is kept per target across calls (plan/lookup_sizing.py); across tests it
-    would make a test's trees depend on which tests ran before it on the same shared tiny model."""
+    """What prompt lookup's sizing learns is kept per target across calls (methods/prompt_lookup/sizing.py); across
+    tests it would make a test's trees depend on which tests ran before it on the same shared tiny model."""
     import weakref
 
-    from hf_specdec.plan import lookup_sizing
+    from hf_specdec.methods.prompt_lookup import sizing as lookup_sizing
 
     monkeypatch.setattr(lookup_sizing, "_LEARNED", weakref.WeakKeyDictionary())
 
@@ -109,7 +109,7 @@ def fresh_lookup_learning(monkeypatch):
 @pytest.fixture(autouse=True)
 def isolated_plan_store(tmp_path_factory, monkeypatch):
     """Plans that tests make (online calibration, re-sizing) go to a temporary folder, never the user's cache."""
-    from hf_specdec.plan import store
+    from hf_specdec.methods.sequoia import store
 
     folder = tmp_path_factory.getbasetemp() / "plans"
     monkeypatch.setattr(store, "user_plan_dir", lambda: folder)
@@ -154,9 +154,10 @@ def tree_sizing_sees_a_cheap_draft(monkeypatch):
     import dataclasses
 
     from hf_specdec.integration import batch
+    from hf_specdec.methods.sequoia.sizing import sequoia_menu
     from hf_specdec.methods.tree import config as tree_config
     from hf_specdec.plan.latency import LatencyCurve
-    from hf_specdec.plan.shape_sizing import RankAcceptance, sequoia_menu
+    from hf_specdec.plan.shape_sizing import RankAcceptance
 
     measured = tree_config.online_sizer
 

@@ -155,7 +155,7 @@ def test_a_batch_drafted_row_by_row_is_priced_before_its_call(monkeypatch, metho
     batched generate's."""
     from hf_specdec.integration import batch as batch_module
     from hf_specdec.integration import generate as integration
-    from hf_specdec.plan.shape_sizing import sequoia_menu
+    from hf_specdec.methods.sequoia.sizing import sequoia_menu
 
     target = tiny_model("llama", 0)
     draft = near_draft(target, noise=0.05)

@@ -16,8 +16,8 @@ from transformers import DynamicCache, pipeline
 from hf_specdec.core.releases import output_cache
 from hf_specdec.decoding import batch_loop
 from hf_specdec.logits import processing
+from hf_specdec.methods.sequoia.dp import plan_tree
 from hf_specdec.plan.latency import LatencyCurve
-from hf_specdec.plan.sequoia import plan_tree
 from hf_specdec.plan.sizing import HardwareProfile, for_batch
 from tests.conftest import TINY_CONFIGS, VOCAB, tiny_model
 from tests.test_generate_options import stop_tokenizer  # noqa: F401  (a fixture)
@@ -346,7 +346,7 @@ def test_a_batch_drafts_on_while_its_rows_chains_average_the_threshold():
 def test_sequoia_trees_shrink_as_the_batch_grows():
     """Sized for a batch, a pass over B trees of n nodes costs what B * n tokens cost: bigger batches, smaller trees
     (curves measured on an unloaded Zen 4 CPU, where 8 tokens cost about what 1 does)."""
-    from hf_specdec.plan.sizing import choose_plan
+    from hf_specdec.methods.sequoia.sizing import choose_plan
 
     sizes = (1, 8, 16, 32, 64, 128, 256)
     profile = HardwareProfile(LatencyCurve(sizes, (0.174, 0.152, 0.221, 0.271, 0.379, 0.661, 1.257)),

@@ -12,7 +12,7 @@ from transformers import DynamicCache
 from hf_specdec import SequoiaConfig, SpecExecConfig, TokenTree, TreeConfig
 from hf_specdec.accept.kv_cache import crop, keep_positions
 from hf_specdec.core.releases import cache_arg
-from hf_specdec.plan.sequoia import plan_tree
+from hf_specdec.methods.sequoia.dp import plan_tree
 from hf_specdec.runtime import pass_shapes
 from tests.conftest import VOCAB, tiny_model
 

@@ -21,10 +21,11 @@ from transformers import DynamicCache, LogitsProcessor, LogitsProcessorList, Sto
 from transformers.generation.streamers import BaseStreamer
 
 from hf_specdec.core.releases import cache_arg
-from hf_specdec.plan import plan_lookup, plan_tree, store
+from hf_specdec.methods.sequoia import lookup as plan_lookup
+from hf_specdec.methods.sequoia import plan_tree, store
+from hf_specdec.methods.sequoia.dp import TreePlan
+from hf_specdec.methods.sequoia.plan_file import SequoiaPlan, model_record, pair_placement
 from hf_specdec.plan.latency import LatencyCurve
-from hf_specdec.plan.plan_file import SequoiaPlan, model_record, pair_placement
-from hf_specdec.plan.sequoia import TreePlan
 from hf_specdec.plan.sizing import HardwareProfile
 from hf_specdec.runtime import paths
 from tests.conftest import random_prompt, tiny_model
@@ -233,7 +234,7 @@ def test_a_failed_write_leaves_no_file_behind(pair, plan_dir, monkeypatch):
     def disk_full(*args):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr("hf_specdec.plan.plan_file.os.replace", disk_full)
+    monkeypatch.setattr("hf_specdec.methods.sequoia.plan_file.os.replace", disk_full)
     with pytest.warns(UserWarning, match="No space left on device"):
         assert store.save_user_plan(SequoiaPlan.from_dict(good_plan(target, draft)), target, draft) is None
     assert list(plan_dir.iterdir()) == []

@@ -14,8 +14,9 @@ from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengt
 from hf_specdec.accept.emit import BlockStops, emit_rows
 from hf_specdec.core.tree import HostTree, TokenTree, additive_mask, renumber_parents
 from hf_specdec.draft.shaped_tree import planned_shape
+from hf_specdec.methods.sequoia.sizing import sequoia_menu
 from hf_specdec.plan.latency import LatencyCurve
-from hf_specdec.plan.shape_sizing import ShapeDepths, sequoia_menu
+from hf_specdec.plan.shape_sizing import ShapeDepths
 from hf_specdec.plan.shapes import widths_parents
 from hf_specdec.plan.sizing import HardwareProfile
 from hf_specdec.plan.step_sizing import StepSizer

@@ -11,7 +11,7 @@ from hf_specdec.core.model_inputs import TokenInputs
 from hf_specdec.core.releases import cache_arg
 from hf_specdec.decoding import step
 from hf_specdec.kernels.lean_pass import LeanPass
-from hf_specdec.plan.sequoia import plan_tree
+from hf_specdec.methods.sequoia.dp import plan_tree
 from hf_specdec.runtime.attention import AttentionLayout
 from hf_specdec.runtime.pass_shapes import PassShapes
 from hf_specdec.runtime.ranks import Ranks

@@ -1,4 +1,4 @@
-"""Prompt-lookup trees sized every step (plan/lookup_sizing.py): what the cost model learns and what it cuts."""
+"""Prompt-lookup trees sized every step (methods/prompt_lookup/sizing.py): what the cost model learns, what it cuts."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from hf_specdec.core.verdict import Verdict
-from hf_specdec.draft.prompt_lookup import PromptLookupDrafter
-from hf_specdec.plan.lookup_sizing import LookupSizer, PassSlope, learned_sizer
+from hf_specdec.methods.prompt_lookup.drafter import PromptLookupDrafter
+from hf_specdec.methods.prompt_lookup.sizing import LookupSizer, PassSlope, learned_sizer
 from hf_specdec.plan.shape_sizing import PROBE_AFTER
 from tests.conftest import random_prompt
 

@@ -12,15 +12,8 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from hf_specdec.plan import (
-    TreePlan,
-    chain_parents,
-    expected_tokens,
-    expected_tokens_table,
-    plan_tree,
-    validate_parents,
-    widths_parents,
-)
+from hf_specdec.methods.sequoia import TreePlan, expected_tokens, expected_tokens_table, plan_tree
+from hf_specdec.plan import chain_parents, validate_parents, widths_parents
 from hf_specdec_tools.plan_cli import register_cli
 
 # ---------------------------------------------------------------- helpers: nested trees and references

@@ -15,9 +15,9 @@ from transformers import AutoModelForCausalLM
 
 from hf_specdec import plan_tree, prepack
 from hf_specdec.kernels.prepack import PackedLinear
+from hf_specdec.methods.sequoia.plan_file import pair_placement
+from hf_specdec.methods.sequoia.store import plan_filename
 from hf_specdec.plan.latency import placement
-from hf_specdec.plan.plan_file import pair_placement
-from hf_specdec.plan.store import plan_filename
 from hf_specdec.runtime.model_info import quantization
 from hf_specdec_tools.bench.target_quantization import ROUTES, quantization_config
 from tests.conftest import random_prompt, tiny_model

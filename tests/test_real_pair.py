@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from hf_specdec.core.releases import output_cache
-from hf_specdec.plan import plan_tree
+from hf_specdec.methods.sequoia import plan_tree
 from hf_specdec_tools.prompts import humaneval_prompts
 
 pytestmark = pytest.mark.real

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from hf_specdec import ChainConfig, SequoiaConfig, SpecExecConfig, StagedConfig, TokenTree, TreeConfig
-from hf_specdec.plan.sequoia import plan_tree
+from hf_specdec.methods.sequoia.dp import plan_tree
 from hf_specdec.verify.greedy import GreedyVerifier
 from hf_specdec.verify.sampling import TargetSampleVerifier
 from tests.conftest import random_prompt
@@ -48,7 +48,7 @@ def test_greedy_step_sized_every_step_reads_at_most_draft_passes_plus_two(tiny_p
     """The cost model's numbers stay host floats: sizing a step reads nothing more. The plan is calibrated in this
     test's own folder: plans are keyed by the models' shapes, and one another test stored for a same-shaped tiny
     model with another draft starts the sizing elsewhere (its first step read once more)."""
-    from hf_specdec.plan import store
+    from hf_specdec.methods.sequoia import store
 
     monkeypatch.setattr(store, "user_plan_dir", lambda: tmp_path)
     monkeypatch.setattr(GreedyVerifier, "stop_early", False)

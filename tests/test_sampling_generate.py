@@ -21,7 +21,7 @@ from transformers import (
 )
 
 import hf_specdec
-from hf_specdec.plan import plan_tree
+from hf_specdec.methods.sequoia import plan_tree
 from tests.test_sampling_exact import chi_square_pvalue, total_variation
 from tests.tiny import tiny_model
 

@@ -15,11 +15,20 @@ import pytest
 import torch
 
 import hf_specdec
-from hf_specdec.plan import SequoiaPlan, calibrate, expected_tokens, find_plan, plan_tree, rank_acceptance, store
-from hf_specdec.plan.acceptance import _simulate_residual
-from hf_specdec.plan.calibrate import alternative_sizes, evaluate_plan
+from hf_specdec.methods.sequoia import (
+    SequoiaPlan,
+    calibrate,
+    expected_tokens,
+    find_plan,
+    plan_tree,
+    rank_acceptance,
+    store,
+)
+from hf_specdec.methods.sequoia.acceptance import _simulate_residual
+from hf_specdec.methods.sequoia.calibrate import alternative_sizes, evaluate_plan
+from hf_specdec.methods.sequoia.sizing import choose_plan
 from hf_specdec.plan.latency import LatencyCurve, measure_latency
-from hf_specdec.plan.sizing import HardwareProfile, choose_plan, level_widths_with_children, step_seconds
+from hf_specdec.plan.sizing import HardwareProfile, level_widths_with_children, step_seconds
 from hf_specdec.verify import SequoiaVerifier, SpecInferVerifier
 from hf_specdec_tools.cli import main as cli_main
 from hf_specdec_tools.plots import plot_all

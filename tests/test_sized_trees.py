@@ -19,11 +19,12 @@ import hf_specdec.methods.tree.config as tree_config
 from hf_specdec import ChainConfig, SequoiaConfig, TreeConfig
 from hf_specdec.draft.shaped_tree import ModelTreeDrafter
 from hf_specdec.draft.sized_shape import SizedShapeDrafter
+from hf_specdec.methods.sequoia.dp import plan_tree
+from hf_specdec.methods.sequoia.plan_file import SequoiaPlan
+from hf_specdec.methods.sequoia.sizing import sequoia_menu
 from hf_specdec.plan.guard import PlainGuard
 from hf_specdec.plan.latency import LatencyCurve
-from hf_specdec.plan.plan_file import SequoiaPlan
-from hf_specdec.plan.sequoia import plan_tree
-from hf_specdec.plan.shape_sizing import RankAcceptance, ShapeDepths, sequoia_menu, sub_shapes_menu
+from hf_specdec.plan.shape_sizing import RankAcceptance, ShapeDepths, sub_shapes_menu
 from hf_specdec.plan.sizing import HardwareProfile
 from hf_specdec.plan.step_sizing import OnlineAcceptance, StepSizer
 from tests.conftest import random_prompt, tiny_model

@@ -10,7 +10,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from hf_specdec import SpecExecConfig, TokenTree
-from hf_specdec.draft.best_first import BestFirstDrafter, step_memory_bound
+from hf_specdec.methods.specexec.best_first import BestFirstDrafter, step_memory_bound
 from hf_specdec.runtime.devices import is_offloaded
 from hf_specdec_tools.bench.measure import PeakMemory
 from tests.conftest import random_prompt, tiny_model
@@ -52,11 +52,10 @@ def test_default_sizes_trees_every_step_from_the_latency_curve(monkeypatch):
     agrees with (the target itself) than for an unrelated one. The curves are given (a 10 ms target pass, a 1 ms
     draft pass, flat up to 128 tokens) and kept uncorrected: measured ones follow the machine's load, and under load
     every step of both drafts may rightly turn plain."""
-    from hf_specdec.draft.best_first import learned_acceptance, processors_key
     from hf_specdec.integration import generate as integration
     from hf_specdec.methods import step_sized
     from hf_specdec.plan.sizing import HardwareProfile
-    from hf_specdec.plan.step_sizing import StepSizer
+    from hf_specdec.plan.step_sizing import StepSizer, learned_acceptance, processors_key
     from tests.test_batches import flat_until
 
     plan = SimpleNamespace(profile=HardwareProfile(flat_until(128, 0.010), flat_until(128, 0.001)), acceptance=[0.9])

@@ -18,9 +18,9 @@ from transformers import (
 
 from hf_specdec import NGramModel, NGramModelDrafter, StagedConfig, TokenTree
 from hf_specdec.core.verdict import Verdict
-from hf_specdec.draft.best_first import BestFirstDrafter
 from hf_specdec.draft.draft_model import DraftModelRunner
 from hf_specdec.logits.processing import process_tree_scores
+from hf_specdec.methods.specexec.best_first import BestFirstDrafter
 from hf_specdec.runtime.model_info import MAX_PADDING_ROWS
 from hf_specdec.verify import TargetSampleVerifier
 from tests.conftest import VOCAB, random_prompt, tiny_model
@@ -273,7 +273,7 @@ def test_bad_stacks_are_clear_errors(trio, stages, message):
 
 def test_prompt_lookup_stage_and_its_older_name_ngram_draft_alike(trio):
     """The stage is named `prompt_lookup` (as the method is); `ngram`, its older name, builds the same stage."""
-    from hf_specdec.draft.prompt_lookup import PromptLookupDrafter
+    from hf_specdec.methods.prompt_lookup.drafter import PromptLookupDrafter
     from hf_specdec.methods.staged.stack import DEFAULT_STAGES, build_stack
 
     target, draft, _ = trio
@@ -380,7 +380,7 @@ def test_sampling_through_generate_matches_plain_sampling():
 def test_ngram_continuations_on_the_host_list_match_every_recurring_ngram():
     """Prompt lookup on the host list: for n from max_ngram down, the `depth` tokens after each earlier occurrence of
     the last n tokens, most recent first, at most `max_matches` per n (checked against a direct scan)."""
-    from hf_specdec.draft.prompt_lookup import PromptLookupDrafter
+    from hf_specdec.methods.prompt_lookup.drafter import PromptLookupDrafter
 
     generator = torch.Generator().manual_seed(0)
     for trial in range(200):

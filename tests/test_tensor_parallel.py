@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 from hf_specdec.core.tree import TokenTree
-from hf_specdec.plan import store
+from hf_specdec.methods.sequoia import store
 from hf_specdec.plan.latency import placement
 from hf_specdec.runtime import ranks as ranks_module
 from hf_specdec.runtime.devices import PassClock, compute_devices, device_layout

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from hf_specdec import ChainConfig, ModelTreeDrafter, SequoiaConfig, SpecExecConfig, StagedConfig, TreeConfig
-from hf_specdec.plan import plan_tree
-from hf_specdec.plan.acceptance import teacher_forced_scores
-from hf_specdec.plan.calibrate import draft_sequences
+from hf_specdec.methods.sequoia import plan_tree
+from hf_specdec.methods.sequoia.acceptance import teacher_forced_scores
+from hf_specdec.methods.sequoia.calibrate import draft_sequences
 from hf_specdec.runtime.model_info import MAX_PADDING_ROWS, vocab_size, vocabulary_mismatch
 from tests.conftest import TINY_CONFIGS, VOCAB, random_prompt, tiny_model
 

@@ -13,7 +13,7 @@ import torch
 import hf_specdec
 from hf_specdec import frequent_tokens, quantize_draft, restrict_vocabulary
 from hf_specdec.kernels.vocabulary import SubsetHead
-from hf_specdec.plan.store import plan_filename
+from hf_specdec.methods.sequoia.store import plan_filename
 from hf_specdec.runtime.model_info import quantization, vocab_size
 from tests.conftest import VOCAB, tiny_model
 from tests.tiny import tiny_tokenizer

@@ -21,7 +21,7 @@ from tiny import tiny_model  # beside this file
 from transformers import AutoModelForCausalLM, DistributedConfig
 
 import hf_specdec  # noqa: F401  (installs `speculation=`)
-from hf_specdec.plan import store
+from hf_specdec.methods.sequoia import store
 
 METHODS = ("chain", "tree", "sequoia", "specexec", "staged", "prompt_lookup")
 FIXED_SHAPES = ("chain", "tree", "prompt_lookup")  # trees shaped by settings alone, not by a clock or a plan

@@ -31,11 +31,12 @@ from ..decoding.stats import SpeculationStats
 from ..draft.batch_shaped import LockstepShapeDrafter
 from ..draft.batch_sized import SizedLockstepDrafter
 from ..logits.processing import row_processors
+from ..methods.sequoia.sizing import sequoia_menu
 from ..methods.static_shape import StaticShapeConfig
 from ..methods.step_sized import PLAN_BUDGET, StepSizedConfig, online_sizer
 from ..plan.call_pricing import PRICING_MARGIN, SLOWEST_ROW_SHARE, call_pays, saving_per_token
 from ..plan.guard import BATCH_MARGIN, PlainGuard, remembered_guard
-from ..plan.shape_sizing import RankAcceptance, ShapeMenu, sequoia_menu
+from ..plan.shape_sizing import RankAcceptance, ShapeMenu
 from ..plan.sizing import for_batch, row_by_row
 from ..runtime.attention import tree_attention_kernels
 from ..runtime.devices import execution_device

@@ -10,7 +10,7 @@ import torch
 from transformers import PreTrainedModel
 
 from ..core.config import SpeculationConfig, settings
-from ..draft.best_first import processors_key
+from ..plan.step_sizing import processors_key
 
 
 @dataclass

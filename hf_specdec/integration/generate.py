@@ -35,7 +35,7 @@ from ..decoding.loop import speculative_loop
 from ..decoding.outputs import SpeculativeDecoderOnlyOutput, TokenRecords
 from ..decoding.stats import SpeculationStats
 from ..draft.guarded import GuardedDrafter
-from ..plan.plan_lookup import call_temperature, plan_for_call
+from ..methods.sequoia.lookup import call_temperature, plan_for_call
 from ..runtime.attention import tree_attention_kernels
 from ..runtime.devices import execution_device
 from ..runtime.faster_call import FasterCall

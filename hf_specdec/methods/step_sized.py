@@ -9,8 +9,7 @@ from typing import Any
 from transformers import LogitsProcessorList, PreTrainedModel
 
 from ..core.config import ModelDraftConfig, PlanRequest, set_by_with_plan
-from ..draft.best_first import learned_acceptance, processors_key
-from ..plan.step_sizing import StepSizer
+from ..plan.step_sizing import StepSizer, learned_acceptance, processors_key
 
 #: the largest tree a plan made for a step-sized method may have (the plan lends only its latency curves)
 PLAN_BUDGET = 128

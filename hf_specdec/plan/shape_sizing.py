@@ -17,15 +17,13 @@ expected to add, each row with its own learned acceptance (`ShapeMenu.best` give
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from .sequoia import TreePlanner, validate_acceptance
-from .shapes import validate_parents, widths_parents
-from .sizing import ROOT_PASS_TOKENS, default_budgets, level_widths_with_children
+from .shapes import validate_acceptance, validate_parents, widths_parents
+from .sizing import ROOT_PASS_TOKENS, level_widths_with_children
 from .step_sizing import StepSizer
 
 
@@ -267,24 +265,6 @@ class ShapeChooser:
         shrunk = 1 < nodes < self.full_size
         self.shrunk_steps += shrunk
         return shrunk
-
-
-@functools.lru_cache(maxsize=8)
-def _dp_shapes(acceptance: tuple[float, ...], max_budget: int, max_depth: int) -> tuple[tuple[int, ...], ...]:
-    planner = TreePlanner(acceptance, max_budget, max_depth)
-    return tuple(tuple(planner.plan(budget, depth).parents)
-                 for depth in range(1, max_depth + 1) for budget in default_budgets(max_budget))
-
-
-def sequoia_menu(acceptance: Sequence[float], max_budget: int, max_depth: int) -> ShapeMenu:
-    """The DP's best tree for every (size, depth) the hardware-aware sizing compares (planned once per vector, and
-    the menu kept for the calls after: building it costs ~0.1 s of host time, ten steps' worth on a GPU)."""
-    return _sequoia_menu(tuple(float(p) for p in acceptance), int(max_budget), int(max_depth))
-
-
-@functools.lru_cache(maxsize=8)
-def _sequoia_menu(acceptance: tuple[float, ...], max_budget: int, max_depth: int) -> ShapeMenu:
-    return ShapeMenu.of(_dp_shapes(acceptance, max_budget, max_depth))
 
 
 def sub_shapes_menu(widths: Sequence[int]) -> ShapeMenu:

@@ -1,4 +1,5 @@
-"""Static tree shapes in the parents format shared by the whole package.
+"""Static tree shapes in the parents format shared by the whole package, and the acceptance vector that ranks
+their children.
 
 A shape is a list `parents` with `parents[0] == -1` (node 0 is the root, the last accepted token) and
 `parents[i] < i` for every drafted node i. Nodes are breadth-first (depths never decrease) and the children
@@ -62,3 +63,19 @@ def validate_parents(parents: Sequence[int]) -> None:
                 f"node's children contiguously, in drafting order."
             )
         has_children.add(p)
+
+
+def validate_acceptance(acceptance: Sequence[float]) -> list[float]:
+    """Check an acceptance vector and return it as a list of floats."""
+    p = [float(x) for x in acceptance]
+    if not p:
+        raise ValueError("The acceptance vector is empty: give at least one probability, e.g. [0.6, 0.2, 0.1].")
+    bad = [x for x in p if not 0.0 <= x <= 1.0]  # also catches NaN
+    if bad:
+        raise ValueError(f"Acceptance probabilities must lie in [0, 1], got {bad}: fix or drop those entries.")
+    if sum(p) > 1.0 + 1e-6:
+        raise ValueError(
+            f"Acceptance probabilities are exclusive events (at most one child is accepted), so they must sum "
+            f"to at most 1, but they sum to {sum(p):.6g}: renormalise them or drop the tail."
+        )
+    return p

@@ -1,12 +1,8 @@
-"""Hardware-aware tree size: the (budget, depth) whose optimal tree gives the least predicted time per token.
-
-A step costs one draft pass per tree level that has children (a level of w such nodes is one pass over w
-tokens; the root's pass also feeds the previous step's last tokens) plus one target pass over the whole tree:
-
-    seconds per token = (sum over levels t_draft(w_level) + t_target(n) + overhead) / E[n, d]
-
-with E from the Sequoia DP for the measured acceptance vector and t from measured latency curves.
-"""
+"""Measured latency: a pair's forward-time curves on one device (`HardwareProfile`), a static shape's predicted step
+time, and the curves as a batch's rows see them. A step costs one draft pass per tree level that has children (a level
+of w such nodes is one pass over w tokens; the root's pass also feeds the previous step's last tokens) plus one target
+pass over the whole tree (`step_seconds`). Sizing a tree against these is each method's: Sequoia's DP over (budget,
+depth) in `methods/sequoia/sizing.py`, per-step sizing in `step_sizing.py` and `shape_sizing.py`."""
 
 from __future__ import annotations
 
@@ -17,7 +13,6 @@ from dataclasses import dataclass, field
 
 from ..runtime.paths import json_object
 from .latency import LatencyCurve
-from .sequoia import TreePlan, TreePlanner
 
 # The root's draft pass re-feeds the last accepted token and the bonus token.
 ROOT_PASS_TOKENS = 2
@@ -84,56 +79,6 @@ def step_seconds(parents: Sequence[int], profile: HardwareProfile) -> float:
     widths = level_widths_with_children(parents)
     drafting = sum(profile.draft(ROOT_PASS_TOKENS if level == 0 else w) for level, w in enumerate(widths))
     return drafting + profile.target(len(parents)) + profile.step_overhead
-
-
-@dataclass(frozen=True)
-class SizedPlan:
-    """The chosen tree, its predictions, and every candidate considered (for plots and reports)."""
-
-    plan: TreePlan
-    seconds_per_step: float
-    candidates: list[dict] = field(default_factory=list)
-
-    @property
-    def seconds_per_token(self) -> float:
-        return self.seconds_per_step / self.plan.expected_tokens
-
-
-def default_budgets(max_budget: int) -> list[int]:
-    """Every size up to 16, then steps of 4 up to 64, then of 16: fine where the choice is delicate."""
-    sizes = list(range(1, min(max_budget, 16) + 1)) + list(range(20, min(max_budget, 64) + 1, 4))
-    sizes += list(range(80, max_budget + 1, 16))
-    return sorted({s for s in sizes if s <= max_budget} | {max_budget})
-
-
-def choose_plan(
-    acceptance: Sequence[float],
-    profile: HardwareProfile,
-    max_budget: int = 128,
-    max_depth: int = 12,
-    budgets: Sequence[int] | None = None,
-) -> SizedPlan:
-    """The optimal tree over budgets <= `max_budget` and depths <= `max_depth` minimising predicted time per token."""
-    planner = TreePlanner(acceptance, max_budget, max_depth)
-    best: tuple[float, TreePlan, float] | None = None
-    candidates = []
-    for depth in range(1, max_depth + 1):
-        for budget in budgets or default_budgets(max_budget):
-            plan = planner.plan(budget, depth)
-            seconds = step_seconds(plan.parents, profile)
-            per_token = seconds / plan.expected_tokens
-            candidates.append({
-                "budget": budget, "max_depth": depth, "nodes": len(plan.parents),
-                "expected_tokens": plan.expected_tokens, "seconds_per_step": seconds, "seconds_per_token": per_token,
-            })
-            if best is None or per_token < best[0] - 1e-12:
-                best = (per_token, plan, seconds)
-    return SizedPlan(best[1], best[2], candidates)
-
-
-def default_beams(budget: int) -> int:
-    """Nodes a best-first drafter expands per draft pass when none is given: an eighth of the budget, at least 4."""
-    return max(4, budget // 8)
 
 
 def for_batch(profile: HardwareProfile, rows: int) -> HardwareProfile:

@@ -17,11 +17,13 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Sequence
+import weakref
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
+from transformers import LogitsProcessorList, PreTrainedModel
 
 from .sizing import HardwareProfile
 
@@ -87,6 +89,21 @@ class OnlineAcceptance:
         np.add.at(self.trials, bins, 1.0)
         np.add.at(self.hits, bins, np.asarray(accepted, dtype=np.float64))
         self.observations += len(bins)
+
+
+_LEARNED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def learned_acceptance(draft_model: PreTrainedModel, key: Hashable) -> OnlineAcceptance:
+    """The acceptance curve learned so far for this draft and `key` (its target and logits processors): calls that
+    follow one another keep learning instead of starting from the prior."""
+    return _LEARNED.setdefault(draft_model, {}).setdefault(key, OnlineAcceptance())
+
+
+def processors_key(processors: LogitsProcessorList | None) -> tuple:
+    """What of the logits processors changes acceptance: their types and sampling settings."""
+    names = ("temperature", "top_k", "top_p", "min_p", "penalty")
+    return tuple((type(p).__name__, *(getattr(p, n, None) for n in names)) for p in processors or [])
 
 
 def _floats(values) -> list[float]:

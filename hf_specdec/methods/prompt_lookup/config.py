@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ...core.config import SpeculationConfig, register_speculation
-from ...draft.prompt_lookup import PromptLookupDrafter
-from ...plan.lookup_sizing import learned_sizer
+from .drafter import PromptLookupDrafter
+from .sizing import learned_sizer
 
 
 @register_speculation

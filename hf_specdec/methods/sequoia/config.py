@@ -13,12 +13,13 @@ from transformers.utils import logging
 from ...core.config import PlanRequest, register_speculation, set_by_with_plan
 from ...draft.shaped_tree import ModelTreeDrafter
 from ...draft.sized_shape import SizedShapeDrafter
-from ...plan.plan_file import SequoiaPlan
-from ...plan.sequoia import TreePlan
-from ...plan.shape_sizing import RankAcceptance, ShapeMenu, sequoia_menu
+from ...plan.shape_sizing import RankAcceptance, ShapeMenu
 from ...runtime.model_info import vocab_size
 from ..static_shape import StaticShapeConfig
 from ..step_sized import online_sizer
+from .dp import TreePlan
+from .plan_file import SequoiaPlan
+from .sizing import sequoia_menu
 
 logger = logging.get_logger(__name__)
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ...core.config import register_speculation
-from ...draft.best_first import BestFirstDrafter
 from ...plan.step_sizing import FRONTIER_SIZES
 from ...runtime.model_info import vocab_size
 from ..step_sized import StepSizedConfig
+from .best_first import BestFirstDrafter
 
 
 @register_speculation

@@ -1,7 +1,7 @@
 """`speculation="staged"`: staged speculative decoding (Spector & Ré, 2023): the draft is itself sped up by cheaper
 drafters below it, a stack of any depth, e.g. target <- draft model <- smaller model <- n-gram lookup.
 
-The draft model grows best-first trees (the engine SpecExec uses, draft/best_first.py) and confirms the lower
+The draft model grows best-first trees (the engine SpecExec uses, methods/specexec/best_first.py) and confirms the lower
 stage's guesses in the same passes; `stack.py` turns the `stages` setting into that lower stage.
 """
 
@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ...core.config import register_speculation, settings
-from ...draft.best_first import BestFirstDrafter
 from ...runtime.model_info import vocab_size
+from ..specexec.best_first import BestFirstDrafter
 from ..step_sized import StepSizedConfig
 from .stack import build_stack, parse_stages
 

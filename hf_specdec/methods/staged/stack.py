@@ -23,10 +23,10 @@ import torch
 from transformers import LogitsProcessorList, PreTrainedModel
 
 from ...core.drafter import Drafter
-from ...draft.best_first import BestFirstDrafter
-from ...draft.prompt_lookup import PromptLookupDrafter
 from ...runtime.attention import check_supported
 from ...runtime.model_info import vocab_size, vocabulary_mismatch
+from ..prompt_lookup.drafter import PromptLookupDrafter
+from ..specexec.best_first import BestFirstDrafter
 from .merged import MergedDrafter
 from .ngram_model import NGramModel, NGramModelDrafter
 

@@ -17,9 +17,9 @@ import torch
 from tqdm.auto import tqdm
 from transformers import LogitsProcessorList, PreTrainedModel
 
-from ..logits.child_selection import select_children
-from ..runtime.devices import execution_device
-from ..runtime.model_info import embeddable
+from ...logits.child_selection import select_children
+from ...runtime.devices import execution_device
+from ...runtime.model_info import embeddable
 
 SUPPORT = 1024  # draft tokens simulated per position: q's mass beyond its top 1024 tokens is negligible
 

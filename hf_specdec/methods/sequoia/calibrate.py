@@ -21,14 +21,15 @@ from transformers import (
     TopPLogitsWarper,
 )
 
-from ..runtime.attention import AttentionLayout
-from ..runtime.devices import execution_device
-from ..runtime.model_info import vocab_size
+from ...plan.latency import DEFAULT_SIZES, STOP_RATIO, measure_latency
+from ...plan.sizing import HardwareProfile, step_seconds
+from ...runtime.attention import AttentionLayout
+from ...runtime.devices import execution_device
+from ...runtime.model_info import vocab_size
 from .acceptance import estimate_acceptance
-from .latency import DEFAULT_SIZES, STOP_RATIO, measure_latency
+from .dp import TreePlanner
 from .plan_file import SequoiaPlan, environment, model_record, pair_placement
-from .sequoia import TreePlanner
-from .sizing import HardwareProfile, choose_plan, step_seconds
+from .sizing import choose_plan
 
 
 def sampling_processors(

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import torch
 
-from ..core.drafter import Drafter
-from ..core.tree import TokenTree
-from ..core.verdict import Verdict
-from ..plan.lookup_sizing import LookupSizer
-from ..plan.shape_sizing import PlainProbes
-from .draft_model import HostSequence, emitted_tokens
+from ...core.drafter import Drafter
+from ...core.tree import TokenTree
+from ...core.verdict import Verdict
+from ...draft.draft_model import HostSequence, emitted_tokens
+from ...plan.shape_sizing import PlainProbes
+from .sizing import LookupSizer
 
 
 class PromptLookupDrafter(Drafter):
@@ -22,7 +22,7 @@ class PromptLookupDrafter(Drafter):
     Every match contributes its next `depth` tokens; they are merged into a trie whose nodes are ranked by how
     many matches pass through them, and the `max_nodes` most supported nodes form the tree (always connected,
     since a child never has more support than its parent). With a `sizer`, each proposed tree is cut to the nodes
-    that pay for the target's longer pass (plan/lookup_sizing.py), possibly to the root alone (a plain step), and
+    that pay for the target's longer pass (`sizing.py`), possibly to the root alone (a plain step), and
     `PlainProbes` proposes the whole tree now and then after plain choices, so acceptance that returns is seen.
     A staged stack's lower stage (`propose_ids`) is never cut: its trees only guide the stage above.
     """

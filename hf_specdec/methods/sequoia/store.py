@@ -23,12 +23,12 @@ from typing import Any
 
 from transformers import PreTrainedModel
 
-from ..runtime.devices import device_layout, execution_device, is_offloaded
-from ..runtime.model_info import quantization
-from ..runtime.paths import CACHE_ENV, cache_dir
-from .latency import dtype_name
+from ...plan.latency import dtype_name
+from ...plan.sizing import HardwareProfile
+from ...runtime.devices import device_layout, execution_device, is_offloaded
+from ...runtime.model_info import quantization
+from ...runtime.paths import CACHE_ENV, cache_dir
 from .plan_file import SequoiaPlan, model_fingerprint, read_json
-from .sizing import HardwareProfile
 
 try:
     import fcntl

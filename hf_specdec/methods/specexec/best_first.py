@@ -24,21 +24,19 @@ from __future__ import annotations
 
 import math
 import time
-import weakref
-from collections.abc import Hashable
 from dataclasses import dataclass
 
 import torch
 from transformers import LogitsProcessorList, PreTrainedModel
 
-from ..core.drafter import Drafter
-from ..core.tree import HostTree, TokenTree
-from ..core.verdict import Verdict
-from ..logits.processing import draft_top_scores, process_tree_scores
-from ..logits.wide_rows import row_topk
-from ..plan.sizing import default_beams, row_share
-from ..plan.step_sizing import OnlineAcceptance, StepSizer
-from .draft_model import DraftModelCounts, DraftModelRunner, HostSequence, emitted_tokens, forwarded_prefix
+from ...core.drafter import Drafter
+from ...core.tree import HostTree, TokenTree
+from ...core.verdict import Verdict
+from ...draft.draft_model import DraftModelCounts, DraftModelRunner, HostSequence, emitted_tokens, forwarded_prefix
+from ...logits.processing import draft_top_scores, process_tree_scores
+from ...logits.wide_rows import row_topk
+from ...plan.sizing import row_share
+from ...plan.step_sizing import StepSizer
 
 
 @dataclass(slots=True)
@@ -132,19 +130,9 @@ class Growth:
         return order
 
 
-_LEARNED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-def learned_acceptance(draft_model: PreTrainedModel, key: Hashable) -> OnlineAcceptance:
-    """The acceptance curve learned so far for this draft and `key` (its target and logits processors): calls that
-    follow one another keep learning instead of starting from the prior."""
-    return _LEARNED.setdefault(draft_model, {}).setdefault(key, OnlineAcceptance())
-
-
-def processors_key(processors: LogitsProcessorList | None) -> tuple:
-    """What of the logits processors changes acceptance: their types and sampling settings."""
-    names = ("temperature", "top_k", "top_p", "min_p", "penalty")
-    return tuple((type(p).__name__, *(getattr(p, n, None) for n in names)) for p in processors or [])
+def default_beams(budget: int) -> int:
+    """Nodes a best-first drafter expands per draft pass when none is given: an eighth of the budget, at least 4."""
+    return max(4, budget // 8)
 
 
 class BestFirstDrafter(DraftModelCounts, Drafter):

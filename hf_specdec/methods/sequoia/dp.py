@@ -32,25 +32,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..core.tree import TokenTree, breadth_first_order, renumber_parents, reorder
-from ..runtime.paths import json_object
-from .shapes import validate_parents
-
-
-def validate_acceptance(acceptance: Sequence[float]) -> list[float]:
-    """Check an acceptance vector and return it as a list of floats."""
-    p = [float(x) for x in acceptance]
-    if not p:
-        raise ValueError("The acceptance vector is empty: give at least one probability, e.g. [0.6, 0.2, 0.1].")
-    bad = [x for x in p if not 0.0 <= x <= 1.0]  # also catches NaN
-    if bad:
-        raise ValueError(f"Acceptance probabilities must lie in [0, 1], got {bad}: fix or drop those entries.")
-    if sum(p) > 1.0 + 1e-6:
-        raise ValueError(
-            f"Acceptance probabilities are exclusive events (at most one child is accepted), so they must sum "
-            f"to at most 1, but they sum to {sum(p):.6g}: renormalise them or drop the tail."
-        )
-    return p
+from ...core.tree import TokenTree, breadth_first_order, renumber_parents, reorder
+from ...plan.shapes import validate_acceptance, validate_parents
+from ...runtime.paths import json_object
 
 
 def _check_limits(budget: int, max_depth: int) -> None:

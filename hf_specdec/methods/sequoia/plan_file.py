@@ -19,14 +19,14 @@ import torch
 import transformers
 from transformers import PreTrainedModel
 
-from ..core.version import __version__
-from ..runtime.devices import cpu_model
-from ..runtime.model_info import quantization
-from ..runtime.paths import json_list, json_object, write_json
-from ..verify.registry import VERIFIERS
-from .latency import dtype_name, placement
-from .sequoia import TreePlan
-from .sizing import HardwareProfile
+from ...core.version import __version__
+from ...plan.latency import dtype_name, placement
+from ...plan.sizing import HardwareProfile
+from ...runtime.devices import cpu_model
+from ...runtime.model_info import quantization
+from ...runtime.paths import json_list, json_object, write_json
+from ...verify.registry import VERIFIERS
+from .dp import TreePlan
 
 FORMAT = 1
 RECORD_FIELDS = ("target", "draft", "predicted", "measured", "environment")  # free-form JSON objects

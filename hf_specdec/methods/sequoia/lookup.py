@@ -15,15 +15,15 @@ import torch
 from transformers import GenerationConfig, PreTrainedModel
 from transformers.utils import logging
 
-from ..core.config import PlanRequest
-from ..runtime.devices import is_offloaded
-from ..runtime.ranks import ONE_PROCESS, Ranks
+from ...core.config import PlanRequest
+from ...plan.latency import STOP_RATIO
+from ...plan.sizing import HardwareProfile
+from ...runtime.devices import is_offloaded
+from ...runtime.ranks import ONE_PROCESS, Ranks
 from . import store
 from .calibrate import calibrate, measure_profile, resize
-from .latency import STOP_RATIO
+from .dp import TreePlan
 from .plan_file import INVALID_VALUE, SequoiaPlan
-from .sequoia import TreePlan
-from .sizing import HardwareProfile
 
 logger = logging.get_logger(__name__)
 
