@@ -18,13 +18,11 @@ from __future__ import annotations
 
 import argparse
 import collections
-import contextlib
 import json
 import statistics
 import sys
 import traceback
 from pathlib import Path
-from unittest import mock
 
 import torch
 from torch.utils import _pytree as pytree
@@ -36,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu import early_layer_draft, tune_agreement  # noqa: E402
 
 import hf_specdec  # noqa: E402, F401  (installs `speculation=`)
-from hf_specdec.runtime import pass_shapes, wide_rows  # noqa: E402
+from hf_specdec.runtime import wide_rows  # noqa: E402
 from hf_specdec.runtime.devices import cpu_flags, cpu_model  # noqa: E402
 
 #: ops that launch nothing on a GPU: allocation, aliasing and shape bookkeeping
@@ -135,7 +133,6 @@ def main() -> None:
     device = torch.device(args.device)
     if not args.cpu_paths:
         wide_rows.WIDE = sys.maxsize  # every row takes torch's argmax/topk: the path a GPU takes
-        pass_shapes.DEPTH_FIRST = True  # the target's tree depth first, as off the CPU
     torch.set_num_threads(1)
     target, draft, tuned = pair(device)
     generator = torch.Generator().manual_seed(5)
@@ -150,25 +147,24 @@ def main() -> None:
         kwargs = {"max_new_tokens": args.new_tokens, "do_sample": False}
         if spec.get("assistant"):
             kwargs["assistant_model"] = draft
-        if "speculation" in spec:
+        if "speculation" in spec:  # the target's tree depth first, as off the CPU, unless the entry says otherwise
             kwargs["speculation"] = spec["speculation"]
-        order = (mock.patch.object(pass_shapes, "DEPTH_FIRST", False)
-                 if spec.get("breadth_first") else contextlib.nullcontext())
-        with order:
-            target.generate(prompts[0], **kwargs)  # warm-up: plans, latency curves, first-call work
-            per_step, sites, names = [], collections.Counter(), collections.Counter()
-            for ids in prompts:
-                counter.ops, passes["target"] = 0, 0
-                counter.ops_by_name.clear()
-                if counter.sites is not None:
-                    counter.sites.clear()
-                with counter, torch.no_grad():
-                    target.generate(ids, **kwargs)
-                steps = max(passes["target"] - 1, 1)
-                per_step.append(counter.ops / steps)
-                names.update({op: count / steps for op, count in counter.ops_by_name.items()})
-                if counter.sites is not None:
-                    sites.update({where: count / steps for where, count in counter.sites.items()})
+            depth_first = False if spec.get("breadth_first") else None if args.cpu_paths else True
+            kwargs["speculation_config"] = {"depth_first": depth_first}
+        target.generate(prompts[0], **kwargs)  # warm-up: plans, latency curves, first-call work
+        per_step, sites, names = [], collections.Counter(), collections.Counter()
+        for ids in prompts:
+            counter.ops, passes["target"] = 0, 0
+            counter.ops_by_name.clear()
+            if counter.sites is not None:
+                counter.sites.clear()
+            with counter, torch.no_grad():
+                target.generate(ids, **kwargs)
+            steps = max(passes["target"] - 1, 1)
+            per_step.append(counter.ops / steps)
+            names.update({op: count / steps for op, count in counter.ops_by_name.items()})
+            if counter.sites is not None:
+                sites.update({where: count / steps for where, count in counter.sites.items()})
         row = {"method": name, "launches_per_step": statistics.median(per_step),
                "top_ops": {op: round(n / len(prompts), 1) for op, n in names.most_common(12)}}
         if counter.sites is not None:

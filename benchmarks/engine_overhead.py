@@ -195,10 +195,10 @@ def before_21g() -> contextlib.AbstractContextManager:
 
 
 def depth_first() -> contextlib.AbstractContextManager:
-    """The target's tree handed over depth first, as off the CPU (`core.pass_shapes.DEPTH_FIRST`)."""
+    """The target's tree handed over depth first, as off the CPU (the `depth_first` setting, for every call)."""
     from hf_specdec.runtime import pass_shapes
 
-    return mock.patch.object(pass_shapes, "DEPTH_FIRST", True)
+    return mock.patch.object(pass_shapes, "orders_depth_first", lambda device, wanted=None: True)
 
 
 def guard_per_call() -> contextlib.AbstractContextManager:

@@ -66,13 +66,12 @@ from engine_overhead import ACCEPTANCE, SAMPLING, peaky_model  # noqa: E402
 import hf_specdec  # noqa: E402, F401  (installs `speculation=`)
 from hf_specdec import ChainConfig, SequoiaConfig, SpecExecConfig, StagedConfig, TreeConfig  # noqa: E402
 from hf_specdec.core.releases import ASSISTED_ON_STATIC_CACHE, cache_arg, given_cache  # noqa: E402
-from hf_specdec.decoding import step  # noqa: E402
 from hf_specdec.kernels import lean_pass  # noqa: E402
 from hf_specdec.methods.sequoia.dp import plan_tree  # noqa: E402
 from hf_specdec.methods.sequoia.plan_file import pair_placement  # noqa: E402
 from hf_specdec.plan.latency import measure_latency  # noqa: E402
 from hf_specdec.plan.sizing import HardwareProfile  # noqa: E402
-from hf_specdec.runtime import attention, pass_shapes  # noqa: E402
+from hf_specdec.runtime import attention  # noqa: E402
 from hf_specdec.runtime.attention import tree_attention_kernels  # noqa: E402
 
 
@@ -101,9 +100,7 @@ SMOKE_DRAFT = dict(SMOKE_TARGET, hidden_size=64, intermediate_size=128, num_hidd
 IDS = dict(pad_token_id=0, bos_token_id=1, eos_token_id=2)
 NO_CUDNN = "no_cudnn_sdpa"  # a table entry's switch: the whole call runs with the kernels our tree passes use
 CUDNN_KEPT = "cudnn_sdpa_kept"  # a table entry's switch: our tree passes keep cuDNN's SDPA (as before they left it)
-BREADTH_FIRST = "breadth_first"  # a table entry's switch: the target gets the drafted order (before depth_first)
 MODEL_FORWARD = "draft_model_forward"  # a table entry's switch: the draft runs its model's forward (no lean pass)
-TARGET_FORWARD = "target_model_forward"  # a table entry's switch: the target's tree passes run its model's forward
 EVERY_KERNEL = (SDPBackend.FLASH_ATTENTION, SDPBackend.CUDNN_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH)
 
 
@@ -131,9 +128,8 @@ class Run:
     def timed(self, target, ids, new_tokens: int, kwargs: dict):
         """(output, seconds) of one `generate` call, the device synchronised on both sides. A table entry with
         `NO_CUDNN` set runs the whole call with cuDNN's SDPA kernel off (our eager tree passes do so by themselves);
-        one with `CUDNN_KEPT` lets our tree passes use it; one with `BREADTH_FIRST` hands the target the drafted
-        order; one with `MODEL_FORWARD` runs the draft through its model's forward (before `kernels/lean_pass.py`);
-        one with `TARGET_FORWARD` the target's tree passes (before `decoding.step.lean_target`)."""
+        one with `CUDNN_KEPT` lets our tree passes use it; one with `MODEL_FORWARD` runs the draft through its
+        model's forward (before `kernels/lean_pass.py`)."""
         self.sync()
         start = time.perf_counter()
         with contextlib.ExitStack() as kernels:
@@ -141,12 +137,8 @@ class Run:
                 kernels.enter_context(tree_attention_kernels(self.device))
             if kwargs.get(CUDNN_KEPT):
                 kernels.enter_context(mock.patch.object(attention, "TREE_KERNELS", EVERY_KERNEL))
-            if kwargs.get(BREADTH_FIRST):
-                kernels.enter_context(mock.patch.object(pass_shapes, "DEPTH_FIRST", False))
             if kwargs.get(MODEL_FORWARD):
                 kernels.enter_context(mock.patch.object(lean_pass, "SUPPORTED", ()))
-            if kwargs.get(TARGET_FORWARD):
-                kernels.enter_context(mock.patch.object(step, "LEAN_TARGET", False))
             out = generate(target, ids, new_tokens, **call_kwargs(kwargs))
         self.sync()
         return out, time.perf_counter() - start
@@ -543,8 +535,7 @@ def interleaved(run: Run, target, table: dict, prompts, new_tokens: int, rounds:
 def call_kwargs(kwargs: dict) -> dict:
     """A table entry's `generate` arguments (its `new_tokens` overrides the phase's count, `NO_CUDNN` and
     `CUDNN_KEPT` pick the kernels: none is one)."""
-    return {k: v for k, v in kwargs.items() if k not in ("new_tokens", NO_CUDNN, CUDNN_KEPT, BREADTH_FIRST,
-                                                       MODEL_FORWARD, TARGET_FORWARD)}
+    return {k: v for k, v in kwargs.items() if k not in ("new_tokens", NO_CUDNN, CUDNN_KEPT, MODEL_FORWARD)}
 
 
 def medians(rows: list[dict], skip=("round",)) -> dict:
@@ -575,13 +566,15 @@ def step_parts(run: Run, target, draft, prompts, new_tokens: int, rounds: int = 
              **{f"{name}, cuDNN kept": {"assistant_model": draft, "speculation": name, CUDNN_KEPT: True}
                 for name in ("chain", "sequoia", "specexec")},
              # the target's tree in the drafted (breadth-first) order: the cache compaction moves rows more often
-             **{f"{name}, breadth-first": {"assistant_model": draft, "speculation": name, BREADTH_FIRST: True}
+             **{f"{name}, breadth-first": {"assistant_model": draft, "speculation": name,
+                                                 "speculation_config": {"depth_first": False}}
                 for name in ("sequoia", "specexec", "staged")},
              # the draft through its model's own forward, not the lean pass (`kernels/lean_pass.py`)
              **{f"{name}, model forward": {"assistant_model": draft, "speculation": name, MODEL_FORWARD: True}
                 for name in ("chain", "sequoia", "specexec")},
              # the target's tree passes through its model's own forward, not the lean pass (`decoding.step.lean_target`)
-             **{f"{name}, target forward": {"assistant_model": draft, "speculation": name, TARGET_FORWARD: True}
+             **{f"{name}, target forward": {"assistant_model": draft, "speculation": name,
+                                                  "speculation_config": {"lean_target": False}}
                 for name in ("chain", "sequoia", "specexec", "staged")},
              "staged": {"assistant_model": draft, "speculation": "staged"}}
     if run.args.only:
@@ -708,8 +701,9 @@ def batch_speed(run: Run, target, draft, new_tokens: int, sizes=(1, 2, 4, 8, 16)
                  **{name: {"assistant_model": draft, "speculation": name, **mask}
                     for name in ("chain", "sequoia", "specexec")},
                  # the target's tree passes through its forward, not the lean pass (`decoding.step.lean_target`)
-                 **{f"{name}, target forward": {"assistant_model": draft, "speculation": name, TARGET_FORWARD: True,
-                                                **mask} for name in ("chain", "sequoia")}}
+                 **{f"{name}, target forward": {"assistant_model": draft, "speculation": name,
+                                                "speculation_config": {"lean_target": False}, **mask}
+                    for name in ("chain", "sequoia")}}
         if run.args.only:
             table = {name: kwargs for name, kwargs in table.items() if name in run.args.only}
         rows = interleaved(run, target, table, [batch], new_tokens, rounds, measure)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -13,7 +15,6 @@ from hf_specdec import SequoiaConfig, SpecExecConfig, TokenTree, TreeConfig
 from hf_specdec.accept.kv_cache import crop, keep_positions
 from hf_specdec.core.releases import cache_arg
 from hf_specdec.methods.sequoia.dp import plan_tree
-from hf_specdec.runtime import pass_shapes
 from tests.conftest import VOCAB, tiny_model
 
 
@@ -102,11 +103,11 @@ def test_keep_positions_moves_only_rows_out_of_place(kept: list[int], moves: set
 ], ids=["tree", "sequoia", "specexec"])
 def test_target_keeps_first_child_paths_without_moving_rows(speculation, monkeypatch):
     """The target is its own draft, so every step accepts the first child at each level: with the tree in
-    depth-first order (`core.pass_shapes.depth_first`, off the CPU; forced here) the kept rows are already in place,
+    depth-first order (`runtime.pass_shapes.depth_first`, off the CPU; set here) the kept rows are already in place,
     and the cache is cut."""
     import hf_specdec.decoding.loop as loop
 
-    monkeypatch.setattr(pass_shapes, "DEPTH_FIRST", True)
+    speculation = dataclasses.replace(speculation, depth_first=True)  # as off the CPU
     model, calls = tiny_model("qwen2", 0), []
 
     def recording(cache, start, kept):

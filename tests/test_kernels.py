@@ -10,7 +10,6 @@ import torch
 
 import hf_specdec
 from hf_specdec.core.releases import HUB_KERNELS_BY_DEFAULT
-from hf_specdec.decoding import step
 from hf_specdec.kernels import PackedLinear, is_prepacked
 from hf_specdec.kernels.prepack import can_prepack, packable_dtypes
 from hf_specdec.plan.latency import placement
@@ -58,10 +57,10 @@ def test_models_loaded_with_hub_kernels_stay_lossless(tmp_path, monkeypatch):
     plain = target.generate(ids, max_new_tokens=24, do_sample=False)
     hf_specdec.prepack(target, measure=False)
     draft = hf_specdec.quantize_draft(draft, scheme="dynamic-int8")
-    monkeypatch.setattr(step, "LEAN_TARGET", True)
     assert torch.equal(target.generate(ids, max_new_tokens=24, do_sample=False), plain)
     for method in ("chain", "sequoia", "specexec"):
-        out = target.generate(ids, assistant_model=draft, speculation=method, max_new_tokens=24, do_sample=False)
+        out = target.generate(ids, assistant_model=draft, speculation=method, speculation_config={"lean_target": True},
+                              max_new_tokens=24, do_sample=False)
         assert torch.equal(out, plain), method
 
 

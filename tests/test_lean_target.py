@@ -1,7 +1,10 @@
 """The target's tree passes through the lean pass (`decoding.step.lean_target`): what plain `generate` gives, and
-only where the pass needs nothing but the logits. Off the CPU the loop takes it by itself; here it is switched on."""
+only where the pass needs nothing but the logits. Off the CPU the loop takes it by itself; here the `lean_target`
+setting switches it on."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 import torch
@@ -25,7 +28,7 @@ IDS = torch.tensor([[5, 9, 11, 4, 7, 3, 21, 8]])
 
 @pytest.fixture
 def lean_target_calls(monkeypatch) -> list[torch.Size]:
-    """Switch the lean target pass on (this is a CPU); the (sequences, rows) of every pass it runs."""
+    """The (sequences, rows) of every lean target pass run (the tests switch it on with `lean_target=True`)."""
     calls: list[torch.Size] = []
 
     class Counted(LeanPass):
@@ -33,7 +36,6 @@ def lean_target_calls(monkeypatch) -> list[torch.Size]:
             calls.append(args[0].shape)
             return super().__call__(*args)
 
-    monkeypatch.setattr(step, "LEAN_TARGET", True)
     monkeypatch.setattr(step, "LeanPass", Counted)
     return calls
 
@@ -45,7 +47,8 @@ def test_greedy_with_the_lean_target_pass_is_plain_generate(family, method, draf
     target = PAIRS[family]()
     draft = PAIRS[family]() if draft_seed == 0 else tiny_model("llama", draft_seed)
     plain = target.generate(IDS, do_sample=False, max_new_tokens=24)
-    out = target.generate(IDS, assistant_model=draft, speculation=GREEDY[method], do_sample=False, max_new_tokens=24)
+    speculation = dataclasses.replace(GREEDY[method], lean_target=True)
+    out = target.generate(IDS, assistant_model=draft, speculation=speculation, do_sample=False, max_new_tokens=24)
     assert torch.equal(out, plain)
     assert max(rows for _, rows in lean_target_calls) > 1  # the tree passes took it
 
@@ -63,9 +66,9 @@ def test_sampling_with_the_lean_target_pass_draws_what_the_forward_draws(method,
     target, draft = tiny_model("qwen2", 0), tiny_model("qwen2", 1)
     outs = []
     for lean in (True, False):
-        monkeypatch.setattr(step, "LEAN_TARGET", lean)
         torch.manual_seed(3)
-        outs.append(target.generate(IDS, assistant_model=draft, speculation=FIXED[method], do_sample=True,
+        speculation = dataclasses.replace(FIXED[method], lean_target=lean)
+        outs.append(target.generate(IDS, assistant_model=draft, speculation=speculation, do_sample=True,
                                     temperature=0.8, max_new_tokens=32))
     assert torch.equal(outs[0], outs[1])
 
@@ -76,12 +79,11 @@ def test_passes_that_need_more_than_logits_keep_the_forward(monkeypatch):
     dynamic, static = PassShapes(None, set()), PassShapes(64, set())
     one = Ranks.of(target)
 
-    def lean(model=target, shapes=dynamic, outputs=False):
-        return step.lean_target(model, layout, copies=None, ranks=one, static=shapes.width is not None,
+    def lean(model=target, shapes=dynamic, outputs=False, use=True):
+        return step.lean_target(model, layout, copies=None, ranks=one, use=use, static=shapes.width is not None,
                                 pass_outputs=outputs, token_inputs=TokenInputs())
 
-    assert lean() is None  # a CPU: the forward by default
-    monkeypatch.setattr(step, "LEAN_TARGET", True)
+    assert lean(use=None) is None  # a CPU: the forward by default
     forward = lean()
     assert forward is not None
     with pytest.raises(TypeError):  # an input the lean pass would not honour is never dropped
@@ -89,8 +91,7 @@ def test_passes_that_need_more_than_logits_keep_the_forward(monkeypatch):
     assert lean(shapes=static) is None  # padded passes on a static cache
     assert lean(outputs=True) is None  # hidden states or attentions to return
     assert lean(model=_eager(tiny_model("qwen2", 0))) is None
-    monkeypatch.setattr(step, "LEAN_TARGET", False)
-    assert lean() is None
+    assert lean(use=False) is None
 
 
 def _eager(model: torch.nn.Module) -> torch.nn.Module:
@@ -101,8 +102,8 @@ def _eager(model: torch.nn.Module) -> torch.nn.Module:
 def test_hidden_states_asked_for_keep_the_forward(lean_target_calls):
     target, draft = tiny_model("qwen2", 0), tiny_model("qwen2", 1)
     plain = target.generate(IDS, do_sample=False, max_new_tokens=12)
-    out = target.generate(IDS, assistant_model=draft, speculation="sequoia", do_sample=False, max_new_tokens=12,
-                          return_dict_in_generate=True, output_hidden_states=True)
+    out = target.generate(IDS, assistant_model=draft, speculation="sequoia", speculation_config={"lean_target": True},
+                          do_sample=False, max_new_tokens=12, return_dict_in_generate=True, output_hidden_states=True)
     assert torch.equal(out.sequences, plain) and lean_target_calls == []
 
 
@@ -115,6 +116,8 @@ def test_a_batch_with_the_lean_target_pass_is_plain_batched_generate_row_by_row(
     draft = near_draft(target)
     ids, mask = padded_batch(3, [0, 3, 5])
     plain = target.generate(ids, attention_mask=mask, max_new_tokens=20, do_sample=False)
-    out = target.generate(ids, attention_mask=mask, max_new_tokens=20, do_sample=False, **kwargs_for(method, draft))
+    kwargs = kwargs_for(method, draft)
+    kwargs["speculation_config"] = {**kwargs.get("speculation_config", {}), "lean_target": True}
+    out = target.generate(ids, attention_mask=mask, max_new_tokens=20, do_sample=False, **kwargs)
     assert torch.equal(out, plain)
     assert any(sequences == 3 and rows > 1 for sequences, rows in lean_target_calls)

@@ -10,7 +10,6 @@ from transformers import DynamicCache
 
 from hf_specdec import TokenTree
 from hf_specdec.core.releases import cache_arg
-from hf_specdec.runtime import pass_shapes
 from hf_specdec.runtime.pass_shapes import depth_first
 from tests.conftest import VOCAB, tiny_model
 
@@ -99,12 +98,10 @@ def test_depth_first_keeps_parents_first_and_first_child_paths_consecutive(tree:
     assert places == list(range(len(places)))
 
 
-def test_depth_first_off_the_cpu_only(monkeypatch):
+def test_depth_first_off_the_cpu_only_unless_set():
     tree = TokenTree.from_parents([7, 8, 9, 10], [-1, 0, 0, 1])  # breadth first: 0 -> 1 -> 3 is not consecutive
     assert depth_first(tree, None, torch.device("cpu")) == (tree, None)
     assert depth_first(tree, None, torch.device("cuda"))[1] == [0, 1, 3, 2]
     assert depth_first(tree, [0, 1, 2, 5], torch.device("cuda"))[1] == [0, 1, 5, 2]  # composed with a level cut
-    monkeypatch.setattr(pass_shapes, "DEPTH_FIRST", True)
-    assert depth_first(tree, None, torch.device("cpu"))[0].host().parents == [-1, 0, 1, 0]
-    monkeypatch.setattr(pass_shapes, "DEPTH_FIRST", False)
-    assert depth_first(tree, None, torch.device("cuda")) == (tree, None)
+    assert depth_first(tree, None, torch.device("cpu"), wanted=True)[0].host().parents == [-1, 0, 1, 0]
+    assert depth_first(tree, None, torch.device("cuda"), wanted=False) == (tree, None)

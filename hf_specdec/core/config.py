@@ -73,6 +73,22 @@ class SpeculationConfig:
         },
     )
 
+    lean_target: bool | None = field(
+        default=None,
+        metadata={
+            "help": "Run the target's eager tree passes through the lean pass (kernels/lean_pass.py: Llama, Qwen2, "
+            "Mistral with sdpa attention): True, False, or None for off the CPU only, where an eager pass is bound "
+            "by its host time."
+        },
+    )
+    depth_first: bool | None = field(
+        default=None,
+        metadata={
+            "help": "Hand the target its tree in depth-first order, so that the usual accepted path (first children) "
+            "is kept without moving cache rows (runtime/pass_shapes.py): True, False, or None for off the CPU only."
+        },
+    )
+
     plan_source: str = set_by_with_plan(
         "", "where a plan or size came from (stats and logs say it; never guessed silently). Empty for a config that "
         "took no plan."
@@ -200,6 +216,10 @@ def make_config(
         )
     if not isinstance(config.guard, bool):
         raise ValueError(f"guard must be True or False, got {config.guard!r}.")
+    for name in ("lean_target", "depth_first"):
+        if getattr(config, name) not in (None, True, False):
+            raise ValueError(f"{name} must be True, False or None (the running device decides), got "
+                             f"{getattr(config, name)!r}.")
     check_draft_window(config)
     config.validate()
     return config

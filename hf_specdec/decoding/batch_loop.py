@@ -116,18 +116,19 @@ def batch_speculative_loop(
     model_kwargs: dict | None = None,
     cache: DynamicCache | None = None,
     returns_cache: bool = False,
+    lean: bool | None = None,
 ) -> BatchResult:
     """Decode every row of `input_ids` `(B, P)` (left-padded: `attention_mask` 0 on pads) until its stopping
     criteria fire; `drafter` drafts every row's tree. `cache`: an empty `DynamicCache` of full-length layers
     (default a new one). With `returns_cache`, each row's columns are kept as it leaves the batch and the cache
     ends in plain batched generate's layout for the returned sequences (`decoding.batch_cache`); otherwise it ends
-    empty (every row has left)."""
+    empty (every row has left). `lean`: the config's `lean_target` setting (None: off the CPU only)."""
     batch, prompt = input_ids.shape
     stats = stats or [SpeculationStats() for _ in range(batch)]
     host = [row[pad:] for row, pad in zip(input_ids.tolist(), (attention_mask == 0).sum(dim=1).tolist())]
     device, dtype = execution_device(target), target.dtype
     layout = AttentionLayout.of(target)
-    forward = lean_target(target, layout, copies=DeviceCopies.of(target), ranks=Ranks.of(target)) or target
+    forward = lean_target(target, layout, copies=DeviceCopies.of(target), ranks=Ranks.of(target), use=lean) or target
     stops = BlockStops.of(stopping_criteria)
     clock = PassClock(compute_devices(target))
     start = time.perf_counter()

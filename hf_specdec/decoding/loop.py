@@ -90,6 +90,8 @@ def speculative_loop(
     token_inputs: TokenInputs | None = None,
     ranks: Ranks | None = None,
     forward: Callable[..., ModelOutput] | None = None,
+    lean: bool | None = None,
+    depth_first_order: bool | None = None,
 ) -> LoopResult:
     """Decode until a stopping criterion fires on some token; batch size 1.
 
@@ -101,6 +103,8 @@ def speculative_loop(
     `forward` runs the tree passes (a compiled `target.__call__`; default the target itself); the prefill always
     runs eagerly, as in plain `generate`. On a static cache tree passes are padded to fixed shapes (`pass_shapes`).
     A target with recurrent state verifies chains (`chain_pass`) and rolls its state back to the accepted prefix.
+    `lean` and `depth_first_order` are the config's `lean_target` and `depth_first` settings (None: the device
+    decides).
     """
     stats = stats or SpeculationStats()
     records = records or TokenRecords()
@@ -121,7 +125,8 @@ def speculative_loop(
     ranks = ranks or Ranks.of(target)
     shapes = PassShapes(cache.layers[0].max_cache_len if is_static(cache) else None, stats.tree_pass_sizes)
     # no compiled call: off the CPU, eager tree passes take the lean pass where it computes the model's function
-    forward = forward or lean_target(target, layout, copies=copies, ranks=ranks, static=shapes.width is not None,
+    forward = forward or lean_target(target, layout, copies=copies, ranks=ranks, use=lean,
+                                     static=shapes.width is not None,
                                      pass_outputs=records.wants_pass_outputs, token_inputs=token_inputs)
     graphs = counters["stats"]["unique_graphs"]  # what dynamo compiled before this call
     while not finished:
@@ -132,7 +137,8 @@ def speculative_loop(
 
         # 2. one target pass over the tree, cut to the positions and cache rows it may use
         past = input_ids.shape[1] - 1
-        tree, kept = depth_first(*fit_positions(drafted, layout, past, target, shapes.rows(past)), device)
+        tree, kept = depth_first(*fit_positions(drafted, layout, past, target, shapes.rows(past)), device,
+                                 depth_first_order)
         timed, compiled_before = clock.total, compile_events(forward)
         clock.start()
         with one_pass(copies):

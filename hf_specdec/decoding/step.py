@@ -24,10 +24,6 @@ from ..runtime.pass_shapes import PassShapes, fit_tree, padded_pass
 from ..runtime.ranks import Ranks
 from .stats import SpeculationStats
 
-#: whether the target's eager tree passes take the lean pass where it computes the model's function
-#: (`lean_target`); None: off the CPU only, where a pass's host time is mostly launches (see `lean_target`)
-LEAN_TARGET: bool | None = None
-
 
 def prompt_pass(
     target: PreTrainedModel, input_ids: torch.LongTensor, cache: Cache, model_kwargs: dict, pass_outputs: bool
@@ -106,12 +102,14 @@ def lean_target(
     *,
     copies: DeviceCopies | None,
     ranks: Ranks,
+    use: bool | None = None,
     static: bool = False,
     pass_outputs: bool = False,
     token_inputs: TokenInputs | None = None,
 ) -> Callable[..., ModelOutput] | None:
     """The target's eager tree passes through the lean pass (`draft.lean_pass`), called as its forward is (the
-    inputs a tree pass gives, nothing else), or None where they keep the forward.
+    inputs a tree pass gives, nothing else), or None where they keep the forward. `use`: the `lean_target` setting
+    (None: off the CPU only).
 
     Why: on a GPU an eager pass of a 7B target is bound by its host time (about 20 ms over one token on an H200,
     where its matmuls take a few), and most of that is the wrapper's Python and ops the lean pass does not run. It
@@ -120,7 +118,7 @@ def lean_target(
     process, with nothing but token ids asked of the pass: a padded call (static cache), hidden states or attentions
     to return, per-token inputs, another attention or a split target keep the forward. A batch's passes take it too.
     """
-    use = LEAN_TARGET if LEAN_TARGET is not None else execution_device(target).type != "cpu"
+    use = use if use is not None else execution_device(target).type != "cpu"
     extra = token_inputs is not None and bool(token_inputs.prompt)
     if (not use or static or pass_outputs or extra or copies is not None or ranks.shared
             or target.config._attn_implementation != "sdpa"):

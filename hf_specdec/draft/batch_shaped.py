@@ -34,6 +34,7 @@ from ..core.releases import cache_arg
 from ..core.tree import HostTree, TokenTree, additive_mask
 from ..logits.child_selection import select_children
 from ..logits.processing import process_tree_scores
+from ..plan.guard import PlainGuard
 from ..runtime.attention import AttentionLayout
 from ..runtime.devices import PassClock, execution_device
 from ..runtime.model_info import embeddable, fit_vocabulary
@@ -43,6 +44,8 @@ from .shaped_tree import ModelTreeDrafter, read_with_tokens
 
 class LockstepShapeDrafter:
     """`shape` (a parents list, BFS order) drafted for every row of a batch, one draft pass per level."""
+
+    guard: PlainGuard | None = None  # the measured guard of the batch's whole steps (`batch_sized`: when sized)
 
     def __init__(
         self,

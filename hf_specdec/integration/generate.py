@@ -28,7 +28,7 @@ from transformers.generation.utils import GenerationMixin
 from transformers.utils import logging
 
 from ..accept.kv_cache import full_length_cache, is_static, make_room, static_capacity
-from ..core.config import ModelDraftConfig, PlanRequest, SpeculationConfig, make_config
+from ..core.config import ModelDraftConfig, SpeculationConfig, make_config
 from ..core.model_inputs import TokenInputs
 from ..core.releases import CACHE, cache_arg, with_cache_name
 from ..decoding.loop import speculative_loop
@@ -41,7 +41,7 @@ from ..runtime.devices import execution_device
 from ..runtime.faster_call import FasterCall
 from ..runtime.ranks import Ranks
 from ..verify import verifier_for
-from .batch import batch_plainly, batch_plan_request, decode_batch
+from .batch import BatchCall, batch_plan_request
 from .call import SpeculationCall, guard_key
 from .generation_config import FIELD, get_speculation, keep_field_on_load
 from .validation import check_generation_config, check_processors, check_speculation
@@ -174,30 +174,14 @@ def speculative_generate(
     config = call.config
     ranks = Ranks.of(model)  # a sharded target's ranks: the lowest decides what depends on clocks, files, draws
     batch = input_ids.shape[0]
-    request = config.plan_request()
-    batch_request = batch_plan_request(config) if batch > 1 and request is None else None
-    plan_seconds, batch_plan = 0.0, None
-    if request is not None:  # look the plan up (given, stored, re-sized or calibrated now) before drafting
-        start = time.perf_counter()
-        plan, source = plan_for_call(request, model, call.assistant_model, call_temperature(generation_config),
-                                     first_prompt(input_ids, model_kwargs.get("attention_mask")), ranks)
-        config = config.with_plan(plan, source)
-        plan_seconds = time.perf_counter() - start
-        if plan_seconds >= FIRST_CALL_NOTICE_SECONDS:  # re-sized or calibrated here: once per pair and hardware
-            logger.warning(f"hf_specdec: speculation={config.method!r} spent {plan_seconds:.1f} s before decoding on "
-                           f"its plan ({config.plan_source}); later calls reuse it.")
-    elif batch_request is not None:  # a fixed shape sized for the batch: a stored plan lends curves and acceptance
-        start = time.perf_counter()
-        batch_plan, config = batch_curves(batch_request, model, call, generation_config, input_ids, model_kwargs,
-                                          ranks, config)
-        plan_seconds = time.perf_counter() - start
+    config, batch_plan, plan_seconds = call_plan(config, batch, model, call, generation_config, input_ids,
+                                                 model_kwargs, ranks)
     plainly = "the plan is the root alone"  # why Transformers' own loop decodes the call, if it does
     if batch > 1 and config.drafts():
-        plainly = batch_plainly(model, batch, logits_processor, call, config, batch_plan,
-                                *call_length(input_ids, model_kwargs, generation_config))
+        batch_call = BatchCall(model, call, config, verifier, logits_processor, batch, batch_plan, plan_seconds)
+        plainly = batch_call.plainly(*call_length(input_ids, model_kwargs, generation_config))
         if plainly is None:  # one target pass per step, every row
-            return decode_batch(model, input_ids, logits_processor, stopping_criteria, generation_config, call,
-                                config, verifier, model_kwargs, plan_seconds, batch_plan)
+            return batch_call.decode(input_ids, stopping_criteria, generation_config, model_kwargs)
     if call.streamer is not None:
         call.streamer.put(input_ids.cpu())
     if not config.drafts() or batch > 1:  # no tree pays (for this batch): Transformers' own loop
@@ -219,7 +203,8 @@ def speculative_generate(
     if isinstance(config, ModelDraftConfig):
         drafter.use_window(config.window_tokens())
     if config.guard:  # judged as the last call with these settings left it
-        drafter = GuardedDrafter.remembered(drafter, model, call.assistant_model, guard_key(call, logits_processor, 1))
+        key = guard_key(call, logits_processor, 1)
+        drafter = GuardedDrafter.remembered(drafter, model, call.assistant_model, key)
     if is_static(cache):  # the draft decodes on a static cache too, compiled when the target's forward is
         drafter.use_static_cache(rows + DRAFT_ROOM, lambda draft, draft_cache: None if forward is None else
                                  compiled_forward(draft, draft_cache, generation_config))
@@ -238,6 +223,8 @@ def speculative_generate(
             token_inputs=TokenInputs.of(model, input_ids, model_kwargs),
             ranks=ranks,
             forward=forward,
+            lean=config.lean_target,
+            depth_first_order=config.depth_first,
         )
     if not generation_config.return_dict_in_generate:
         return result.sequences
@@ -249,20 +236,39 @@ def speculative_generate(
     )
 
 
-def batch_curves(request: PlanRequest, model: PreTrainedModel, call: SpeculationCall,
-                 generation_config: GenerationConfig, input_ids: torch.LongTensor, model_kwargs: dict[str, Any],
-                 ranks: Ranks, config: SpeculationConfig) -> tuple[Any, SpeculationConfig]:
-    """(the stored plan a batch sizes a fixed shape with, or None where the pair has none; the config, its
-    `plan_source` saying which)."""
-    config = dataclasses.replace(config)
+def call_plan(config: SpeculationConfig, batch: int, model: PreTrainedModel, call: SpeculationCall,
+              generation_config: GenerationConfig, input_ids: torch.LongTensor, model_kwargs: dict[str, Any],
+              ranks: Ranks) -> tuple[SpeculationConfig, Any, float]:
+    """The call's plan, resolved once before decoding: (the config to draft with, the plan a batch sizes a fixed
+    shape with or None, the seconds it took). The config's own plan (`plan_request`: given, stored, re-sized or
+    calibrated now) goes into the config (`with_plan`); a batch drafting a fixed shape whose config asks for none
+    borrows the pair's stored plan for its latency curves and acceptance (`batch_plan_request`; never calibrated for
+    a batch: without one the shape is drafted whole, behind the guard)."""
+    request = config.plan_request()
+    for_batch = request is None and batch > 1
+    request = batch_plan_request(config) if for_batch else request
+    if request is None:
+        return config, None, 0.0
+    start = time.perf_counter()
     try:
         plan, source = plan_for_call(request, model, call.assistant_model, call_temperature(generation_config),
                                      first_prompt(input_ids, model_kwargs.get("attention_mask")), ranks)
-    except ValueError:  # no plan stored for this pair: none is calibrated for a batch
-        config.plan_source = "no plan stored for this pair: its shape drafted whole for the batch, behind the guard"
-        return None, config
-    config.plan_source = f"steps sized for the batch with the latency curves and acceptance of {source}"
-    return plan, config
+    except ValueError:
+        if not for_batch:
+            raise
+        plan, source = None, None  # no plan stored for this pair
+    seconds = time.perf_counter() - start
+    if for_batch:
+        config = dataclasses.replace(config)
+        config.plan_source = ("no plan stored for this pair: its shape drafted whole for the batch, behind the guard"
+                              if plan is None else
+                              f"steps sized for the batch with the latency curves and acceptance of {source}")
+        return config, plan, seconds
+    config = config.with_plan(plan, source)
+    if seconds >= FIRST_CALL_NOTICE_SECONDS:  # re-sized or calibrated here: once per pair and hardware
+        logger.warning(f"hf_specdec: speculation={config.method!r} spent {seconds:.1f} s before decoding on its plan "
+                       f"({config.plan_source}); later calls reuse it.")
+    return config, None, seconds
 
 
 def call_length(input_ids: torch.LongTensor, model_kwargs: dict[str, Any], generation_config: GenerationConfig

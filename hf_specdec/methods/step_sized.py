@@ -21,7 +21,7 @@ class StepSizedConfig(ModelDraftConfig):
 
     The sizing needs this pair's latency curves on this hardware: `plan_request` asks the integration for them
     (stored, re-sized, or measured at first use) and `with_plan` keeps them in `profile` (and the plan's acceptance
-    vector in `acceptance`, to price a batch call: `integration.batch.batch_drafts`). A subclass declares the
+    vector in `acceptance`, to price a batch call: `integration.batch.BatchCall.drafts`). A subclass declares the
     settings `budget: int | None` (None: sized every step) and `max_depth: int`.
     """
 

@@ -109,19 +109,16 @@ def fit_tree(tree: TokenTree, past: int, deepest: int | None, rows: int | None) 
     return tree.select(kept), kept
 
 
-#: Hand the target its tree in depth-first order (True), in the drafted order (False), or (None) off the CPU only:
-#: there every cache row moved costs launches, about four per layer a step; on a CPU the gather of a few rows is
-#: cheaper than reordering a sampled tree's vocabulary-wide draft rows (`TokenTree.select`).
-DEPTH_FIRST: bool | None = None
-
-
-def orders_depth_first(device: torch.device) -> bool:
-    """Whether a tree for a target on `device` is handed over depth first (see `DEPTH_FIRST`)."""
-    return DEPTH_FIRST if DEPTH_FIRST is not None else torch.device(device).type != "cpu"
+def orders_depth_first(device: torch.device, wanted: bool | None = None) -> bool:
+    """Whether a tree for a target on `device` is handed over depth first: as `wanted` (the `depth_first` setting),
+    or where it is None off the CPU only. There every cache row moved costs launches, about four per layer a step; on
+    a CPU the gather of a few rows is cheaper than reordering a sampled tree's vocabulary-wide draft rows
+    (`TokenTree.select`)."""
+    return wanted if wanted is not None else torch.device(device).type != "cpu"
 
 
 def depth_first(
-    tree: TokenTree, kept: list[int] | None = None, device: torch.device | None = None
+    tree: TokenTree, kept: list[int] | None = None, device: torch.device | None = None, wanted: bool | None = None
 ) -> tuple[TokenTree, list[int] | None]:
     """`tree` with its nodes in depth-first order (siblings in drafting order) where the target's `device` wants
     it (`orders_depth_first`), and the drafted tree's node at each place (`kept`, the nodes `tree` was selected
@@ -131,7 +128,7 @@ def depth_first(
     (the draft's top choice at each level, the usual accepted path) is then a run of consecutive rows, which the
     compaction keeps by cutting the tail: no row moved, where a breadth-first tree costs an index and a copy per key
     and value per layer."""
-    if not orders_depth_first(device if device is not None else tree.device):
+    if not orders_depth_first(device if device is not None else tree.device, wanted):
         return tree, kept
     order = tree.host().depth_first()
     if order == list(range(len(order))):
