@@ -103,8 +103,8 @@ def load_prompts(path: str | Path) -> list[str]:
 
 def held_out_corpus() -> list[str]:
     """Text disjoint from the measured prompts, to rank a draft's vocabulary by (`hf_specdec.frequent_tokens`) or
-    distil a draft on (`benchmarks/draft_distill.py`): the standard library's top-level sources except the modules code
-    prompts are cut from, and HumanEval prompts 100-163 (benchmarks take theirs from the start)."""
+    distil a draft on (`bench/studies/draft_distill.py`): the standard library's top-level sources except the
+    modules code prompts are cut from, and HumanEval prompts 100-163 (benchmarks take theirs from the start)."""
     stdlib = Path(sysconfig.get_paths()["stdlib"])
     skipped = {stdlib / name for name in CODE_MODULES}
     files = sorted(path for path in stdlib.glob("*.py") if path not in skipped)

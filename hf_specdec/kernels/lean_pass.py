@@ -3,7 +3,7 @@ pass, and off the CPU the target's tree passes.
 
 Why: a draft runs several passes a step, each over a few rows, so what a pass costs besides its matmuls counts. On
 a 2-core Zen 4 the 0.5B Qwen2 draft (int4/int8, "mixed") took 27.3 ms over one row through the model's forward and
-25.5 ms through this one; 39.6 against 35.7 ms over four (`benchmarks/lean_pass.py`): the wrapper's Python,
+25.5 ms through this one; 39.6 against 35.7 ms over four (`studies.lean_pass`): the wrapper's Python,
 its mask and output bookkeeping, and an RMSNorm spelled in eight ops where `F.rms_norm` is one. On a GPU each op
 saved is a kernel launch. A draft whose logits differ in their last bits only proposes differently, never wrongly.
 Off the CPU the target's eager tree passes take it too (`decoding.step.lean_target`): there a 7B target's pass is bound

@@ -4,7 +4,7 @@ Every lossless method only asks the draft to propose; the target decides what is
 therefore changes no output, only how fast drafts come and how often they are accepted. On CPUs it is often the
 largest lever there is: int8 matrix kernels (fbgemm) stay fast for the multi-row passes a tree level needs,
 where bfloat16 on a CPU without native bfloat16 costs one single-row pass per row. Schemes (`SCHEMES`), measured
-per pass size on whole draft passes in benchmarks/draft_kernels.py: "dynamic-int8" (fbgemm, activations quantized
+per pass size on whole draft passes in `studies.draft_kernels`: "dynamic-int8" (fbgemm, activations quantized
 per tensor), "int4" and "int8-weight-only" (`weight_only.py`, bfloat16 activations; their cost grows
 faster with the rows of a pass), and "mixed" (`row_dispatch.py`: int4 for the narrow passes where it measures
 faster here, dynamic int8 for the wide ones). The default, "auto", is "mixed" on CPUs that multiply bfloat16

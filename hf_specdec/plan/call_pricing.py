@@ -25,7 +25,7 @@ import numpy as np
 
 #: the slowest row's tokens per speculative step as a share of the rows' mean, before a batch call has measured it:
 #: 0.71, the median over 51 calls of the real pair (int8 draft) on HumanEval prompts 0..B-1, 48 new tokens, `chain`
-#: and `sequoia` (B = 2: 0.71, 4: 0.69, 8: 0.77; range 0.58-0.80; `benchmarks/slowest_row_share.py`), rounded down.
+#: and `sequoia` (B = 2: 0.71, 4: 0.69, 8: 0.77; range 0.58-0.80; `studies.slowest_row_share`), rounded down.
 #: Priced at the mean row, a call of 8 rows on a 2-core Zen 3 was predicted to save 19.6 s against the draft's 6.3 s
 #: prompt pass, and lost to plain batched decoding (0.93x). Priced at this share the saving is 9.4 s, still above
 #: it: that call is a near-tie there (0.87-1.06x over runs), which `PRICING_MARGIN` leaves to plain decoding.

@@ -33,7 +33,7 @@ from .ngram_model import NGramModel, NGramModelDrafter
 DEFAULT_STAGES = ("prompt_lookup",)
 LOOKUP_NAMES = ("prompt_lookup", "ngram")  # the prompt-lookup stage, and its older name
 # Settings of stages below the draft model. Every lower node is forwarded by the stage above in its next pass, so
-# lower trees stay small: a 16-token pass costs about one single-token pass on a CPU (benchmarks/latency_curves.py).
+# lower trees stay small: a 16-token pass costs about one single-token pass on a CPU (`studies.latency_curves`).
 LOOKUP_DEFAULTS = {"max_ngram": 3, "min_ngram": 1, "depth": 8, "max_nodes": 16, "max_matches": 16}
 NGRAM_MODEL_DEFAULTS = {"width": 2, "depth": 6, "max_nodes": 12, "min_prob": 0.01}
 MODEL_DEFAULTS = {"budget": 8, "max_depth": 8, "width": 2, "beams": 2, "max_passes": 2, "lower_leaves": 1,

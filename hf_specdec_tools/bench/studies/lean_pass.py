@@ -1,8 +1,10 @@
 """The draft's pass through the model's forward against `kernels/lean_pass.py`, per rows fed, on the embedded pair.
 
-    .venv/bin/python benchmarks/lean_pass.py --output benchmarks/results/zen4/lean-pass
-    .venv/bin/python benchmarks/lean_pass.py --vocabulary 16384 32768 --output benchmarks/results/zen4/lean-pass-fused
-    .venv/bin/python benchmarks/lean_pass.py --target-rows 1 8 32 --output benchmarks/results/zen4/lean-pass-target
+    .venv/bin/python -m hf_specdec_tools.bench.studies.lean_pass --output benchmarks/results/zen4/lean-pass
+    python -m hf_specdec_tools.bench.studies.lean_pass --vocabulary 16384 32768 \
+        --output benchmarks/results/zen4/lean-pass-fused
+    python -m hf_specdec_tools.bench.studies.lean_pass --target-rows 1 8 32 \
+        --output benchmarks/results/zen4/lean-pass-target
 
 The draft is what `quantize_draft` returns here (its default scheme for this CPU), the target the embedded 1.5B in
 bfloat16, prepacked. After 256 cached tokens, each round times, one after another, a draft pass over 1, 2, 4 and 8

@@ -1,9 +1,10 @@
 """A draft distilled toward its target (DistillSpec, arXiv 2310.08461): LoRA adapters, merged, saved as a folder.
 
     .venv/bin/pip install peft            # not a dependency of the project: this lever measured no gain
-    .venv/bin/python benchmarks/draft_distill.py --output /tmp/distilled                   # about 35 min on Zen 5
-    .venv/bin/python benchmarks/draft_agreement.py --drafts /tmp/distilled --output DIR/agreement.json
-    .venv/bin/python benchmarks/draft_schemes.py 0 code 8 tree,specexec mixed mixed=/tmp/distilled
+    python -m hf_specdec_tools.bench.studies.draft_distill \
+        --output /tmp/distilled                   # about 35 min on Zen 5
+    python -m hf_specdec_tools.bench.studies.draft_agreement --drafts /tmp/distilled --output DIR/agreement.json
+    .venv/bin/python -m hf_specdec_tools.bench.studies.draft_schemes 0 code 8 tree,specexec mixed mixed=/tmp/distilled
 
 The embedded pair: the target in bfloat16 where that is native (else float32), the draft in float32 with bfloat16
 autocast where native. Text: `held_out_corpus()` (disjoint from every benchmark's prompts) cut into consecutive

@@ -5,7 +5,7 @@ re-fitted every step on the ROC of the draft's probabilities against the verdict
 after another, every variant right after plain on the same prompt.
 
     .venv/bin/pip install scikit-learn   # what Transformers needs to learn its threshold (not a dependency here)
-    .venv/bin/python benchmarks/confidence_thresholds.py --prompts 4 \
+    .venv/bin/python -m hf_specdec_tools.bench.studies.confidence_thresholds --prompts 4 \
         --output benchmarks/results/zen3/confidence-thresholds
 
 Reports per variant: the median over prompts of plain's seconds / the variant's, tokens per target pass (the

@@ -3,7 +3,7 @@ tokens per speculative step over the rows' mean (`hf_specdec.plan.call_pricing.s
 by batch size. `call_pricing.SLOWEST_ROW_SHARE`, the prior a batch call is priced with before one of its size has
 measured it, is this median over the Zen 3 runs.
 
-    .venv/bin/python benchmarks/slowest_row_share.py benchmarks/results/zen3/batches/*.json
+    .venv/bin/python -m hf_specdec_tools.bench.studies.slowest_row_share benchmarks/results/zen3/batches/*.json
 
 (The prior was taken over every Zen 3 run then stored: commit eaea7f0, benchmarks/batches-zen3/*/results.json.)
 
@@ -44,7 +44,7 @@ def row_rates(run: dict, new_tokens: int, eos: set[int]) -> list[float] | None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("results", nargs="+", type=Path, help="results.json files written by benchmarks/batches.py")
+    parser.add_argument("results", nargs="+", type=Path, help="results.json files written by the `batches` study")
     args = parser.parse_args()
     eos = GenerationConfig.from_pretrained(model_dir(DEFAULT_TARGET)).eos_token_id
     eos = set(eos if isinstance(eos, list) else [eos])

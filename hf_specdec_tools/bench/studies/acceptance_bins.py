@@ -1,6 +1,6 @@
 """Best-first trees with the online acceptance curve binned two ways, on the real pair, in one process.
 
-    .venv/bin/python benchmarks/acceptance_bins.py --prompts code:8 \
+    .venv/bin/python -m hf_specdec_tools.bench.studies.acceptance_bins --prompts code:8 \
         --output benchmarks/results/zen4/draft-cost/bins-code8.json
 
 `OnlineAcceptance` (what `specexec` and `staged` rate a drafted token by: how often the target keeps a token the

@@ -1,6 +1,6 @@
 """Two ways to quantize the draft, every method, in one process: speedup over plain `generate` per prompt.
 
-    .venv/bin/python benchmarks/draft_schemes.py 0 humaneval 8 chain,sequoia,specexec,staged [int8 mixed]
+    python -m hf_specdec_tools.bench.studies.draft_schemes 0 humaneval 8 chain,sequoia,specexec,staged [int8 mixed]
 
 Arguments: temperature (0: greedy), prompt set (humaneval or code), prompts, methods; then the `quantize_draft`
 schemes to compare (default dynamic-int8 and mixed); a scheme written `mixed:model-forward` is that draft run

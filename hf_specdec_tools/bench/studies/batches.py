@@ -1,7 +1,7 @@
 """Speculation on a batch (issue 25) against plain batched `generate`: the embedded pair, B different HumanEval
 prompts left-padded into one batch, greedy, for each batch size B; plain and speculative calls interleaved, medians.
 
-    .venv/bin/python benchmarks/batches.py --batches 1,2,4,8 --new-tokens 64 --repeats 3 \\
+    .venv/bin/python -m hf_specdec_tools.bench.studies.batches --batches 1,2,4,8 --new-tokens 64 --repeats 3 \\
         --output benchmarks/results/zen4/batches
     (add --prepack --int8-draft for the setup of README's Zen 4 side-by-side; --method chain --method sequoia
     times several methods side by side, each against the same plain calls; --config '{...}')

@@ -1,6 +1,6 @@
 """Does the draft need the whole prompt? Agreement with the target when the draft sees only its last W tokens.
 
-    .venv/bin/python benchmarks/draft_window.py --output benchmarks/results/zen3/kernels/draft-window.json
+    python -m hf_specdec_tools.bench.studies.draft_window --output benchmarks/results/zen3/kernels/draft-window.json
 
 The int8 draft's pass over a long prompt costs far more than its one-token passes suggest (2.2-2.3 s over 360
 tokens on Zen 3, 28% of the float32 target's pass over them, where a one-token draft pass is 0.12-0.16 of the

@@ -1,7 +1,7 @@
 """The draft's int8 matrix products on a CPU, kernel by kernel: ms per Linear layer of the embedded draft's shapes
 over 1-32 rows, and the pass those layers add up to.
 
-    .venv/bin/python benchmarks/int8_kernels.py --output benchmarks/results/zen3/int8-kernels
+    .venv/bin/python -m hf_specdec_tools.bench.studies.int8_kernels --output benchmarks/results/zen3/int8-kernels
 
 Why: `quantize_draft`'s "dynamic-int8" scheme is built on `torch.ao.quantization.quantize_dynamic` (fbgemm), an API
 PyTorch has deprecated in favour of torchao. torchao's own int8 configurations were measured eager
@@ -24,16 +24,15 @@ from __future__ import annotations
 import copy
 import gc
 import statistics
-import sys
 import warnings
 from pathlib import Path
 
 import torch
 from transformers import AutoConfig
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from hf_specdec_tools.models.fetch import DEFAULT_DRAFT, fetch  # noqa: E402
 
-from linear_kernels import (  # noqa: E402
+from .linear_kernels import (  # noqa: E402
     compiled,
     kernel_tables,
     run_kernels,
@@ -41,8 +40,6 @@ from linear_kernels import (  # noqa: E402
     timed,
     timing_arguments,
 )
-
-from hf_specdec_tools.models.fetch import DEFAULT_DRAFT, fetch  # noqa: E402
 
 VARIANTS = ("fbgemm-dynamic", "torchao-dynamic", "torchao-weight-only")
 COPIES_BYTES = 128 * 2**20  # a cell's int8 copies of its weight together at least this large (past the caches)

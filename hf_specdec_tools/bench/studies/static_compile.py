@@ -2,7 +2,7 @@
 tokens/s against plain static-cache `generate` compiled the same way (the embedded pair; `--dtype auto`, the
 default, is bfloat16 where this CPU multiplies it natively, else float32).
 
-    .venv/bin/python benchmarks/static_compile.py --output benchmarks/results/zen4/static-compile.json
+    python -m hf_specdec_tools.bench.studies.static_compile --output benchmarks/results/zen4/static-compile.json
 
 Part 1 times one target pass over a padded tree of each size on a StaticCache after a HumanEval prompt (median of
 `--repeats`), eagerly and through `target.get_compiled_call(config)`; the first compiled call's time is the compile.
@@ -139,7 +139,7 @@ def whole_calls(target, draft, prompts: list[torch.Tensor], new_tokens: int, met
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--output", type=Path, default=Path("benchmarks/static-compile/results.json"))
+    parser.add_argument("--output", type=Path, default=Path("benchmarks/results/static-compile/results.json"))
     parser.add_argument("--sizes", type=int, nargs="*", default=[1, 8, 16, 32])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--methods", nargs="*", default=["chain", "sequoia"], choices=sorted(METHODS))

@@ -1,6 +1,7 @@
 """How often each way of running the draft picks the target's greedy token, and what its pass costs.
 
-    .venv/bin/python benchmarks/draft_agreement.py --output benchmarks/results/zen3/kernels/draft-agreement.json
+    python -m hf_specdec_tools.bench.studies.draft_agreement \
+        --output benchmarks/results/zen3/kernels/draft-agreement.json
 
 Teacher-forced over HumanEval prompts with their canonical solutions (12 by default): one pass of the target and one
 of each draft variant over the whole text; the agreement is the share of the solution's positions where the draft's
@@ -11,14 +12,14 @@ per-tensor activation scale spends its 8 bits on those outliers), every down pro
 weight-only. Pass times: one-row and four-row passes after 256 cached tokens, median of 5. Counts do not depend on
 the machine's load; the pass times do (run it alone).
 
-    .venv/bin/python benchmarks/draft_agreement.py --drop-layers 4 \
+    .venv/bin/python -m hf_specdec_tools.bench.studies.draft_agreement --drop-layers 4 \
         --output benchmarks/results/zen3/kernels/dropped-layers.json
 
 `--drop-layers K` measures the int8 draft with decoder layers left out instead (self-speculation's layer skipping
 applied to the draft): every single layer dropped is scored on 12 other HumanEval problems (21-32), and the 1..K
 layers that scored best are then dropped together and measured as above on the evaluation problems.
 
-    .venv/bin/python benchmarks/draft_agreement.py --drafts /tmp/distilled \
+    .venv/bin/python -m hf_specdec_tools.bench.studies.draft_agreement --drafts /tmp/distilled \
         --output benchmarks/results/zen5/draft-distill-agreement.json
 
 `--drafts FOLDER...` compares the embedded draft with drafts saved in folders (`draft_distill.py` writes them),

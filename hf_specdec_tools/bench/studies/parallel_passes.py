@@ -1,6 +1,6 @@
 """Could the draft run beside the target? The CPU's cores split between the two models' passes, measured.
 
-    .venv/bin/python benchmarks/parallel_passes.py --output benchmarks/results/zen3/parallel-passes
+    .venv/bin/python -m hf_specdec_tools.bench.studies.parallel_passes --output benchmarks/results/zen3/parallel-passes
 
 Why: on a CPU every engine here runs the draft's passes and the target's one after another, each on every core. A
 parallel scheme (PEARL, arXiv 2408.11850: the draft proposes the next step's tokens while the target verifies) hides

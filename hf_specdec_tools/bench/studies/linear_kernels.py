@@ -1,7 +1,7 @@
 """The target's matrix products on a CPU, kernel by kernel: ms per Linear layer of the embedded target's shapes over
 1-32 rows, and the pass those layers add up to.
 
-    .venv/bin/python benchmarks/linear_kernels.py --output benchmarks/results/zen3/linear-kernels
+    .venv/bin/python -m hf_specdec_tools.bench.studies.linear_kernels --output benchmarks/results/zen3/linear-kernels
 
 Why: a tree pass is a matrix product with a few rows, and what it costs against a one-row pass decides which trees
 pay (docs/cpu-kernels-and-quantization.md, "What this hardware rewards"). `hf_specdec.prepack` serves it with

@@ -1,6 +1,6 @@
 """The draft's kernels on whole passes: ms per draft pass over 1-32 rows for each way to run the 0.5B draft.
 
-    nice .venv/bin/python benchmarks/draft_kernels.py --output benchmarks/results/zen4/draft-kernels
+    nice .venv/bin/python -m hf_specdec_tools.bench.studies.draft_kernels --output benchmarks/results/zen4/draft-kernels
 
 Variants of the embedded draft, all in one process: `quantize_draft`'s schemes ("dynamic-int8": fbgemm int8,
 activations per tensor; "int4" and "int8-weight-only": aten's fused weight-only CPU kernels, bfloat16
@@ -136,7 +136,7 @@ def tables(times, target_ms, target_kind: str, accept) -> list[str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--output", type=Path, default=Path("benchmarks/draft-kernels"))
+    parser.add_argument("--output", type=Path, default=Path("benchmarks/results/draft-kernels"))
     parser.add_argument("--rounds", type=int, default=3, help="Interleaved timing rounds.")
     parser.add_argument("--prompts", type=int, default=3, help="HumanEval prompts for the acceptance counts.")
     parser.add_argument("--max-new-tokens", type=int, default=48)

@@ -2,8 +2,8 @@
 Linear weights prepacked (`hf_specdec.prepack`), and for the int8 draft: the curves every tree-size decision here
 rests on, measured on this machine.
 
-    .venv/bin/python benchmarks/latency_curves.py --output benchmarks/latency
-    .venv/bin/python benchmarks/latency_curves.py --quantized --output benchmarks/latency-quantized
+    .venv/bin/python -m hf_specdec_tools.bench.studies.latency_curves --output benchmarks/latency
+    .venv/bin/python -m hf_specdec_tools.bench.studies.latency_curves --quantized --output benchmarks/latency-quantized
 
 Writes `curves.json` (the machine, settings and every median), `curves.png` (ms per pass) and `ratio.png` (pass(n) /
 pass(1): a tree of n tokens pays off only when a pass over n tokens costs much less than n single-token passes).
@@ -12,7 +12,8 @@ With `--quantized`, the bfloat16 target prepacked against the same target throug
 With `--hints 1,4,16`, the target in `--dtype` unpacked and prepacked for each number of rows per pass (`prepack`'s
 `rows_hint`: the pass size oneDNN blocks the weights for), measured in rounds that alternate the order.
 
-    .venv/bin/python benchmarks/latency_curves.py --hints 1,4,16 --dtype float32 --output benchmarks/prepack-hints
+    python -m hf_specdec_tools.bench.studies.latency_curves --hints 1,4,16 --dtype float32 \
+        --output benchmarks/prepack-hints
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ SIZES = (1, 2, 4, 8, 16, 32, 64)
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--output", type=Path, default=Path("benchmarks/latency"))
+    parser.add_argument("--output", type=Path, default=Path("benchmarks/results/latency"))
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--past-length", type=int, default=256, help="Cached tokens before the measured pass.")
     parser.add_argument("--quantized", action="store_true", help="The target under each quantization route.")

@@ -6,8 +6,9 @@ and the guard) read that clock instead of the wall. So the sizing's decisions fo
 predicted = 1: the online corrections stay off), and what is reported depends on counts only: target pass sizes,
 draft pass sizes, tokens per step. Plain's time per token is a one-token target pass.
 
-    .venv/bin/python benchmarks/modelled_speed.py --prompts humaneval:4 --max-new-tokens 96
-    .venv/bin/python benchmarks/modelled_speed.py --prompts code:4 --max-new-tokens 96 --output modelled-code.json
+    .venv/bin/python -m hf_specdec_tools.bench.studies.modelled_speed --prompts humaneval:4 --max-new-tokens 96
+    python -m hf_specdec_tools.bench.studies.modelled_speed --prompts code:4 --max-new-tokens 96 \
+        --output modelled-code.json
 
 Loads the embedded pair as the bench does (`--dtype auto`: bfloat16 where this CPU multiplies it natively, else
 float32; the target prepacked where measured faster, int8 draft); greedy unless --temperature. Outputs of all methods
@@ -23,7 +24,7 @@ target and draft prompt pass here (wall clock, median of 3) and reports whole-ca
 times a call: plain = the target's prompt pass + one one-token pass per further token; a method = the target's
 prompt pass + the draft's (scaled) + its modelled decoding.
 
-    .venv/bin/python benchmarks/modelled_speed.py --prompts code:8 --max-new-tokens 64 --whole-call \
+    python -m hf_specdec_tools.bench.studies.modelled_speed --prompts code:8 --max-new-tokens 64 --whole-call \
         --draft-cost-scales 1,0.76,0.001 --methods hf-assisted,sequoia,specexec
 """
 

@@ -6,7 +6,8 @@ greedy and sampled (T=0.7, top_k=50, top_p=0.9). Methods: chain, sequoia (a fixe
 staged (budget 32), next to Transformers' assisted generation (the same draft) and plain decoding. The models'
 passes are cheap, so what is left is what the engine costs around them: host round trips and vocabulary-wide work.
 
-    .venv/bin/python benchmarks/engine_overhead.py --output benchmarks/results/zen3/engine-overhead/before.json
+    python -m hf_specdec_tools.bench.studies.engine_overhead \
+        --output benchmarks/results/zen3/engine-overhead/before.json
 
 `--compare-general` also runs every speculative method on the general processor path (Transformers' processors
 on the draft side too, as before `logits/narrowed.py`), interleaved prompt by prompt with the default path, so both
@@ -220,7 +221,7 @@ def guard_per_call() -> contextlib.AbstractContextManager:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--output", type=Path, default=Path("benchmarks/engine-overhead/results.json"))
+    parser.add_argument("--output", type=Path, default=Path("benchmarks/results/engine-overhead/results.json"))
     parser.add_argument("--prompts", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--only", nargs="*", help="Method names to run (default: all).")

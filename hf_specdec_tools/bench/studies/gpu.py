@@ -30,8 +30,8 @@ Each phase writes its JSON as soon as it ends, so a run cut short keeps what it 
 bounds the whole run (a phase that would not fit is skipped and says so). `--smoke` runs every phase with small
 shapes on any device (a check of this script on a CPU before a GPU run).
 
-    python benchmarks/gpu.py --output results/            # on the GPU machine
-    .venv/bin/python benchmarks/gpu.py --smoke --output /tmp/gpu-smoke
+    python -m hf_specdec_tools.bench.studies.gpu --output results/            # on the GPU machine
+    .venv/bin/python -m hf_specdec_tools.bench.studies.gpu --smoke --output /tmp/gpu-smoke
 """
 
 from __future__ import annotations
@@ -46,7 +46,6 @@ import os
 import platform
 import pstats
 import statistics
-import sys
 import tempfile
 import time
 import warnings
@@ -58,10 +57,7 @@ import transformers
 from torch.nn.attention import SDPBackend
 from transformers import AutoModelForCausalLM, Qwen2Config
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 os.environ.setdefault("HF_SPECDEC_CACHE", tempfile.mkdtemp(prefix="hf-specdec-gpu-"))
-
-from engine_overhead import ACCEPTANCE, SAMPLING, peaky_model  # noqa: E402
 
 import hf_specdec  # noqa: E402, F401  (installs `speculation=`)
 from hf_specdec import ChainConfig, SequoiaConfig, SpecExecConfig, StagedConfig, TreeConfig  # noqa: E402
@@ -73,6 +69,8 @@ from hf_specdec.plan.latency import measure_latency  # noqa: E402
 from hf_specdec.plan.sizing import HardwareProfile  # noqa: E402
 from hf_specdec.runtime import attention  # noqa: E402
 from hf_specdec.runtime.attention import tree_attention_kernels  # noqa: E402
+
+from .engine_overhead import ACCEPTANCE, SAMPLING, peaky_model  # noqa: E402
 
 
 def fixed_chain(length: int, **settings) -> ChainConfig:

@@ -1,6 +1,6 @@
 """The draft's pass over the prompt, per way to run the 0.5B draft: what a speculative call pays that plain does not.
 
-    .venv/bin/python benchmarks/draft_prompt_pass.py --prompts code:8 \
+    .venv/bin/python -m hf_specdec_tools.bench.studies.draft_prompt_pass --prompts code:8 \
         --output benchmarks/results/zen4/draft-cost/prompt-pass
 
 Every call's first draft pass reads the whole prompt (up to `draft_window` tokens): on code prompts of 44-438 tokens
@@ -18,7 +18,6 @@ import copy
 import json
 import os
 import statistics
-import sys
 import warnings
 from pathlib import Path
 
@@ -30,8 +29,7 @@ from hf_specdec_tools.bench.cli import resolve_dtype
 from hf_specdec_tools.bench.environment import collect_environment
 from hf_specdec_tools.bench.inputs import load_prompt_source, tokenize_prompts
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from modelled_speed import prompt_pass_seconds  # noqa: E402
+from .modelled_speed import prompt_pass_seconds  # noqa: E402
 
 SCHEMES = ("mixed", "dynamic-int8", "int4")
 
@@ -51,7 +49,7 @@ def main() -> None:
     parser.add_argument("--prompts", default="code:8")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--dtype", default="auto", choices=("auto", "bfloat16", "float32"))
-    parser.add_argument("--output", type=Path, default=Path("benchmarks/draft-prompt-pass"))
+    parser.add_argument("--output", type=Path, default=Path("benchmarks/results/draft-prompt-pass"))
     args = parser.parse_args()
     args.output.mkdir(parents=True, exist_ok=True)
     warnings.filterwarnings("ignore", category=UserWarning)

@@ -1,7 +1,7 @@
 """The first call on a machine with no stored plan: what `sequoia` and `specexec` at their defaults pay before they
 decode, and the same call again (which reuses what the first stored).
 
-    .venv/bin/python benchmarks/first_call.py --output benchmarks/results/zen4/first-call.json
+    .venv/bin/python -m hf_specdec_tools.bench.studies.first_call --output benchmarks/results/zen4/first-call.json
 
 Plans are stored in an empty temporary folder for the run, so the shipped plan (made on the reference machine) is
 re-sized here with latency curves measured during the call, as on a user's first call. bf16 prepacked target and

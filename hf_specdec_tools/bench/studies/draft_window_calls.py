@@ -1,7 +1,7 @@
 """Whole calls with the draft given only the prompt's last W tokens, against the whole prompt, in one process.
 
-    .venv/bin/python benchmarks/draft_window_calls.py --output benchmarks/results/zen5/draft-window/calls.json
-    .venv/bin/python benchmarks/draft_window_calls.py --context-lines 300 --prompts 6 --windows 256 1024 \
+    python -m hf_specdec_tools.bench.studies.draft_window_calls --output benchmarks/results/zen5/draft-window/calls.json
+    python -m hf_specdec_tools.bench.studies.draft_window_calls --context-lines 300 --prompts 6 --windows 256 1024 \
         --output benchmarks/results/zen5/draft-window/long-calls.json
 
 `draft_window.py` measured what a window costs in agreement, teacher-forced; this measures what it saves on the

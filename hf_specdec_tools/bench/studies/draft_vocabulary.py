@@ -1,6 +1,6 @@
 """The draft's output layer over the K most frequent tokens (FR-Spec): draft pass time and acceptance against K.
 
-    .venv/bin/python benchmarks/draft_vocabulary.py --output benchmarks/draft-vocabulary
+    .venv/bin/python -m hf_specdec_tools.bench.studies.draft_vocabulary --output benchmarks/draft-vocabulary
 
 For each K (and the whole vocabulary), the embedded int8 draft is restricted to the K tokens most frequent in a
 corpus that ships with every machine and is disjoint from the measured prompts: the Python standard library's
@@ -39,7 +39,7 @@ def timed_generate(model, ids, **kwargs) -> tuple[torch.Tensor, float, object]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--output", type=Path, default=Path("benchmarks/draft-vocabulary"))
+    parser.add_argument("--output", type=Path, default=Path("benchmarks/results/draft-vocabulary"))
     parser.add_argument("--sizes", default="8192,16384,32768,65536", help="K values (the whole vocabulary is added).")
     parser.add_argument("--prompts", type=int, default=3, help="Prompts of each set (HumanEval, code).")
     parser.add_argument("--max-new-tokens", type=int, default=48)

@@ -11,7 +11,8 @@ residual writes scaled until the pair agrees on about 80% of greedy tokens, as `
 per-layer work (cache compaction) counts as it would on the real shape. With `--sites`, the ops are also
 attributed to the innermost hf_specdec (or transformers) frame that issued them.
 
-    .venv/bin/python benchmarks/engine_launches.py --output benchmarks/results/zen4/engine-launches.json [--sites]
+    python -m hf_specdec_tools.bench.studies.engine_launches \
+        --output benchmarks/results/zen4/engine-launches.json [--sites]
 """
 
 from __future__ import annotations
@@ -29,13 +30,11 @@ from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import AutoModelForCausalLM, Qwen2Config
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from gpu import early_layer_draft, tune_agreement  # noqa: E402
-
 import hf_specdec  # noqa: E402, F401  (installs `speculation=`)
-from hf_specdec.runtime import wide_rows  # noqa: E402
+from hf_specdec.logits import wide_rows  # noqa: E402
 from hf_specdec.runtime.devices import cpu_flags, cpu_model  # noqa: E402
+
+from .gpu import early_layer_draft, tune_agreement  # noqa: E402
 
 #: ops that launch nothing on a GPU: allocation, aliasing and shape bookkeeping
 FREE = {"empty", "empty_strided", "empty_like", "detach", "alias", "lift_fresh", "sym_size", "sym_stride",
@@ -126,7 +125,7 @@ def main() -> None:
     parser.add_argument("--sites", action="store_true", help="Attribute ops to the code that issued them.")
     parser.add_argument("--methods", nargs="*", default=list(METHODS))
     parser.add_argument("--cpu-paths", action="store_true",
-                        help="Keep the CPU-only paths (core.wide_rows' block argmax/top-k, the drafted tree order); "
+                        help="Keep the CPU-only paths (logits.wide_rows' block argmax/top-k, the drafted tree order); "
                              "by default rows take torch's own ops and the target its tree depth first, as on a GPU.")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = parser.parse_args()
