@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+from transformers import PreTrainedTokenizerFast
 
 import hf_specdec  # noqa: F401  (installs `speculation=`)
 from tests.tiny import TINY_CONFIGS, VOCAB, tiny_config, tiny_model, tiny_tokenizer  # noqa: F401  (the one factory, re-exported)
@@ -182,6 +184,18 @@ def tiny_pair(request):
     return tiny_model(request.param, 0), tiny_model(request.param, 1)
 
 
+@pytest.fixture(scope="module")
+def llama_pair():
+    """A tiny Llama target and another tiny Llama (other weights) as its draft: most of the suite's pair."""
+    return tiny_model("llama", 0), tiny_model("llama", 1)
+
+
+@pytest.fixture(scope="module")
+def qwen2_pair():
+    """The same in Qwen2."""
+    return tiny_model("qwen2", 0), tiny_model("qwen2", 1)
+
+
 def random_prompt(generator: torch.Generator, length: int) -> torch.LongTensor:
     # Tokens >= 3 so no prompt contains pad/bos/eos.
     return torch.randint(3, VOCAB, (1, length), generator=generator)
@@ -191,6 +205,17 @@ def random_prompt(generator: torch.Generator, length: int) -> torch.LongTensor:
 def tokenizer():
     """The tiny models' word-level tokenizer (`tests.tiny.tiny_tokenizer`), one per test module."""
     return tiny_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def stop_tokenizer():
+    """The tiny tokenizer as StopStringCriteria needs one: it reads each token's text as "abcdef" + token decoded
+    minus "abcdef", so that word must exist (it takes id 63) and tokens must decode without separators."""
+    tokenizer = tiny_tokenizer()
+    vocab = {**{t: i for t, i in tokenizer.get_vocab().items() if i != VOCAB - 1}, "abcdef": VOCAB - 1}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    backend.pre_tokenizer, backend.decoder = pre_tokenizers.WhitespaceSplit(), decoders.Fuse()
+    return PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<pad>", eos_token="</s>", unk_token="<unk>")
 
 
 @pytest.fixture(scope="session")

@@ -22,11 +22,6 @@ from hf_specdec.runtime.model_info import MAX_PADDING_ROWS
 from tests.conftest import VOCAB, random_prompt, tiny_model
 
 
-@pytest.fixture
-def pair(tiny_pair):
-    return tiny_pair
-
-
 def _ids(length: int = 5, batch: int = 1) -> torch.LongTensor:
     return torch.cat([random_prompt(torch.Generator().manual_seed(i), length) for i in range(batch)])
 
@@ -97,8 +92,8 @@ CASES = [
 
 
 @pytest.mark.parametrize("kwargs,message", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
-def test_clear_error_and_no_state_left(pair, kwargs, message):
-    target, draft = pair
+def test_clear_error_and_no_state_left(tiny_pair, kwargs, message):
+    target, draft = tiny_pair
     kwargs = {"inputs": _ids(), "assistant_model": draft, "max_new_tokens": 5, **kwargs}
     kwargs = {name: value(target) if isinstance(value, types.FunctionType) else value for name, value in kwargs.items()}
     before = _state(target)
@@ -109,9 +104,9 @@ def test_clear_error_and_no_state_left(pair, kwargs, message):
     assert target.generate(_ids(), max_new_tokens=3, do_sample=False).shape[1] == 8
 
 
-def test_right_padded_batch(pair):
+def test_right_padded_batch(tiny_pair):
     """A batch decodes speculatively (tests/test_batches.py), left-padded as tokenizers pad decoder-only models."""
-    target, draft = pair
+    target, draft = tiny_pair
     ids = _ids(batch=2)
     mask = torch.ones_like(ids)
     mask[1, -2:] = 0
@@ -119,8 +114,8 @@ def test_right_padded_batch(pair):
         target.generate(ids, attention_mask=mask, assistant_model=draft, speculation="tree", max_new_tokens=4)
 
 
-def test_padded_prompt(pair):
-    target, draft = pair
+def test_padded_prompt(tiny_pair):
+    target, draft = tiny_pair
     ids = _ids()
     mask = torch.ones_like(ids)
     mask[0, 0] = 0
@@ -128,9 +123,9 @@ def test_padded_prompt(pair):
         target.generate(ids, attention_mask=mask, assistant_model=draft, speculation="tree", max_new_tokens=4)
 
 
-def test_a_prompt_holding_the_pad_token_names_it(pair):
+def test_a_prompt_holding_the_pad_token_names_it(tiny_pair):
     """No mask passed: Transformers masks every pad token in the prompt, and the refusal says so."""
-    target, draft = pair
+    target, draft = tiny_pair
     ids = _ids(6)
     ids[0, [1, 4]] = target.generation_config.pad_token_id
     with pytest.raises(ValueError, match=r"the prompt holds pad_token_id=0 at positions \[1, 4\].*attention_mask="
@@ -143,9 +138,9 @@ def test_a_prompt_holding_the_pad_token_names_it(pair):
                                             do_sample=False))
 
 
-def test_different_vocabularies(pair):
+def test_different_vocabularies(tiny_pair):
     """More than padding apart (see tests/test_vocab_padding.py for what counts as padding)."""
-    target, _ = pair
+    target, _ = tiny_pair
     other = tiny_model(target.config.model_type, 5, sharpen=1.0, vocab_size=VOCAB + MAX_PADDING_ROWS + 1)
     before = _state(target)
     with pytest.raises(ValueError, match="share one tokenizer"):
@@ -160,8 +155,8 @@ def test_encoder_decoder_model():
         model.generate(_ids(), assistant_model=model, speculation="chain", max_new_tokens=4)
 
 
-def test_without_speculation_nothing_changes(pair):
-    target, _ = pair
+def test_without_speculation_nothing_changes(tiny_pair):
+    target, _ = tiny_pair
     ids = _ids()
     hf_specdec.uninstall()
     try:
@@ -174,9 +169,9 @@ def test_without_speculation_nothing_changes(pair):
 
 
 @pytest.mark.parametrize("role", ["target", "assistant_model"])
-def test_flash_attention_refused(pair, role):
+def test_flash_attention_refused(tiny_pair, role):
     """Flash-attention reads a 4-D tree mask as padding: refused up front, for either model, before anything runs."""
-    target, draft = pair
+    target, draft = tiny_pair
     flash = copy.deepcopy(target if role == "target" else draft)
     flash.config._attn_implementation = "flash_attention_2"  # the kernel itself needs a GPU; the check reads the name
     model, assistant = (flash, draft) if role == "target" else (target, flash)

@@ -14,7 +14,7 @@ from transformers import DynamicCache
 
 from hf_specdec.core.releases import cache_arg, output_cache
 from tests.families import FAMILIES
-from tests.test_batches import NEW, eos_firing_in_one_row, kwargs_for, near_draft, padded_batch
+from tests.helpers.batches import NEW, eos_firing_in_one_row, kwargs_for, near_draft, padded_batch
 from tests.tiny import TINY_CONFIGS, tiny_model
 
 FAMILY = {family.name: family for family in FAMILIES}
@@ -24,7 +24,7 @@ METHODS = ["chain", "tree", "sequoia", "specexec"]
 
 
 @pytest.fixture(scope="module", params=ARCHS)
-def pair(request):
+def family_pair(request):
     name = request.param
     target = tiny_model(name, 0) if name in TINY_CONFIGS else FAMILY[name].build(0)
     return target, near_draft(target)
@@ -52,8 +52,8 @@ def calls(target, method: str, draft, stop: str):
 
 @pytest.mark.parametrize("method", METHODS)
 @pytest.mark.parametrize("stop", ["max_new_tokens", "eos"])
-def test_batch_returns_plain_batched_cache_row_by_row(pair, method, stop):
-    target, draft = pair
+def test_batch_returns_plain_batched_cache_row_by_row(family_pair, method, stop):
+    target, draft = family_pair
     ids, mask, eos, plain, spec = calls(target, method, draft, stop)
     cache, expected = output_cache(spec), output_cache(plain)
     assert type(cache) is type(expected) is DynamicCache
@@ -73,12 +73,12 @@ def test_batch_returns_plain_batched_cache_row_by_row(pair, method, stop):
 @pytest.mark.parametrize("method", ["chain", "specexec"])
 @pytest.mark.parametrize(("stop", "masked"), [("max_new_tokens", "left pads"), ("eos", "left pads"),
                                               ("eos", "all pads")])
-def test_generate_continues_from_the_returned_cache_as_from_plains(pair, method, stop, masked):
+def test_generate_continues_from_the_returned_cache_as_from_plains(family_pair, method, stop, masked):
     """Calling generate again on the returned sequences with the returned cache gives the tokens (and, to float32
     tolerances, the logits) that continuing from plain's own sequences and cache gives: with the call's mask grown
     by ones (as plain's own loop grows it: the pads after a row's end attended to), or with those pads masked too.
     The cache is used, not rebuilt: the continuation grows it by its new tokens."""
-    target, draft = pair
+    target, draft = family_pair
     ids, mask, eos, plain, spec = calls(target, method, draft, stop)
     sequences = plain.sequences
     attention = torch.cat([mask, torch.ones_like(sequences[:, ids.shape[1]:])], dim=1)

@@ -16,7 +16,7 @@ from hf_specdec.plan.call_pricing import SLOWEST_ROW_SHARE, call_pays, saving_pe
 from hf_specdec.plan.guard import BATCH_MARGIN, PlainGuard
 from hf_specdec.plan.latency import LatencyCurve
 from hf_specdec.plan.sizing import HardwareProfile
-from tests.test_batches import (
+from tests.helpers.batches import (
     NEW,
     flat_until,
     hooked_chain_call,

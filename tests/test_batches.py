@@ -14,59 +14,31 @@ import torch
 from transformers import DynamicCache, pipeline
 
 from hf_specdec.core.releases import output_cache
-from hf_specdec.decoding import batch_loop
+from hf_specdec.decoding import batch_loop, step
 from hf_specdec.logits import processing
-from hf_specdec.methods.sequoia.dp import plan_tree
 from hf_specdec.plan.latency import LatencyCurve
 from hf_specdec.plan.sizing import HardwareProfile, for_batch
 from tests.conftest import TINY_CONFIGS, VOCAB, tiny_model
-from tests.test_generate_options import stop_tokenizer  # noqa: F401  (a fixture)
+from tests.helpers.batches import (
+    NEW,
+    WHOLE_CHAIN_3,
+    eos_firing_in_one_row,
+    flat_until,
+    hooked_chain_call,
+    kwargs_for,
+    near_draft,
+    padded_batch,
+    sized_batch,
+)
 from tests.tiny import tiny_tokenizer
 
 METHODS = ["chain", "tree", "sequoia", "sequoia-online", "specexec", "staged", "prompt_lookup"]
-NEW = 20
-WHOLE_CHAIN_3 = {"num_draft_tokens": 3, "confidence_threshold": None, "guard": False}  # 3 tokens, every step
-
-
-def near_draft(target, noise: float = 0.2, seed: int = 1):
-    """The target with noise on every weight: it agrees with the target often, not always, so rows accept different
-    numbers of tokens in the same step (ragged acceptance) and finish after different numbers of steps."""
-    draft = copy.deepcopy(target)
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for weight in draft.parameters():
-            weight.add_(torch.randn(weight.shape, generator=generator) * noise * weight.std())
-    return draft
 
 
 @pytest.fixture(scope="module", params=sorted(TINY_CONFIGS))
 def near_pair(request):
     target = tiny_model(request.param, 0)
     return target, near_draft(target)
-
-
-def padded_batch(seed: int, pads: list[int], length: int = 9) -> tuple[torch.LongTensor, torch.LongTensor]:
-    """Prompts of `length - pads[r]` tokens (ids >= 3), left-padded with 0 as a tokenizer pads them."""
-    generator = torch.Generator().manual_seed(seed)
-    ids = torch.randint(3, VOCAB, (len(pads), length), generator=generator)
-    mask = torch.ones_like(ids)
-    for row, pad in enumerate(pads):
-        ids[row, :pad], mask[row, :pad] = 0, 0
-    return ids, mask
-
-
-def kwargs_for(method: str, draft) -> dict:
-    """"sequoia" drafts a given 12-node plan; "sequoia-online" looks one up (calibrated online on the first row)."""
-    kwargs = {"speculation": method.removesuffix("-online")}
-    if method == "sequoia":
-        kwargs["speculation_config"] = {"plan": plan_tree([0.6, 0.2, 0.1, 0.05], 12, 5)}
-    return {**kwargs, **({} if method == "prompt_lookup" else {"assistant_model": draft})}
-
-
-def eos_firing_in_one_row(target, ids, mask) -> int:
-    """A token plain greedy decoding emits early in row 1 and nowhere in row 0: as eos, it ends row 1 first."""
-    plain = target.generate(ids, attention_mask=mask, max_new_tokens=NEW, do_sample=False)[:, ids.shape[1]:]
-    return next(token for token in plain[1, 2:].tolist() if token not in plain[0].tolist() and token > 2)
 
 
 @pytest.mark.parametrize("method", METHODS)
@@ -136,7 +108,7 @@ def test_a_prefix_constraint_gets_plain_batch_ids_with_several_sequences_per_pro
     assert calls(**kwargs_for(method, draft)) == plain
 
 
-def test_stop_strings_stop_each_row_as_plain_does(near_pair, stop_tokenizer):  # noqa: F811
+def test_stop_strings_stop_each_row_as_plain_does(near_pair, stop_tokenizer):
     target, draft = near_pair
     ids, mask = padded_batch(3, [0, 3, 5])
     token = eos_firing_in_one_row(target, ids, mask)
@@ -180,7 +152,7 @@ def test_sampled_rows_are_scored_on_their_own_sequence(monkeypatch):
             super().__init__(*args)
             seen.append(self)
 
-    monkeypatch.setattr(batch_loop, "NodeScores", Recording)
+    monkeypatch.setattr(step, "NodeScores", Recording)  # where a step scores every row's tree
     torch.manual_seed(0)
     target.generate(ids, attention_mask=mask, max_new_tokens=12, do_sample=True, temperature=0.8, top_k=20,
                     assistant_model=draft, speculation="tree", speculation_config={"widths": [2, 2]})
@@ -237,7 +209,7 @@ def test_pipeline_with_batch_size_two_equals_plain():
     ],
     ids=["right-padding", "streamer", "scores", "static-cache", "stop-strings-without-eos"],
 )
-def test_batch_refusals_name_the_problem_and_leave_no_state(call, message, stop_tokenizer):  # noqa: F811
+def test_batch_refusals_name_the_problem_and_leave_no_state(call, message, stop_tokenizer):
     from transformers import TextStreamer
 
     target, draft = tiny_model("llama", 0), tiny_model("llama", 1)
@@ -372,43 +344,6 @@ def test_the_lockstep_draft_keeps_the_accepted_nodes_it_forwarded():
     assert widths[0] == ids.shape[1] and len(widths) > 6 and set(widths[3::3]) == {2} and set(widths[1::3]) == {1}
 
 
-# --- a batch sized every step (draft/batch_sized.py) ---------------------------------------------------------
-def flat_until(knee: int, seconds: float, sizes=(1, 2, 4, 8, 16, 32, 64, 128)) -> LatencyCurve:
-    """A pass costs `seconds` up to `knee` tokens, then grows with the tokens (bound by arithmetic, not weights)."""
-    return LatencyCurve(sizes, tuple(seconds * max(1.0, size / knee) for size in sizes))
-
-
-def sized_batch(monkeypatch, profile: HardwareProfile, prior: list[float]) -> list:
-    """Batches of this test size their steps with `profile` and `prior`, no timing corrections and no guard (what
-    they choose depends on acceptance only), the plan lent to a chain being these; returns the list every sized
-    drafter of the test is appended to."""
-    from hf_specdec.integration import batch as batch_module
-    from hf_specdec.integration import generate as integration
-    from hf_specdec.plan.shape_sizing import RankAcceptance
-    from hf_specdec.plan.step_sizing import StepSizer
-
-    plan = SimpleNamespace(profile=profile, acceptance=prior)
-    monkeypatch.setattr(integration, "plan_for_call", lambda *args, **kwargs: (plan, "curves given here"))
-    monkeypatch.setattr(batch_module, "batch_guard", lambda *args: None)  # the sizing alone: no measured step
-    monkeypatch.setattr(batch_module, "online_sizer", lambda profile, *args: StepSizer(profile, timing_memory=1.0))
-    monkeypatch.setattr(batch_module, "RankAcceptance", RankAcceptance)
-    return sized_batch_drafters(monkeypatch)
-
-
-def sized_batch_drafters(monkeypatch) -> list:
-    """Every `SizedLockstepDrafter` the test makes, appended as it is made."""
-    from hf_specdec.draft import batch_sized
-
-    drafters, made = [], batch_sized.SizedLockstepDrafter.__init__
-
-    def kept(self, *args, **kwargs):
-        made(self, *args, **kwargs)
-        drafters.append(self)
-
-    monkeypatch.setattr(batch_sized.SizedLockstepDrafter, "__init__", kept)
-    return drafters
-
-
 def test_the_batch_cost_model_shrinks_shapes_as_the_batch_grows():
     """A pass over n nodes for each of B rows costs what B * n tokens cost on the curve (the real pair's on the Zen
     4 CPU: bfloat16 prepacked target, int8 draft, where 4 tokens cost what 1 does and 16 cost 1.6 times as much):
@@ -473,7 +408,7 @@ def test_a_batch_of_best_first_rows_grows_trees_within_the_measured_pass(monkeyp
     """`specexec` in a batch of 4 on a curve flat up to 128 tokens, with a draft that always agrees: while the 4 rows
     decode, no row's tree passes 32 nodes (4 x 32 = 128 tokens a pass), yet the trees do grow past a chain's size;
     the output is plain batched generate's."""
-    from hf_specdec.decoding.batch_loop import RowDrafters
+    from hf_specdec.draft.row_drafters import RowDrafters
     from hf_specdec.integration import generate as integration
 
     profile = HardwareProfile(flat_until(128, 0.010), flat_until(128, 0.001))
@@ -751,19 +686,6 @@ def test_host_reads_per_step_stay_bounded(monkeypatch):
     steps = max(row.target_forwards for row in out.speculation_stats)
     finishing = 3 * 5  # each row's last block is checked token by token where its stop fired (4 drafted + bonus)
     assert 0 < counts["reads"] <= 2 + steps + 2 * row_steps + finishing
-
-
-def hooked_chain_call(target, draft, ids: torch.Tensor, mask: torch.Tensor, hook) -> object:
-    """A batch decoded by a 3-token chain, every step speculating, with `hook` (a handle on the draft) removed after;
-    its rows checked identical to plain batched generate."""
-    call = dict(attention_mask=mask, max_new_tokens=NEW, do_sample=False)
-    try:
-        out = target.generate(ids, **call, assistant_model=draft, speculation="chain",
-                              speculation_config=WHOLE_CHAIN_3, return_dict_in_generate=True)
-    finally:
-        hook.remove()
-    assert torch.equal(out.sequences, target.generate(ids, **call))
-    return out
 
 
 def test_on_cuda_tree_passes_attend_without_cudnn_and_give_the_settings_back():

@@ -33,26 +33,21 @@ CALL_KEYS = {
 
 
 @pytest.fixture(scope="module")
-def pair():
-    return tiny_model("llama", 0), tiny_model("llama", 1)
-
-
-@pytest.fixture(scope="module")
-def run(pair):
+def run(llama_pair):
     """Every default strategy (the whole registry) on two prompts, greedy."""
     generator = torch.Generator().manual_seed(0)
     prompts = [random_prompt(generator, 10), random_prompt(generator, 14)]
     strategies = resolve_strategies(None)
-    results = run_benchmark(*pair, prompts, strategies, BenchSettings(max_new_tokens=NEW, warmup=1, warmup_tokens=2),
-                            progress=False)
+    settings = BenchSettings(max_new_tokens=NEW, warmup=1, warmup_tokens=2)
+    results = run_benchmark(*llama_pair, prompts, strategies, settings, progress=False)
     return results, strategies
 
 
 # --- strategies -------------------------------------------------------------------------------------------------
 
 
-def test_parse_method_settings_become_speculation_config(pair):
-    draft = pair[1]
+def test_parse_method_settings_become_speculation_config(llama_pair):
+    draft = llama_pair[1]
     strategy = parse_strategy("specexec:budget=128,width=4")
     assert strategy.settings == {"budget": 128, "width": 4}
     assert strategy.label == "specexec:budget=128,width=4"
@@ -65,8 +60,8 @@ def test_parse_method_settings_become_speculation_config(pair):
     assert parse_strategy("chain:verifier=greedy").settings == {"verifier": "greedy"}  # not JSON: kept as text
 
 
-def test_parse_baselines(pair):
-    draft = pair[1]
+def test_parse_baselines(llama_pair):
+    draft = llama_pair[1]
     assert parse_strategy("plain").generate_kwargs(draft) == {}
     assert parse_strategy("hf-assisted").generate_kwargs(draft) == {"assistant_model": draft}
     assert parse_strategy("hf-prompt-lookup").generate_kwargs(draft) == {"prompt_lookup_num_tokens": 10}
@@ -76,11 +71,11 @@ def test_parse_baselines(pair):
     }
 
 
-def test_method_without_assistant_gets_none(pair):
+def test_method_without_assistant_gets_none(llama_pair):
     assert not NGramConfig.needs_assistant
-    kwargs = parse_strategy("prompt_lookup").generate_kwargs(pair[1])
+    kwargs = parse_strategy("prompt_lookup").generate_kwargs(llama_pair[1])
     assert kwargs == {"speculation": "prompt_lookup"} and "assistant_model" not in kwargs
-    assert parse_strategy("ngram").generate_kwargs(pair[1]) == kwargs  # the older name is an alias
+    assert parse_strategy("ngram").generate_kwargs(llama_pair[1]) == kwargs  # the older name is an alias
     assert "ngram" not in known_strategies()  # listed once, under its own name
 
 
@@ -128,12 +123,12 @@ class _LateConfig(SpeculationConfig):
     needs_assistant = False
 
 
-def test_strategies_come_from_the_registry_at_run_time(monkeypatch, pair):
+def test_strategies_come_from_the_registry_at_run_time(monkeypatch, llama_pair):
     monkeypatch.setitem(SPECULATION_METHODS, "sequoia", _LateConfig)
     assert "sequoia" in known_strategies()
     assert "sequoia" in [s.name for s in default_strategies()]
     assert "sequoia" in [s.name for s in quick_strategies()]
-    assert "assistant_model" not in parse_strategy("sequoia").generate_kwargs(pair[1])
+    assert "assistant_model" not in parse_strategy("sequoia").generate_kwargs(llama_pair[1])
     monkeypatch.delitem(SPECULATION_METHODS, "sequoia")
     assert "sequoia" not in known_strategies() and "sequoia" not in [s.name for s in quick_strategies()]
 
@@ -202,17 +197,17 @@ def test_summary_is_relative_to_plain(run):
             assert 0 <= row["time_split"]["frac_engine"] <= 1
 
 
-def test_sampling_reports_identity_as_not_applicable(pair):
+def test_sampling_reports_identity_as_not_applicable(llama_pair):
     prompt = [random_prompt(torch.Generator().manual_seed(3), 8)]
     settings = BenchSettings(max_new_tokens=4, temperature=0.8, warmup=0)
-    results = run_benchmark(*pair, prompt, resolve_strategies(["chain"]), settings, progress=False)
+    results = run_benchmark(*llama_pair, prompt, resolve_strategies(["chain"]), settings, progress=False)
     assert all(call["identical"] is None for call in results["calls"])
     assert all(row["identical_text"].startswith("n/a") for row in results["summary"])
-    again = run_benchmark(*pair, prompt, resolve_strategies(["chain"]), settings, progress=False)
+    again = run_benchmark(*llama_pair, prompt, resolve_strategies(["chain"]), settings, progress=False)
     assert [c["new_tokens"] for c in again["calls"]] == [c["new_tokens"] for c in results["calls"]]
 
 
-def test_interrupted_run_keeps_the_prompts_every_strategy_finished(pair, monkeypatch):
+def test_interrupted_run_keeps_the_prompts_every_strategy_finished(llama_pair, monkeypatch):
     from hf_specdec_tools.bench import runner
 
     real, calls = runner.measure_call, []
@@ -225,13 +220,13 @@ def test_interrupted_run_keeps_the_prompts_every_strategy_finished(pair, monkeyp
 
     monkeypatch.setattr(runner, "measure_call", stopped_on_the_fourth_call)
     prompts = [torch.tensor([[5, 6, 7]]), torch.tensor([[8, 9]]), torch.tensor([[10, 11]])]
-    results = run_benchmark(*pair, prompts, resolve_strategies(["ngram"]), BenchSettings(max_new_tokens=3, warmup=0),
-                            progress=False)
+    settings = BenchSettings(max_new_tokens=3, warmup=0)
+    results = run_benchmark(*llama_pair, prompts, resolve_strategies(["ngram"]), settings, progress=False)
     assert results["interrupted"] and [c["prompt"] for c in results["calls"]] == [0, 0]
     assert [row["prompts"] for row in results["summary"]] == [1, 1]
 
 
-def test_time_limit_stops_before_a_prompt_that_would_overrun(pair, monkeypatch):
+def test_time_limit_stops_before_a_prompt_that_would_overrun(llama_pair, monkeypatch):
     """Each round (one prompt, every strategy) takes 10 fake seconds: with 25 s allowed, a third round would end at
     30 s, so two prompts are measured, none is cut in half, and the report says why the rest are missing."""
     from hf_specdec_tools.bench import runner
@@ -247,11 +242,11 @@ def test_time_limit_stops_before_a_prompt_that_would_overrun(pair, monkeypatch):
     monkeypatch.setattr(runner, "run_clock", lambda: clock["now"])
     prompts = [torch.tensor([[5, 6, 7]]), torch.tensor([[8, 9]]), torch.tensor([[10, 11]]), torch.tensor([[3, 4]])]
     settings = BenchSettings(max_new_tokens=3, warmup=0, max_seconds=25.0)
-    results = run_benchmark(*pair, prompts, resolve_strategies(["ngram"]), settings, progress=False)
+    results = run_benchmark(*llama_pair, prompts, resolve_strategies(["ngram"]), settings, progress=False)
     assert [c["prompt"] for c in results["calls"]] == [0, 0, 1, 1]
     assert results["time_limited"] == {"prompts_measured": 2, "prompts_given": 4, "max_seconds": 25.0}
     assert "after 2 of 4 prompts" in settings_line(results)
-    unlimited = run_benchmark(*pair, prompts[:2], resolve_strategies(["ngram"]), BenchSettings(max_new_tokens=3,
+    unlimited = run_benchmark(*llama_pair, prompts[:2], resolve_strategies(["ngram"]), BenchSettings(max_new_tokens=3,
                               warmup=0), progress=False)
     assert unlimited["time_limited"] is None and len(unlimited["calls"]) == 4
 
@@ -268,9 +263,10 @@ def test_auto_dtype_is_bfloat16_only_where_it_is_native(monkeypatch, flags, expe
     assert resolve_dtype("float16") == "float16"  # an explicit dtype is kept
 
 
-def test_runner_refuses_a_run_without_plain_first(pair):
+def test_runner_refuses_a_run_without_plain_first(llama_pair):
     with pytest.raises(ValueError, match="plain"):
-        run_benchmark(*pair, [torch.tensor([[5, 6, 7]])], [parse_strategy("tree")], BenchSettings(), progress=False)
+        run_benchmark(*llama_pair, [torch.tensor([[5, 6, 7]])], [parse_strategy("tree")], BenchSettings(),
+                      progress=False)
 
 
 def test_forward_counter_counts_top_level_passes_once():
@@ -595,7 +591,7 @@ def test_llama_cpp_row_is_a_reference_row_relative_to_plain(run, monkeypatch, tm
     assert "llama-cpp-python 0.0-test decoding target.gguf" in settings_line(results)
 
 
-def test_plain_bfloat16_row_times_a_bfloat16_copy_after_the_run(run, pair, monkeypatch, tmp_path):
+def test_plain_bfloat16_row_times_a_bfloat16_copy_after_the_run(run, llama_pair, monkeypatch, tmp_path):
     """On a CPU without native bfloat16 the run is float32; the reference row loads the target again in bfloat16
     and times plain generate on the measured prompts, relative to float32 plain, outputs not compared."""
     from types import SimpleNamespace
@@ -603,7 +599,7 @@ def test_plain_bfloat16_row_times_a_bfloat16_copy_after_the_run(run, pair, monke
     from hf_specdec_tools.bench import bf16_reference
     from hf_specdec_tools.bench.cli import add_plain_bfloat16_row
 
-    pair[0].save_pretrained(tmp_path / "target")
+    llama_pair[0].save_pretrained(tmp_path / "target")
     loaded = SimpleNamespace(info={"target": {"source": str(tmp_path / "target")}, "offload": None,
                                    "target_quantization": {"route": "none"}})
     dtypes = []
@@ -632,7 +628,7 @@ def test_plain_bfloat16_row_times_a_bfloat16_copy_after_the_run(run, pair, monke
     assert results["summary"][: len(run[0]["summary"])] == run[0]["summary"]  # the run's own rows unchanged
 
 
-def test_one_row_packing_row_repacks_the_target_and_packs_it_back(run, pair):
+def test_one_row_packing_row_repacks_the_target_and_packs_it_back(run, llama_pair):
     """The reference row times plain generate on the prepacked target repacked for one-token passes, after the
     run, and leaves the target packed (and decoding) as it was; an unpacked target skips the row, saying why."""
     import copy
@@ -645,7 +641,7 @@ def test_one_row_packing_row_repacks_the_target_and_packs_it_back(run, pair):
     generator = torch.Generator().manual_seed(0)
     prompts = [random_prompt(generator, 10), random_prompt(generator, 14)]
     settings = BenchSettings(max_new_tokens=NEW, warmup_tokens=2)
-    target = copy.deepcopy(pair[0])
+    target = copy.deepcopy(llama_pair[0])
     results = {**run[0], "calls": list(run[0]["calls"]), "strategies": list(run[0]["strategies"])}
     add_one_row_packing_row(results, target, prompts, settings, progress=False)
     assert "not prepacked" in results["plain_one_row_packing"]["skipped"]

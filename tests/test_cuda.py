@@ -18,11 +18,8 @@ from hf_specdec.accept.kv_cache import keep_positions
 from hf_specdec.decoding import loop, step
 from hf_specdec.verify import SequoiaVerifier, SpecInferVerifier
 from tests.conftest import random_prompt, tiny_model
-from tests.test_batches import kwargs_for, near_draft, padded_batch
-from tests.test_lean_pass import PAIRS as LEAN_FAMILIES
-from tests.test_lean_pass import assert_lean_pass_equals_the_model
-from tests.test_round_trips import GREEDY as METHODS  # the five methods at fixed shapes
-from tests.test_sampling_exact import (
+from tests.helpers.batches import kwargs_for, near_draft, padded_batch
+from tests.helpers.exactness import (
     TARGET_SAMPLING,
     Case,
     chi_square_pvalue,
@@ -30,6 +27,9 @@ from tests.test_sampling_exact import (
     target_joint,
     total_variation,
 )
+from tests.helpers.lean import PAIRS as LEAN_FAMILIES
+from tests.helpers.lean import assert_lean_pass_equals_the_model
+from tests.helpers.methods import GREEDY as METHODS  # the five methods at fixed shapes
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 

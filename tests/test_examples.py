@@ -12,7 +12,7 @@ from transformers import pipeline
 
 from hf_specdec.plan import validate_parents
 from tests.conftest import tiny_model
-from tests.test_entry_points import ForwardCounter, with_greedy_plan
+from tests.helpers.counting import ForwardCounter, with_greedy_plan
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 NEW = 24
@@ -26,7 +26,7 @@ def load_example(name: str):
 
 
 @pytest.fixture
-def pair():
+def copy_pair():
     """(target, an exact copy as draft, a forward counter on the target), the pair's greedy plan made."""
     target = tiny_model("qwen2", 0)
     draft = copy.deepcopy(target)
@@ -43,15 +43,15 @@ def test_every_example_has_a_main():
         assert callable(load_example(name).main)
 
 
-def test_quickstart(pair, tokenizer):
-    target, draft, _ = pair
+def test_quickstart(copy_pair, tokenizer):
+    target, draft, _ = copy_pair
     result = load_example("quickstart").main(target, draft, tokenizer, prompt="w7 w8 w9", max_new_tokens=NEW)
     assert result["identical"]
     assert result["stats"].new_tokens == NEW and result["stats"].target_forwards <= NEW // 3
 
 
-def test_pipeline_chat(pair, tokenizer):
-    target, draft, counter = pair
+def test_pipeline_chat(copy_pair, tokenizer):
+    target, draft, counter = copy_pair
     turns = ["w7 w8", "w9 w10 w11"]
     conversation = load_example("pipeline_chat").main(target, draft, tokenizer, turns=turns, max_new_tokens=NEW)
     assert counter.take() <= 2 * (NEW // 3)  # two replies
@@ -64,8 +64,8 @@ def test_pipeline_chat(pair, tokenizer):
     assert conversation == messages
 
 
-def test_streaming_chat(pair, tokenizer):
-    target, draft, counter = pair
+def test_streaming_chat(copy_pair, tokenizer):
+    target, draft, counter = copy_pair
     messages = [{"role": "user", "content": "w7 w8 w9"}]
     text, out = load_example("streaming_chat").main(target, draft, tokenizer, messages=messages, max_new_tokens=NEW)
     assert counter.take() <= NEW // 3
@@ -77,8 +77,8 @@ def test_streaming_chat(pair, tokenizer):
     assert text == tokenizer.decode(plain[0, ids.shape[1] :], skip_special_tokens=True)
 
 
-def test_calibrate_plan(pair, tokenizer):
-    target, draft, _ = pair
+def test_calibrate_plan(copy_pair, tokenizer):
+    target, draft, _ = copy_pair
     prompts = ["w7 w8 w9", "w10 w11", "w12 w13 w14 w15"]
     result = load_example("calibrate_plan").main(
         target, draft, tokenizer, prompts=prompts, max_budget=8, max_depth=5, max_new_tokens=NEW,

@@ -17,8 +17,7 @@ import warnings
 
 import pytest
 import torch
-from transformers import DynamicCache, LogitsProcessor, LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
-from transformers.generation.streamers import BaseStreamer
+from transformers import DynamicCache
 
 from hf_specdec.core.releases import cache_arg
 from hf_specdec.methods.sequoia import lookup as plan_lookup
@@ -28,14 +27,14 @@ from hf_specdec.methods.sequoia.plan_file import SequoiaPlan, model_record, pair
 from hf_specdec.plan.latency import LatencyCurve
 from hf_specdec.plan.sizing import HardwareProfile
 from hf_specdec.runtime import paths
-from tests.conftest import random_prompt, tiny_model
+from tests.conftest import random_prompt
+from tests.helpers.faults import (
+    FAULTS,
+    Boom,
+    _interrupt_in_layer,
+)
 
 NEW_TOKENS = 16
-
-
-@pytest.fixture(scope="module")
-def pair():
-    return tiny_model("qwen2", 0), tiny_model("qwen2", 1)
 
 
 @pytest.fixture
@@ -85,10 +84,10 @@ BROKEN_FILES = {
 
 
 @pytest.mark.parametrize("content", list(BROKEN_FILES.values()), ids=list(BROKEN_FILES))
-def test_a_corrupt_plan_file_is_skipped_with_one_warning(pair, plan_dir, content):
+def test_a_corrupt_plan_file_is_skipped_with_one_warning(qwen2_pair, plan_dir, content):
     """Named as the store names plans (so it is the file the next save replaces): skipped with a warning naming it,
     once, and the call uses the valid plan beside it."""
-    target, draft = pair
+    target, draft = qwen2_pair
     plan_dir.mkdir()
     (plan_dir / "ok.json").write_text(json.dumps(good_plan(target, draft)))
     broken = plan_dir / "sequoia-broken.json"
@@ -106,8 +105,8 @@ def test_a_corrupt_plan_file_is_skipped_with_one_warning(pair, plan_dir, content
 
 
 @pytest.mark.parametrize("content", ["[]", "null", '"plan"', '{"name": "my settings"}', "not json at all"])
-def test_foreign_json_files_in_the_plan_folder_are_ignored(pair, plan_dir, content):
-    target, draft = pair
+def test_foreign_json_files_in_the_plan_folder_are_ignored(qwen2_pair, plan_dir, content):
+    target, draft = qwen2_pair
     plan_dir.mkdir()
     (plan_dir / "ok.json").write_text(json.dumps(good_plan(target, draft)))
     (plan_dir / "settings.json").write_text(content)
@@ -156,8 +155,8 @@ POISONS = {
 
 
 @pytest.mark.parametrize("path,value,message", list(POISONS.values()), ids=list(POISONS))
-def test_a_poisoned_plan_is_refused_by_value(pair, tmp_path, path, value, message):
-    target, draft = pair
+def test_a_poisoned_plan_is_refused_by_value(qwen2_pair, tmp_path, path, value, message):
+    target, draft = qwen2_pair
     file = tmp_path / "poisoned.json"
     file.write_text(json.dumps(_poisoned(good_plan(target, draft), path, value)))
     with pytest.raises(ValueError, match=f"{file} is not a valid Sequoia plan") as refused:
@@ -165,10 +164,10 @@ def test_a_poisoned_plan_is_refused_by_value(pair, tmp_path, path, value, messag
     assert message in str(refused.value)
 
 
-def test_a_poisoned_profile_never_sizes_a_call(pair, plan_dir):
+def test_a_poisoned_profile_never_sizes_a_call(qwen2_pair, plan_dir):
     """Zero draft seconds made every draft pass look free: specexec grew trees of ~1,260 nodes a step. Now the file
     is skipped with a warning saying why, and the call measures curves of its own."""
-    target, draft = pair
+    target, draft = qwen2_pair
     plan_dir.mkdir()
     poisoned = plan_dir / "sequoia-poisoned.json"
     poisoned.write_text(json.dumps(_poisoned(good_plan(target, draft), "profile.draft.seconds", [0.0] * 4)))
@@ -183,8 +182,8 @@ def test_a_poisoned_profile_never_sizes_a_call(pair, plan_dir):
     assert stats.drafted_tokens / stats.target_forwards < 64  # not the hundreds a free draft pass would buy
 
 
-def test_a_poisoned_plan_given_in_the_call_is_refused_before_any_model_runs(pair):
-    target, draft = pair
+def test_a_poisoned_plan_given_in_the_call_is_refused_before_any_model_runs(qwen2_pair):
+    target, draft = qwen2_pair
     calls = []
     hook = target.register_forward_pre_hook(lambda *args: calls.append(1))
     try:
@@ -203,10 +202,10 @@ def test_a_poisoned_plan_given_in_the_call_is_refused_before_any_model_runs(pair
 
 
 @pytest.mark.parametrize("method", ["sequoia", "specexec"])
-def test_an_unwritable_plan_folder_never_fails_a_call(pair, tmp_path, monkeypatch, method):
+def test_an_unwritable_plan_folder_never_fails_a_call(qwen2_pair, tmp_path, monkeypatch, method):
     """HF_SPECDEC_CACHE under a file (unwritable for root too): the plan made in the call is used and kept in
     memory, one warning says where it could not go and how to fix it, and the next call does not calibrate again."""
-    target, draft = pair
+    target, draft = qwen2_pair
     (tmp_path / "a-file").write_text("")
     monkeypatch.setenv(paths.CACHE_ENV, str(tmp_path / "a-file" / "cache"))
     monkeypatch.setattr(store, "user_plan_dir", lambda: paths.cache_dir() / "plans")
@@ -227,9 +226,9 @@ def test_an_unwritable_plan_folder_never_fails_a_call(pair, tmp_path, monkeypatc
     assert str(tmp_path / "a-file" / "cache" / "plans") in message and "Set HF_SPECDEC_CACHE" in message
 
 
-def test_a_failed_write_leaves_no_file_behind(pair, plan_dir, monkeypatch):
+def test_a_failed_write_leaves_no_file_behind(qwen2_pair, plan_dir, monkeypatch):
     """Writes stay atomic: a write that fails half way leaves neither a plan file nor its temporary file."""
-    target, draft = pair
+    target, draft = qwen2_pair
 
     def disk_full(*args):
         raise OSError(28, "No space left on device")
@@ -281,8 +280,8 @@ def test_two_processes_on_one_folder_calibrate_once(tmp_path):
     assert len(list((tmp_path / "cache" / "plans").glob("*.json"))) == 1
 
 
-def test_a_plan_made_while_waiting_for_the_lock_is_used_not_made_again(pair, plan_dir, monkeypatch):
-    target, draft = pair
+def test_a_plan_made_while_waiting_for_the_lock_is_used_not_made_again(qwen2_pair, plan_dir, monkeypatch):
+    target, draft = qwen2_pair
 
     @contextlib.contextmanager
     def lock_released_after_another_process_saved():
@@ -301,80 +300,12 @@ def test_a_plan_made_while_waiting_for_the_lock_is_used_not_made_again(pair, pla
 # ---------------------------------------------------------------- an exception with the caller's cache
 
 
-class Boom(Exception):
-    pass
-
-
-class RaisingProcessor(LogitsProcessor):
-    def __init__(self, after: int, error: type[BaseException] = Boom):
-        self.calls, self.after, self.error = 0, after, error
-
-    def __call__(self, input_ids, scores):
-        self.calls += 1
-        if self.calls > self.after:
-            raise self.error("processor")
-        return scores
-
-
-class RaisingCriterion(StoppingCriteria):
-    def __init__(self, after: int):
-        self.calls, self.after = 0, after
-
-    def __call__(self, input_ids, scores, **kwargs):
-        self.calls += 1
-        if self.calls > self.after:
-            raise Boom("criterion")
-        return torch.zeros(input_ids.shape[0], dtype=torch.bool)
-
-
-class RaisingStreamer(BaseStreamer):
-    def __init__(self, after: int):
-        self.calls, self.after = 0, after
-
-    def put(self, value):
-        self.calls += 1
-        if self.calls > self.after:
-            raise KeyboardInterrupt("streamer")
-
-    def end(self):
-        pass
-
-
-def _interrupt_in_layer(target, after: int):
-    """A KeyboardInterrupt inside the target's second layer on its `after + 1`-th pass: the first layer's cache has
-    the tree's rows by then, the second's not."""
-    calls = []
-
-    def hook(*args):
-        calls.append(1)
-        if len(calls) > after:
-            raise KeyboardInterrupt("target pass")
-
-    return target.model.layers[1].register_forward_pre_hook(hook)
-
-
-def _processor(after: int, error: type[BaseException] = Boom) -> dict:
-    """The processor applies to the draft's and the target's scores alike: it fails on its `after + 1`-th call."""
-    return {"logits_processor": LogitsProcessorList([RaisingProcessor(after, error)])}
-
-
-FAULTS = {
-    "processor while drafting (nothing in the cache yet)": lambda: _processor(3),
-    "processor, later step": lambda: _processor(40),
-    "processor interrupt": lambda: _processor(25, KeyboardInterrupt),
-    "criterion inside an accepted block": lambda: {"stopping_criteria": StoppingCriteriaList([RaisingCriterion(5)])},
-    "streamer after a step is compacted": lambda: {"streamer": RaisingStreamer(3)},
-    "interrupt in prefill": lambda: {"layer_interrupt": 0},
-    "interrupt in a tree pass": lambda: {"layer_interrupt": 3},
-}
-
-
 @pytest.mark.parametrize("method", [{"speculation": "specexec", "speculation_config": {"budget": 12}},
                                     {"speculation": "tree"}], ids=["specexec", "tree"])
 @pytest.mark.parametrize("fault", list(FAULTS.values()), ids=list(FAULTS))
 @pytest.mark.parametrize("cache_state", ["empty", "holding the prompt"])
-def test_an_exception_leaves_only_committed_tokens_in_the_callers_cache(pair, method, fault, cache_state):
-    target, draft = pair
+def test_an_exception_leaves_only_committed_tokens_in_the_callers_cache(qwen2_pair, method, fault, cache_state):
+    target, draft = qwen2_pair
     draft = copy.deepcopy(target)  # agrees with the target: long accepted blocks, so a stop can land inside one
     ids = _prompt(7)
     plain = target.generate(ids, max_new_tokens=40, do_sample=False)

@@ -10,12 +10,10 @@ import warnings
 
 import pytest
 import torch
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import (
     AutoModelForCausalLM,
     DynamicCache,
     GenerationConfig,
-    PreTrainedTokenizerFast,
     WatermarkingConfig,
 )
 from transformers.generation.utils import GenerateDecoderOnlyOutput
@@ -25,7 +23,6 @@ from hf_specdec import ChainConfig, NGramConfig, SpecExecConfig, TreeConfig
 from hf_specdec.core.releases import CACHE, cache_arg, output_cache
 from hf_specdec.integration.generation_config import set_speculation
 from tests.conftest import VOCAB, random_prompt, tiny_model
-from tests.tiny import tiny_tokenizer
 
 CONFIGS = [ChainConfig(num_draft_tokens=3), TreeConfig(widths=[3, 2]), SpecExecConfig(budget=16), NGramConfig()]
 
@@ -37,17 +34,6 @@ def _ids(seed: int, length: int = 6, batch: int = 1) -> torch.LongTensor:
 def _spec(target, draft, ids, config, **kwargs):
     assistant = draft if config.needs_assistant else None
     return target.generate(ids, assistant_model=assistant, speculation=config, do_sample=False, **kwargs)
-
-
-@pytest.fixture(scope="module")
-def stop_tokenizer():
-    """The tiny tokenizer as StopStringCriteria needs one: it reads each token's text as "abcdef" + token decoded
-    minus "abcdef", so that word must exist (it takes id 63) and tokens must decode without separators."""
-    tokenizer = tiny_tokenizer()
-    vocab = {**{t: i for t, i in tokenizer.get_vocab().items() if i != VOCAB - 1}, "abcdef": VOCAB - 1}
-    backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    backend.pre_tokenizer, backend.decoder = pre_tokenizers.WhitespaceSplit(), decoders.Fuse()
-    return PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<pad>", eos_token="</s>", unk_token="<unk>")
 
 
 # --- the returned cache ----------------------------------------------------------------------------------------

@@ -22,7 +22,7 @@ from hf_specdec.plan.sizing import HardwareProfile
 from hf_specdec.plan.step_sizing import StepSizer
 from hf_specdec.verify.greedy import GreedyVerifier
 from tests.conftest import tiny_model
-from tests.test_batches import near_draft, padded_batch
+from tests.helpers.batches import near_draft, padded_batch
 
 
 def random_parents(n: int, generator: np.random.Generator) -> list[int]:

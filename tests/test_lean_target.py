@@ -18,9 +18,9 @@ from hf_specdec.methods.sequoia.dp import plan_tree
 from hf_specdec.runtime.attention import AttentionLayout
 from hf_specdec.runtime.pass_shapes import PassShapes
 from hf_specdec.runtime.ranks import Ranks
-from tests.test_batches import kwargs_for, near_draft, padded_batch
-from tests.test_lean_pass import PAIRS  # Llama-shaped families, a sliding-window layer and one key/value head
-from tests.test_round_trips import GREEDY  # the methods at fixed shapes
+from tests.helpers.batches import kwargs_for, near_draft, padded_batch
+from tests.helpers.lean import PAIRS  # Llama-shaped families, a sliding-window layer and one key/value head
+from tests.helpers.methods import GREEDY  # the methods at fixed shapes
 from tests.tiny import tiny_model
 
 IDS = torch.tensor([[5, 9, 11, 4, 7, 3, 21, 8]])

@@ -18,6 +18,7 @@ from transformers import (
 from hf_specdec import plan_tree
 from hf_specdec.core.model_inputs import decoding_inputs, explicit_parameters
 from tests.families import FAMILIES, family
+from tests.helpers.outputs import assert_outputs_equal
 from tests.tiny import build, tiny_model
 
 METHODS = {
@@ -123,26 +124,6 @@ def test_refused_before_anything_runs(model, kwargs, phrase):
 
 
 # --------------------------------------------------------------------------- outputs
-
-
-def assert_outputs_equal(out, expected, tolerance: float = 1e-4, hidden_tolerance: float = 1e-5):
-    """Same sequences; every per-token output plain returned, with its structure and values (None where plain's is):
-    scores and logits within `tolerance`, hidden states and attention weights within `hidden_tolerance` (absolute;
-    both relative `tolerance`)."""
-    assert torch.equal(out.sequences, expected.sequences)
-    for name in ("scores", "logits", "hidden_states", "attentions"):
-        got_all, want_all = getattr(out, name), getattr(expected, name)
-        if want_all is None:
-            assert got_all is None, name
-            continue
-        assert len(got_all) == len(want_all), name  # one entry per new token
-        per_layer = name in ("hidden_states", "attentions")
-        for got, want in zip(got_all, want_all):
-            if per_layer:
-                assert len(got) == len(want), name
-            for a, b in zip(got, want) if per_layer else [(got, want)]:
-                assert a.shape == b.shape, name
-                torch.testing.assert_close(a, b, rtol=tolerance, atol=hidden_tolerance if per_layer else tolerance)
 
 
 ALL_OUTPUTS = dict(return_dict_in_generate=True, output_scores=True, output_logits=True, output_hidden_states=True,

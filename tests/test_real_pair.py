@@ -90,7 +90,7 @@ def test_left_padded_batch_identical_to_plain_batched_generate(real_pair_fp32, s
 
 def test_returned_scores_logits_and_hidden_states_equal_plain(real_pair_fp32, plain_outputs):
     """return_dict_in_generate with every per-token output the real target's SDPA attention gives: plain's values."""
-    from tests.test_model_inputs import assert_outputs_equal
+    from tests.helpers.outputs import assert_outputs_equal
 
     target, draft, _ = real_pair_fp32
     ids = plain_outputs[1][0]

@@ -16,15 +16,9 @@ from hf_specdec.methods.sequoia.dp import plan_tree
 from hf_specdec.verify.greedy import GreedyVerifier
 from hf_specdec.verify.sampling import TargetSampleVerifier
 from tests.conftest import random_prompt
+from tests.helpers.methods import GREEDY
 from tests.roundtrips import count_round_trips
 
-GREEDY = {
-    "chain": ChainConfig(num_draft_tokens=4),
-    "tree": TreeConfig(widths=[3, 2]),
-    "sequoia": SequoiaConfig(plan=plan_tree([0.6, 0.2, 0.1, 0.05], 32, 6)),
-    "specexec": SpecExecConfig(budget=32, max_depth=6, width=4),
-    "staged": StagedConfig(budget=32, max_depth=6),  # n-gram guesses confirmed in the draft's passes
-}
 #: per-step sizing on: sequoia's looked-up plan (made online here) and specexec at its defaults
 SIZED = {"sequoia": SequoiaConfig(), "specexec": SpecExecConfig()}
 
@@ -156,7 +150,7 @@ BATCH_PADS = [0, 3, 5, 1]  # left pads of the batch's rows (the first `rows` of 
 
 def batch_counts(target, draft, config, rows: int, **call):
     """Round trips of one batch call of `rows` prompts (left-padded), checked against plain batched generate."""
-    from tests.test_batches import padded_batch
+    from tests.helpers.batches import padded_batch
 
     ids, mask = padded_batch(rows, BATCH_PADS[:rows])
     kwargs = dict(attention_mask=mask, max_new_tokens=30, **call)
@@ -174,7 +168,7 @@ def test_greedy_batch_step_reads_at_most_draft_passes_plus_two(tiny_pair, name, 
     """A batch step reads the drafted tokens of every row once (the lockstep drafter), every row's verdict in one
     transfer and every row's stopping check in another: the single sequence's bound whatever the batch size, the
     steps where rows finish (at the length limit, which the host foresees) and the returned cache included."""
-    from tests.test_batches import near_draft
+    from tests.helpers.batches import near_draft
 
     target = tiny_pair[0]
     counts, expected, out = batch_counts(target, near_draft(target), GREEDY[name], rows, do_sample=False,
@@ -195,7 +189,7 @@ def test_sampled_batch_step_reads_at_most_draft_passes_per_row_plus_two(tiny_pai
     level it visits with children, so at most the lockstep drafter's passes per row; a plain batched step, which the
     batch's guard runs once per row count to measure plain decoding, draws each row's token with one read); the
     drafted tokens and the stopping checks stay one read each for the whole batch."""
-    from tests.test_batches import near_draft
+    from tests.helpers.batches import near_draft
 
     target = tiny_pair[0]
     counts, _, out = batch_counts(target, near_draft(target), SAMPLED[name], rows, do_sample=True,

@@ -8,67 +8,20 @@ chi-square goodness-of-fit test, for every registered method and every sampling 
 
 from __future__ import annotations
 
-import copy
 from collections import Counter
 
 import pytest
 import torch
-from transformers import (
-    LogitsProcessorList,
-    RepetitionPenaltyLogitsProcessor,
-    TemperatureLogitsWarper,
-    TopPLogitsWarper,
-)
 
 import hf_specdec
 from hf_specdec.methods.sequoia import plan_tree
-from tests.test_sampling_exact import chi_square_pvalue, total_variation
-from tests.tiny import tiny_model
-
-VOCAB = 8
-SAMPLING = {"do_sample": True, "temperature": 0.8, "top_p": 0.9, "repetition_penalty": 1.3}
-PROMPT = torch.tensor([[3, 4, 5, 3, 4, 5, 3]])  # repeats, so prompt lookup (n-gram) drafts something too
-SAMPLES = 600
-
-
-def _processors() -> LogitsProcessorList:
-    return LogitsProcessorList([
-        RepetitionPenaltyLogitsProcessor(SAMPLING["repetition_penalty"]),
-        TemperatureLogitsWarper(SAMPLING["temperature"]),
-        TopPLogitsWarper(SAMPLING["top_p"]),
-    ])
+from tests.helpers.exactness import chi_square_pvalue, total_variation
+from tests.helpers.sampling import PROMPT, SAMPLES, SAMPLING, VOCAB, _dist, _processors, joint_of, sampling_pair
 
 
 @pytest.fixture(scope="module")
 def models():
     return sampling_pair()
-
-
-def sampling_pair():
-    """(target, draft) over `VOCAB` tokens, the draft a noisy copy of the target."""
-    target = tiny_model("llama", 0, sharpen=6.0, vocab_size=VOCAB, hidden_size=16, intermediate_size=32,
-                        num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64)
-    draft = copy.deepcopy(target)  # close to the target, not equal: accepts often, rejects sometimes
-    with torch.no_grad():
-        draft.lm_head.weight.add_(torch.randn_like(draft.lm_head.weight) * 1.5)
-    return target, draft
-
-
-def _dist(target, ids: torch.Tensor) -> torch.Tensor:
-    with torch.no_grad():
-        logits = target(ids).logits[:, -1].float()
-    return _processors()(ids, logits).softmax(-1)[0].double()
-
-
-def joint_of(target, prompt: torch.Tensor) -> dict[tuple[int, int], float]:
-    """P(first two sampled tokens after `prompt`) under plain sampling, computed prefix by prefix."""
-    first = _dist(target, prompt)
-    joint = {}
-    for a in range(VOCAB):
-        if first[a] > 0:
-            second = _dist(target, torch.cat([prompt, torch.tensor([[a]])], dim=1))
-            joint.update({(a, b): float(first[a] * second[b]) for b in range(VOCAB) if second[b] > 0})
-    return joint
 
 
 @pytest.fixture(scope="module")
@@ -138,7 +91,7 @@ PADDED = [("tree", "sequoia", VOCAB + 3), ("tree", "specinfer", VOCAB - 2), ("sp
 def test_sampling_exact_with_a_draft_padded_differently(models, exact, method, verifier, rows):
     """Draft rows the target lacks (made the draft's favourites) are never proposed; target rows the draft lacks
     have q = 0: sampling stays exact (the chi-square test above), and drafts are still accepted."""
-    from tests.test_vocab_padding import padded
+    from tests.helpers.vocabulary import padded
 
     target, draft = models
     draft = padded(draft, rows)

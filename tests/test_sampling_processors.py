@@ -23,10 +23,11 @@ from transformers import (
 from hf_specdec import TokenTree
 from hf_specdec.logits import processing
 from hf_specdec.verify import SequoiaVerifier, SpecInferVerifier, TargetSampleVerifier, Verdict, sampling
-from tests.test_sampling_exact import (
+from tests.helpers.exactness import (
     SHAPES,
     TARGET_SAMPLING,
-    Case,
+    Doubting,
+    ProcessedCase,
     depth,
     speculative_joint,
     target_joint,
@@ -45,23 +46,6 @@ PROCESSORS = {
     ),
 }
 VERIFIERS = [SequoiaVerifier, SpecInferVerifier, TargetSampleVerifier]
-
-
-class ProcessedCase(Case):
-    """Toy target logits for a prefix, processed by `processors` with that prefix (the reference: plain generate)."""
-
-    def __init__(self, seed: int, vocab: int, processors: LogitsProcessorList, prompt: tuple[int, ...], same: bool):
-        super().__init__(seed, vocab, banned=0.0, same=same)  # same: the draft is the processed target (all accepted)
-        self.processors, self.prompt = processors, prompt
-        self._scores: dict[tuple[int, ...], torch.Tensor] = {}
-
-    def raw(self, prefix: tuple[int, ...]) -> torch.Tensor:
-        return toy_logits(self.seed, prefix, self.vocab, 0.0, temperature=0.7)
-
-    def target_scores(self, prefix: tuple[int, ...]) -> torch.Tensor:
-        if prefix not in self._scores:
-            self._scores[prefix] = self.processors(torch.tensor([prefix]), self.raw(prefix)[None])[0]
-        return self._scores[prefix]
 
 
 def processed_tree(case: ProcessedCase, nested) -> tuple:
@@ -185,22 +169,6 @@ def raw_tree(case: ProcessedCase, nested) -> tuple:
     tokens = tree.tokens.tolist()
     return tree, torch.stack([case.raw(case.prompt + tuple(tokens[i] for i in tree.path_to(n)[1:]))
                               for n in range(len(tree))])
-
-
-class Doubting:
-    """A `Script` that reads the doubt flag with each outcome, as TorchRandom does."""
-
-    def __init__(self, script, voided: list) -> None:
-        self.script, self.voided = script, voided
-
-    def decide(self, accept, dists, doubt=None):
-        if doubt is not None and bool(doubt):
-            self.voided.append(1)
-            return None  # nothing enumerated: the verifier corrects its rows and asks again
-        return self.script.decide(accept, dists)
-
-    def draw(self, dist):
-        return self.script.draw(dist)
 
 
 class OnNodeScores:

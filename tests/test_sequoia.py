@@ -33,7 +33,7 @@ from hf_specdec.verify import SequoiaVerifier, SpecInferVerifier
 from hf_specdec_tools.cli import main as cli_main
 from hf_specdec_tools.plots import plot_all
 from tests.conftest import random_prompt, tiny_model
-from tests.test_sampling_exact import Case, all_runs, draft_trees, to_token_tree
+from tests.helpers.exactness import Case, all_runs, draft_trees, to_token_tree
 from tests.tiny import tiny_tokenizer
 
 
@@ -169,20 +169,15 @@ def test_simulated_residual_acceptance_matches_exact_enumeration(verifier_cls):
 # ---------------------------------------------------------------- plan files, lookup, the method
 
 
-@pytest.fixture(scope="module")
-def pair():
-    return tiny_model("llama", 0), tiny_model("llama", 1)
-
-
-def _plan(pair, temperature=0.0, **kwargs) -> SequoiaPlan:
-    target, draft = pair
+def _plan(llama_pair, temperature=0.0, **kwargs) -> SequoiaPlan:
+    target, draft = llama_pair
     prompts = [random_prompt(torch.Generator().manual_seed(i), 6)[0] for i in range(2)]
     return calibrate(target, draft, prompts, temperature=temperature, width=4, max_new_tokens=12, max_budget=16,
                      max_depth=5, latency_sizes=(1, 4, 16), progress=False, **kwargs)
 
 
-def test_calibrate_writes_a_complete_json_plan(pair, tmp_path):
-    plan = _plan(pair)
+def test_calibrate_writes_a_complete_json_plan(llama_pair, tmp_path):
+    plan = _plan(llama_pair)
     path = plan.save(tmp_path / "plan.json")
     data = json.loads(path.read_text())  # JSON, never pickle
     assert data["tree"]["parents"] == plan.parents and data["verifier"] == "greedy"
@@ -196,10 +191,10 @@ def test_calibrate_writes_a_complete_json_plan(pair, tmp_path):
         SequoiaPlan.load(tmp_path / "bad.json")
 
 
-def test_find_plan_matches_pair_and_temperature(pair, plan_store):
-    target, draft = pair
+def test_find_plan_matches_pair_and_temperature(llama_pair, plan_store):
+    target, draft = llama_pair
     assert find_plan(target, draft, 0.0) is None
-    greedy, warm = _plan(pair), _plan(pair, temperature=0.7)
+    greedy, warm = _plan(llama_pair), _plan(llama_pair, temperature=0.7)
     store.save_user_plan(greedy, target, draft)
     store.save_user_plan(warm, target, draft)
     assert find_plan(target, draft, 0.0)[0].temperature == 0.0
@@ -209,9 +204,9 @@ def test_find_plan_matches_pair_and_temperature(pair, plan_store):
     assert find_plan(other, draft, 0.0) is None  # another architecture
 
 
-def test_sequoia_with_an_explicit_plan_is_lossless(pair, tmp_path):
-    target, draft = pair
-    plan = _plan(pair)
+def test_sequoia_with_an_explicit_plan_is_lossless(llama_pair, tmp_path):
+    target, draft = llama_pair
+    plan = _plan(llama_pair)
     # Tiny models cost the same per pass, so sizing picks the root alone; this test wants a real tree.
     plan = dataclasses.replace(plan, tree=plan_tree(plan.acceptance, budget=8, max_depth=4))
     assert len(plan.parents) == 8
@@ -283,9 +278,9 @@ def test_sequoia_calibrates_online_once_then_finds_its_plan(plan_store):
     assert plan.acceptance[0] == pytest.approx(1.0) and plan.source == "online calibration"
 
 
-def test_evaluate_and_plots(pair, tmp_path):
-    target, draft = pair
-    plan = _plan(pair)
+def test_evaluate_and_plots(llama_pair, tmp_path):
+    target, draft = llama_pair
+    plan = _plan(llama_pair)
     held_out = [random_prompt(torch.Generator().manual_seed(20), 5)[0]]
     plan.measured = evaluate_plan(plan, target, draft, held_out, max_new_tokens=10, progress=False)
     rows = plan.measured["trees"]
@@ -298,8 +293,8 @@ def test_evaluate_and_plots(pair, tmp_path):
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_held_out_check_skips_trees_predicted_far_slower(pair):
-    plan = _plan(pair)
+def test_held_out_check_skips_trees_predicted_far_slower(llama_pair):
+    plan = _plan(llama_pair)
     chosen = plan.predicted["seconds_per_token"]
     picks = alternative_sizes(plan, budgets=(4, 8, 16), slack=2.0)
     assert picks[0] == (plan.tree.budget, plan.tree.max_depth)
@@ -333,9 +328,9 @@ def test_calibrate_command_end_to_end(tmp_path, plan_store, capsys):
     assert "leave none to calibrate on" in capsys.readouterr().err
 
 
-def test_sequoia_sampling_uses_the_sequoia_verifier(pair):
-    target, draft = pair
-    plan = _plan(pair, temperature=0.9)
+def test_sequoia_sampling_uses_the_sequoia_verifier(llama_pair):
+    target, draft = llama_pair
+    plan = _plan(llama_pair, temperature=0.9)
     ids = random_prompt(torch.Generator().manual_seed(13), 6)
     torch.manual_seed(0)
     out = target.generate(ids, assistant_model=draft, speculation="sequoia", speculation_config={"plan": plan},
@@ -348,9 +343,9 @@ def test_registered():
     assert hf_specdec.SPECULATION_METHODS["sequoia"].__name__ == "SequoiaConfig"
 
 
-def test_a_plan_from_other_hardware_lends_its_acceptance_and_is_resized(pair, plan_store, tmp_path):
-    target, draft = pair
-    plan = _plan(pair)
+def test_a_plan_from_other_hardware_lends_its_acceptance_and_is_resized(llama_pair, plan_store, tmp_path):
+    target, draft = llama_pair
+    plan = _plan(llama_pair)
     foreign = SequoiaPlan.from_dict({**plan.to_dict(), "profile": {
         **plan.profile.to_dict(), "placement": {**plan.profile.placement, "hardware": "some other CPU (AVX512)"}}})
     assert foreign.same_pair(target, draft) and not foreign.runs_here(target, draft)

@@ -314,8 +314,8 @@ def test_sampling_with_sized_trees_runs_sequoias_verifier(given_curves):
 def test_sized_sequoia_samples_exactly(given_curves):
     """Sized every step, the tree's shape and depth follow the draft's own probabilities (the per-level stop); the
     first two sampled tokens still follow plain sampling's distribution (chi-square against the exact joint)."""
-    from tests.test_sampling_exact import chi_square_pvalue, total_variation
-    from tests.test_sampling_generate import PROMPT, SAMPLES, SAMPLING, joint_of, sampling_pair
+    from tests.helpers.exactness import chi_square_pvalue, total_variation
+    from tests.helpers.sampling import PROMPT, SAMPLES, SAMPLING, joint_of, sampling_pair
 
     target, draft = sampling_pair()
     exact = joint_of(target, PROMPT)

@@ -56,7 +56,7 @@ def test_default_sizes_trees_every_step_from_the_latency_curve(monkeypatch):
     from hf_specdec.methods import step_sized
     from hf_specdec.plan.sizing import HardwareProfile
     from hf_specdec.plan.step_sizing import StepSizer, learned_acceptance, processors_key
-    from tests.test_batches import flat_until
+    from tests.helpers.batches import flat_until
 
     plan = SimpleNamespace(profile=HardwareProfile(flat_until(128, 0.010), flat_until(128, 0.001)), acceptance=[0.9])
     monkeypatch.setattr(integration, "plan_for_call", lambda *args, **kwargs: (plan, "curves given here"))

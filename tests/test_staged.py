@@ -24,7 +24,7 @@ from hf_specdec.methods.specexec.best_first import BestFirstDrafter
 from hf_specdec.runtime.model_info import MAX_PADDING_ROWS
 from hf_specdec.verify import TargetSampleVerifier
 from tests.conftest import VOCAB, random_prompt, tiny_model
-from tests.test_sampling_exact import all_runs, chi_square_pvalue, total_variation
+from tests.helpers.exactness import all_runs, chi_square_pvalue, total_variation
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -20,10 +20,10 @@ from hf_specdec.runtime.pass_shapes import PassShapes, fit_tree
 from hf_specdec.verify import SequoiaVerifier, TargetSampleVerifier
 from tests.conftest import random_prompt, tiny_model
 from tests.families import WINDOW, family
+from tests.helpers.exactness import speculative_joint, target_joint, total_variation
+from tests.helpers.family_cases import METHODS, ModelCase, new_tokens, prompt, tiny
+from tests.helpers.faults import FAULTS, Boom, _interrupt_in_layer
 from tests.roundtrips import count_round_trips
-from tests.test_families import METHODS, ModelCase, new_tokens, prompt, tiny
-from tests.test_faults import FAULTS, Boom, _interrupt_in_layer
-from tests.test_sampling_exact import speculative_joint, target_joint, total_variation
 
 # Plain full attention, one sliding-window mask, full + sliding layers (a dict of masks), a learned position table.
 FAMILIES = ["Llama", "Mistral (sliding window)", "Gemma 3 (text)", "GPT-2"]

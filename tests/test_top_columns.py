@@ -29,9 +29,11 @@ from hf_specdec import TokenTree
 from hf_specdec.draft.shaped_tree import ModelTreeDrafter
 from hf_specdec.logits import narrowed, processing
 from hf_specdec.verify import SequoiaVerifier, SpecInferVerifier, sampling
-from tests.test_sampling_exact import (
+from tests.helpers.exactness import (
     SHAPES,
     TARGET_SAMPLING,
+    Doubting,
+    ProcessedCase,
     depth,
     speculative_joint,
     target_joint,
@@ -39,7 +41,6 @@ from tests.test_sampling_exact import (
     total_variation,
     toy_logits,
 )
-from tests.test_sampling_processors import Doubting, ProcessedCase
 
 TOLERANCE = 1e-6
 

@@ -4,8 +4,6 @@ lacks. (Exact sampling with such drafts: tests/test_sampling_generate.py.)"""
 
 from __future__ import annotations
 
-import copy
-
 import pytest
 import torch
 
@@ -13,20 +11,9 @@ from hf_specdec import ChainConfig, ModelTreeDrafter, SequoiaConfig, SpecExecCon
 from hf_specdec.methods.sequoia import plan_tree
 from hf_specdec.methods.sequoia.acceptance import teacher_forced_scores
 from hf_specdec.methods.sequoia.calibrate import draft_sequences
-from hf_specdec.runtime.model_info import MAX_PADDING_ROWS, vocab_size, vocabulary_mismatch
+from hf_specdec.runtime.model_info import MAX_PADDING_ROWS, vocabulary_mismatch
 from tests.conftest import TINY_CONFIGS, VOCAB, random_prompt, tiny_model
-
-
-def padded(model, rows: int):
-    """A copy of `model` with `rows` token rows. Added output rows copy the strongest rows, doubled: a draft that
-    proposed them would propose them often (and crash the target's embedding)."""
-    out = copy.deepcopy(model)
-    old = vocab_size(model)
-    out.resize_token_embeddings(rows, mean_resizing=False)
-    if rows > old:
-        with torch.no_grad():
-            out.lm_head.weight[old:] = 2.0 * model.lm_head.weight[3 + torch.arange(rows - old) % (old - 3)]
-    return out
+from tests.helpers.vocabulary import padded
 
 
 def configs(small):

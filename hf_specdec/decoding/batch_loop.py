@@ -1,11 +1,13 @@
 """The speculative loop over a left-padded batch: every row drafts its own tree and accepts its own path each step
-(ragged acceptance), and one target pass verifies all rows' trees.
+(ragged acceptance), and one target pass verifies all rows' trees. Its steps are the single sequence's (`loop.py`),
+from the same parts (`step.py`: the prompt's pass, the tree fitted to its positions, `judge`'s verdicts and emitted
+tokens); what differs is where the rows sit in the cache.
 
 Each row has its own drafter (any method's: its draft cache, plan and state are per sequence, and it sees the row
 without its padding), and the rows' trees go through the target together, padded to the largest tree
 (`accept.ragged.RaggedRows`: per-row valid cache columns, positions and masks). Every row is verified by the call's
 verifier on its own scores (logits processors applied to the padded row, as plain batched `generate` applies
-them, each row with its own processors: `core.processing.row_processors`) and stopped by the call's stopping
+them, each row with its own processors: `logits.processing.row_processors`) and stopped by the call's stopping
 criteria on its own sequence; a row that stops leaves the batch (its cache rows are dropped, so it costs no more
 target rows; `batch_cache.FinishedRows` keeps them when the cache is returned) and its output is padded with
 `pad_token_id`, as plain batched `generate` writes after a finished row. A greedy step reads
@@ -21,78 +23,20 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache, LogitsProcessorList, PreTrainedModel, StoppingCriteriaList
 
-from ..accept.emit import BlockStops, block_scores, emit_rows
+from ..accept.emit import BlockStops
 from ..accept.ragged import RaggedRows
-from ..core.drafter import Drafter
 from ..core.releases import cache_arg
-from ..core.tree import TokenTree
-from ..core.verdict import Verdict, Verifier
+from ..core.verdict import Verifier
 from ..draft.batch_shaped import LockstepShapeDrafter
-from ..draft.guarded import root_only
-from ..logits.processing import NodeScores, process_tree_scores, row_processors
-from ..plan.guard import PlainGuard
+from ..draft.row_drafters import RowDrafters
+from ..logits.processing import row_processors
 from ..runtime.attention import AttentionLayout
 from ..runtime.device_copies import DeviceCopies
 from ..runtime.devices import PassClock, compute_devices, execution_device
 from ..runtime.ranks import Ranks
 from .batch_cache import FinishedRows
 from .stats import SpeculationStats
-from .step import fit_positions, lean_target, prompt_pass, record_step, renumbered
-
-
-class RowDrafters:
-    """One `Drafter` per row (any method's: its own draft cache, plan and state), drafting row by row. The batch
-    drafter contract `batch_speculative_loop` takes; `draft.batch_shaped.LockstepShapeDrafter` is the other."""
-
-    def __init__(self, drafters: list[Drafter], guard: PlainGuard | None = None) -> None:
-        self.drafters = drafters
-        self.active = list(range(len(drafters)))  # the drafter of each batch row still decoding
-        # the measured guard watches whole steps, every row's drafting and tokens together (a row's own guard
-        # would read the other rows' drafting as the target's time, and plain steps as dear): plain batched steps
-        # while the rows' trees keep losing to them
-        self.guard = guard
-        self._step = (0.0, 0.0, False, 0)  # the last step's start, every drafter's pass time then, plain, rows
-        self._tokens, self._steps = 0, 0  # every row's tokens of the last step; steps proposed
-        self.sized_rows = 1  # the rows the drafters last priced their trees among (`Drafter.share_rows`)
-
-    def propose(self, ids: list[list[int]], prefixes: list[torch.Tensor],
-                unpadded: list[torch.LongTensor]) -> list[TokenTree]:
-        if len(self.active) != self.sized_rows:
-            self.sized_rows = len(self.active)
-            for drafter in self.drafters:
-                drafter.share_rows(self.sized_rows)
-        if self.guard is not None and self._plain_step():  # every row's root alone; each drafter catches up later
-            return [root_only(tokens[-1], sequence.device) for tokens, sequence in zip(ids, unpadded)]
-        return [self.drafters[row].propose(sequence) for row, sequence in zip(self.active, unpadded)]
-
-    def _plain_step(self) -> bool:
-        """Hand the guard the last step (whole: every row's drafting and tokens); whether this one runs plain."""
-        now, drafting = time.perf_counter(), sum(drafter.forward_time for drafter in self.drafters)
-        if self._steps > 1:  # not the first step: the drafters' first passes read every row's prompt
-            began, drafted, plain, rows = self._step
-            self.guard.observe(now - began, self._tokens, plain, drafting - drafted, rows=rows)
-        plain = self.guard.plain_next(len(self.active))
-        self._step, self._tokens, self._steps = (now, drafting, plain, len(self.active)), 0, self._steps + 1
-        return plain
-
-    def accept(self, index: int, input_ids: torch.LongTensor, tree: TokenTree, verdict: Verdict) -> None:
-        self.drafters[self.active[index]].accept(input_ids, tree, verdict)
-
-    def observe_step(self, sizes: list[int], seconds: float, emitted: list[int]) -> None:
-        """The step's target pass took `seconds`: each row's drafter sees its share of a pass over every row padded
-        to the largest tree (what its curves, shared among the rows, price)."""
-        for row in self.active:
-            self.drafters[row].observe_target_pass(max(sizes), seconds / len(sizes))
-        self._tokens = sum(emitted)
-
-    def drop(self, keep: list[int]) -> None:
-        self.active = [self.active[index] for index in keep]
-
-    def counts(self, row: int) -> tuple[int, float]:
-        return self.drafters[row].forward_count, self.drafters[row].forward_time
-
-    def shrunk_steps(self, row: int) -> int:
-        return self.drafters[row].shrunk_steps
+from .step import fit_positions, judge, lean_target, prompt_pass, record_step, renumbered
 
 
 @dataclass
@@ -162,30 +106,19 @@ def batch_speculative_loop(
                          use_cache=True, return_dict=True)
         clock.stop()
         seconds = clock.total - timed
-        # 3. each row's nodes processed with that row's own processors, and every row's verdict
-        logits_rows = []
-        for index, (row, tree) in enumerate(zip(active, trees)):
-            logits = output.logits[index, : len(tree)]
-            if first_step:  # the first token as plain generate computes it (see step.prompt_pass)
-                logits = torch.cat([first_logits[row : row + 1].to(logits.dtype), logits[1:]])
-            logits_rows.append(logits)
-        score_rows = NodeScores if verifier.walks else process_tree_scores
-        scores = [score_rows(processors[row], sequences[row][:, :-1].to(device), tree, logits)
-                  for row, tree, logits in zip(active, trees, logits_rows)]
-        verdicts = verifier.verify_rows(trees, scores, generator)  # greedy: one read for every row
+        # 3. each row's nodes processed with that row's own processors, every row's verdict, and
         # 4. each row's accepted path and bonus token emitted, stopping where its criteria fire
-        blocks = [[tree.host(tokens=True).tokens[node] for node in verdict.path[1:]] + [verdict.bonus_token]
-                  for tree, verdict in zip(trees, verdicts)]
-        emitted_rows = emit_rows([(sequences[row], block, block_scores(row_scores, verdict.path, stops))
-                                  for row, block, row_scores, verdict in zip(active, blocks, scores, verdicts)],
-                                 stopping_criteria, stops)
+        judged = judge(verifier, trees, [output.logits[index, : len(tree)] for index, tree in enumerate(trees)],
+                       [sequences[row] for row in active], [processors[row] for row in active], stopping_criteria,
+                       stops, device, generator, first=[first_logits[row : row + 1] for row in active]
+                       if first_step else None)
         kept, still = [], []
-        for index, (row, tree, (_, cut)) in enumerate(zip(active, trees, fitted)):
-            verdict, (grown, emitted, finished) = verdicts[index], emitted_rows[index]
-            sequences[row], unpadded[row] = grown, grown[:, pads[row] :]
-            host[row] += blocks[index][:emitted]
+        for index, (row, tree, (_, cut), step) in enumerate(zip(active, trees, fitted, judged)):
+            verdict, emitted = step.verdict, step.emitted
+            sequences[row], unpadded[row] = step.sequence, step.sequence[:, pads[row] :]
+            host[row] += step.block[:emitted]
             kept.append(verdict.path[:emitted])
-            if not finished:
+            if not step.finished:
                 still.append(index)
                 drafter.accept(index, unpadded[row], drafted[index], verdict if cut is None else renumbered(verdict,
                                                                                                              cut))

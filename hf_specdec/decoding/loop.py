@@ -15,12 +15,11 @@ from transformers import Cache, LogitsProcessorList, PreTrainedModel, StoppingCr
 from transformers.generation.streamers import BaseStreamer
 from transformers.modeling_outputs import ModelOutput
 
-from ..accept.emit import BlockStops, block_scores, emit
+from ..accept.emit import BlockStops
 from ..accept.kv_cache import cache_length, crop, is_static, keep_positions, keeps_state, layer_rows, record_states
 from ..core.drafter import Drafter
 from ..core.model_inputs import TokenInputs
 from ..core.verdict import Verifier
-from ..logits.processing import NodeScores, process_tree_scores
 from ..runtime.attention import AttentionLayout
 from ..runtime.device_copies import DeviceCopies, one_pass
 from ..runtime.devices import PassClock, compute_devices, execution_device
@@ -29,7 +28,7 @@ from ..runtime.pass_shapes import PassShapes, depth_first
 from ..runtime.ranks import Ranks
 from .outputs import TokenRecords
 from .stats import SpeculationStats
-from .step import chain_pass, fit_positions, lean_target, prompt_pass, record_step, renumbered, tree_pass
+from .step import chain_pass, fit_positions, judge, lean_target, prompt_pass, record_step, renumbered, tree_pass
 
 
 @dataclass
@@ -153,21 +152,15 @@ def speculative_loop(
         stats.time_target_forward += seconds
         if compile_events(forward) == compiled_before:  # a compiling pass (or a trial) is not a pass's time
             drafter.observe_target_pass(len(tree), seconds)
-        # 3. every node's row processed as plain `generate` would at that node, and the verifier's verdict
-        first_step = prefill is not None
-        if first_step:  # the first token as plain generate computes it (see step.prompt_pass)
-            logits = torch.cat([prefill.logits[0, -1:].to(logits.dtype), logits[1:]])
-        # a walking verifier reads a few nodes: their rows are processed when it reads them, the others never
-        score_rows = NodeScores if verifier.walks else process_tree_scores
-        scores = score_rows(logits_processor, input_ids[:, :-1].to(device), tree, logits)
-        verdict = ranks.verdict(verifier.verify(tree, scores, generator) if ranks.deciding else None, tree)
-        t2 = time.perf_counter()
-
+        # 3. every node's row processed as plain `generate` would at that node, the verifier's verdict, and
         # 4. the accepted path and the bonus token emitted, stopping where a criterion fires; the cache keeps them
-        path = verdict.path
-        block = [tree.host(tokens=True).tokens[node] for node in path[1:]] + [verdict.bonus_token]
-        input_ids, emitted, finished = emit(input_ids, block, block_scores(scores, path, stops), stopping_criteria,
-                                            stops)
+        first_step = prefill is not None  # its first token as plain generate computes it (see step.prompt_pass)
+        (judged,) = judge(verifier, [tree], [logits], [input_ids], [logits_processor],
+                          stopping_criteria, stops, device, generator,
+                          first=[prefill.logits[0, -1:]] if first_step else None, ranks=ranks)
+        t2 = time.perf_counter()
+        logits, scores, verdict, block = judged.logits, judged.scores, judged.verdict, judged.block
+        input_ids, emitted, finished, path = judged.sequence, judged.emitted, judged.finished, judged.verdict.path
         for j, node in enumerate(path[:emitted] if records.wants_any else ()):
             if first_step and j == 0:  # the root's position was computed by the prompt's pass
                 records.add(scores[node], logits[node], prefill)

@@ -1,22 +1,27 @@
 """The parts of one speculative step, shared by the loop over one sequence (`loop.py`) and over a batch
-(`batch_loop.py`): the prompt's pass as plain `generate` makes it, the target's pass over a tree (or a chain, on
-recurrent state), the lean forward its eager tree passes may take, the tree cut to the positions and rows it may use,
-a verdict renumbered to the drafted tree, and the step's stats."""
+(`batch_loop.py`): the prompt's pass as plain `generate` makes it, the tree cut to the positions and rows it may use,
+the target's pass over a tree (or a chain, on recurrent state) and the lean forward its eager tree passes may take,
+the verdicts and the tokens they emit (`judge`: the same for one sequence and a batch's rows), a verdict renumbered
+to the drafted tree, and the step's stats. What differs between the loops is where the rows sit in the target's
+cache: one sequence's tree after its committed tokens, or a batch's ragged rows (`accept.ragged`)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
-from transformers import Cache, PreTrainedModel
+from transformers import Cache, LogitsProcessorList, PreTrainedModel, StoppingCriteriaList
 from transformers.modeling_outputs import CausalLMOutputWithPast, ModelOutput
 
+from ..accept.emit import BlockStops, block_scores, emit_rows
 from ..accept.kv_cache import cache_length, crop
 from ..core.model_inputs import TokenInputs
 from ..core.releases import CACHE, cache_arg
 from ..core.tree import TokenTree
-from ..core.verdict import Verdict
+from ..core.verdict import Verdict, Verifier
 from ..kernels.lean_pass import LeanPass
+from ..logits.processing import NodeScores, process_tree_scores
 from ..runtime.attention import AttentionLayout, Masks
 from ..runtime.device_copies import DeviceCopies
 from ..runtime.devices import execution_device
@@ -153,6 +158,63 @@ def fit_positions(
             f"max_length={layout.position_limit + 1} tokens (prompt included)."
         )
     return fit_tree(tree, past, deepest, rows)
+
+
+@dataclass
+class Judged:
+    """One row's step once the target has scored its tree: the tree's logits and processed scores (what output
+    records keep), the verdict, the tokens it emits (the accepted path's, then the bonus token) and the row's
+    sequence with those of them that went in (`emitted`, fewer where a stopping criterion fired: `finished`)."""
+
+    logits: torch.Tensor
+    scores: torch.Tensor | NodeScores
+    verdict: Verdict
+    block: list[int]
+    sequence: torch.LongTensor
+    emitted: int
+    finished: bool
+
+
+def judge(
+    verifier: Verifier,
+    trees: list[TokenTree],
+    logits: list[torch.Tensor],
+    sequences: list[torch.LongTensor],
+    processors: list[LogitsProcessorList],
+    criteria: StoppingCriteriaList,
+    stops: BlockStops,
+    device: torch.device,
+    generator: torch.Generator | None = None,
+    first: list[torch.Tensor] | None = None,
+    ranks: Ranks | None = None,
+) -> list[Judged]:
+    """Steps 3 and 4 of a step, for one sequence or a batch's rows: each row's tree `logits` `(n, V)` processed as
+    plain `generate` would at each node (the row's `processors` over its `sequences` `(1, L)`, whose last token is
+    the tree's root, moved to the target's `device`), the verifier's verdicts, and each row's accepted path and bonus
+    token emitted up to where its stopping criteria fire (`accept.emit.emit_rows`).
+
+    `first`: on the first step, each row's logits of the prompt's last position from the prompt's pass (`(1, V)`),
+    which decide the first token as plain `generate` computes it (see `prompt_pass`). One sequence (`ranks` given) is
+    verified by `verify`, which may read a level at a time and stop early, its verdict decided on the deciding rank
+    of a sharded target and handed to the others; a batch's rows by `verify_rows` (greedy: one read for every row).
+    A walking verifier reads a few nodes: their rows are processed when it reads them, the others never."""
+    if first is not None:
+        logits = [torch.cat([row_first.to(row.dtype), row[1:]]) for row_first, row in zip(first, logits)]
+    score_rows = NodeScores if verifier.walks else process_tree_scores
+    scores = [score_rows(row_processors, sequence[:, :-1].to(device), tree, row_logits)
+              for row_processors, sequence, tree, row_logits in zip(processors, sequences, trees, logits)]
+    if ranks is not None:
+        tree = trees[0]
+        verdicts = [ranks.verdict(verifier.verify(tree, scores[0], generator) if ranks.deciding else None, tree)]
+    else:
+        verdicts = verifier.verify_rows(trees, scores, generator)
+    blocks = [[tree.host(tokens=True).tokens[node] for node in verdict.path[1:]] + [verdict.bonus_token]
+              for tree, verdict in zip(trees, verdicts)]
+    emitted = emit_rows([(sequence, block, block_scores(row_scores, verdict.path, stops))
+                         for sequence, block, row_scores, verdict in zip(sequences, blocks, scores, verdicts)],
+                        criteria, stops)
+    return [Judged(row_logits, row_scores, verdict, block, *row_emitted)
+            for row_logits, row_scores, verdict, block, row_emitted in zip(logits, scores, verdicts, blocks, emitted)]
 
 
 def renumbered(verdict: Verdict, kept: list[int]) -> Verdict:

@@ -25,11 +25,12 @@ from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengt
 from ..accept.kv_cache import full_length_cache
 from ..core.config import PlanRequest, SpeculationConfig
 from ..core.releases import CACHE, cache_arg
-from ..decoding.batch_loop import RowDrafters, batch_speculative_loop
+from ..decoding.batch_loop import batch_speculative_loop
 from ..decoding.outputs import SpeculativeDecoderOnlyOutput
 from ..decoding.stats import SpeculationStats
 from ..draft.batch_shaped import LockstepShapeDrafter
 from ..draft.batch_sized import SizedLockstepDrafter
+from ..draft.row_drafters import RowDrafters
 from ..logits.processing import row_processors
 from ..methods.sequoia.sizing import sequoia_menu
 from ..methods.static_shape import StaticShapeConfig
