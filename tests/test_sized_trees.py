@@ -6,6 +6,7 @@ chooses depends on acceptance only, never on how fast this machine happens to be
 
 from __future__ import annotations
 
+import copy
 import functools
 
 import numpy as np
@@ -216,6 +217,53 @@ def test_the_next_call_goes_on_where_a_losing_call_left(monkeypatch):
     assert judged.plain_steps > 0 and judged.target_forwards > judged.plain_steps  # speculated, then turned plain
     assert second.speculation_stats.plain_steps == second.speculation_stats.target_forwards  # every step plain
     assert other.speculation_stats.target_forwards > other.speculation_stats.plain_steps  # judged afresh
+
+
+def test_a_call_is_priced_with_the_drafts_pass_over_its_prompt():
+    """Steps that win but cannot repay the draft's pass over the prompt: the call decodes plainly; steps that lose
+    are left to the step guard; nothing measured: the call speculates (and measures)."""
+    guard = PlainGuard()
+    assert guard.price(48, 1000)[0]  # nothing measured yet
+    guard.observe(0.4, 2, plain=True)  # a plain step: 0.2 s a token
+    for _ in range(4):  # speculative steps: 0.1 s a token, 0.1 s of it in draft passes
+        guard.observe(0.4, 4, plain=False, draft_seconds=0.1)
+    guard.observe_prompt(0.1 + 2.0, 1000)  # a first step: its usual draft passes and 2 ms per prompt token
+    assert guard.prompt_rate == pytest.approx(0.002)
+    pays, why = guard.price(48, 100)  # 4.8 s + 0.2 s against 9.6 s plain
+    assert pays and why.startswith("priced:") and why.endswith("speculates")
+    pays, why = guard.price(48, 3000)  # 4.8 s + 6.0 s against 9.6 s plain
+    assert not pays and why.endswith("decodes plainly") and "3000 prompt tokens" in why
+    assert guard.price(400, 3000)[0]  # a longer answer repays the same prompt pass
+    guard.spec_seconds = 4.0  # steps at 1 s a token: losing, whatever the prompt (the step guard's to judge)
+    assert guard.price(48, 3000)[0]
+
+
+def test_a_call_priced_plain_decodes_as_plain_generate_and_says_why(monkeypatch):
+    from hf_specdec.plan import guard as guard_module
+
+    monkeypatch.setattr(guarded, "PlainGuard", PlainGuard)  # the suite's guard never judges: this one prices
+    target = tiny_model("llama", 0)
+    draft = copy.deepcopy(target)  # agrees with the target: every step accepts its chain
+    ids = random_prompt(torch.Generator().manual_seed(7), 12)
+    plain = target.generate(ids, do_sample=False, max_new_tokens=16)
+    first = _generate(target, draft, ids, "chain", new=16).speculation_stats
+    assert first.call_price.startswith("not priced") and first.target_forwards < 16
+    (guard,) = guard_module._REMEMBERED[target]["by draft"][draft].values()
+    assert guard.prompt_rate is not None  # the first call measured the draft's pass over its prompt
+    guard.plain_rates, guard.waiting = {1: 1.0}, 0
+    guard.spec_seconds, guard.spec_tokens, guard.spec_steps = 1.0, 2.0, 4  # steps win: 0.5 s a token against 1 s
+    guard.prompt_rate = 10.0  # and the draft's pass over these 12 prompt tokens costs 120 s
+    passes = []
+    hook = draft.register_forward_pre_hook(lambda *args: passes.append(1))
+    priced = _generate(target, draft, ids, "chain", new=16)
+    hook.remove()
+    assert torch.equal(priced.sequences, plain) and not passes  # the draft never ran
+    stats = priced.speculation_stats
+    assert stats.call_price.endswith("decodes plainly") and "decoded plainly" in stats.plan_source
+    assert stats.target_forwards == 16 and stats.tokens_per_step == [1] * 16
+    guard.prompt_rate = 1e-6
+    again = _generate(target, draft, ids, "chain", new=16)
+    assert torch.equal(again.sequences, plain) and again.speculation_stats.call_price.endswith("speculates")
 
 
 def test_the_guard_leaves_winning_speculation_alone():

@@ -13,6 +13,7 @@ class SpeculationStats:
     method: str = ""
     verifier: str = ""
     plan_source: str = ""  # where the tree shape or budget came from, when the method looks one up
+    call_price: str = ""  # the price a single sequence's call was given before drafting (`PlainGuard.price`)
     target_forwards: int = 0
     draft_forwards: int = 0
     drafted_tokens: int = 0

@@ -37,11 +37,19 @@ class GuardedDrafter(Drafter):
         self._draft_time = 0.0  # the inner drafter's pass time when the last step began
         self._graphs = 0  # graphs dynamo had compiled when the last step began
         self._first = True  # the call's first step is under way (the draft's pass over the prompt: never judged)
+        self._window: int | None = None  # the most prompt tokens the draft reads (`use_window`)
+        self._prompt = 0  # the prompt tokens the draft read in the call's first step
 
     @classmethod
     def remembered(cls, inner: Drafter, target: object, draft: object | None, key: Hashable) -> GuardedDrafter:
         """`inner` behind the guard the last call with these models and `key` left (`plan.guard.remembered_guard`)."""
-        return cls(inner, remembered_guard(target, draft, key, PlainGuard))
+        return cls(inner, cls.guard_for(target, draft, key))
+
+    @staticmethod
+    def guard_for(target: object, draft: object | None, key: Hashable) -> PlainGuard:
+        """The guard the last call with these models and `key` left, or a new one: what prices a call before its
+        drafter is made (`PlainGuard.price`)."""
+        return remembered_guard(target, draft, key, PlainGuard)
 
     @property
     def num_drafting_tokens(self) -> int:
@@ -80,6 +88,11 @@ class GuardedDrafter(Drafter):
             # a step that compiled a graph (a compiled forward meeting a new tree size) is not judged on its time,
             # nor the call's first (its draft pass reads the whole prompt)
             self.guard.observe(now - self._started, self._last[1], self._last[0], self.forward_time - self._draft_time)
+        elif self._first and self._last is not None and not self._last[0] and graphs == self._graphs:
+            # the call's first step speculated: its draft passes read the prompt (the guard prices calls with it)
+            self.guard.observe_prompt(self.forward_time - self._draft_time, self._prompt)
+        if self._started is None:
+            self._prompt = input_ids.shape[1] if self._window is None else min(input_ids.shape[1], self._window)
         self._first = self._started is None
         self._started, self._last, self._draft_time, self._graphs = now, None, self.forward_time, graphs
         if self.guard.plain_next():
@@ -99,6 +112,7 @@ class GuardedDrafter(Drafter):
         self.inner.use_static_cache(rows, compiled)
 
     def use_window(self, tokens: int | None) -> None:
+        self._window = tokens
         self.inner.use_window(tokens)
 
     def observe_target_pass(self, tree_size: int, seconds: float) -> None:

@@ -182,11 +182,17 @@ def speculative_generate(
         plainly = batch_call.plainly(*call_length(input_ids, model_kwargs, generation_config))
         if plainly is None:  # one target pass per step, every row
             return batch_call.decode(input_ids, stopping_criteria, generation_config, model_kwargs)
+    guard, price, pays = None, "", True
+    if batch == 1 and config.drafts() and config.guard:  # priced before it drafts, as the last calls measured
+        guard = GuardedDrafter.guard_for(model, call.assistant_model, guard_key(call, logits_processor, 1))
+        prompt, new_tokens = call_length(input_ids, model_kwargs, generation_config)
+        window = config.window_tokens() if isinstance(config, ModelDraftConfig) else None
+        pays, price = guard.price(new_tokens, prompt if window is None else min(prompt, window))
     if call.streamer is not None:
         call.streamer.put(input_ids.cpu())
-    if not config.drafts() or batch > 1:  # no tree pays (for this batch): Transformers' own loop
+    if not config.drafts() or batch > 1 or not pays:  # no tree pays (for this call): Transformers' own loop
         return _decode_plainly(model, input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus,
-                               call, config, verifier.name, model_kwargs, plainly)
+                               call, config, verifier.name, model_kwargs, plainly if pays else price, price)
     cache = model_kwargs.get(CACHE)
     rows = max(generation_config.max_length - 1, generation_config.max_cache_len or 0)
     if is_static(cache) and not getattr(cache, "_is_user_defined", False) and generation_config.max_cache_len is None:
@@ -203,13 +209,12 @@ def speculative_generate(
     if isinstance(config, ModelDraftConfig):
         drafter.use_window(config.window_tokens())
     if config.guard:  # judged as the last call with these settings left it
-        key = guard_key(call, logits_processor, 1)
-        drafter = GuardedDrafter.remembered(drafter, model, call.assistant_model, key)
+        drafter = GuardedDrafter(drafter, guard)
     if is_static(cache):  # the draft decodes on a static cache too, compiled when the target's forward is
         drafter.use_static_cache(rows + DRAFT_ROOM, lambda draft, draft_cache: None if forward is None else
                                  compiled_forward(draft, draft_cache, generation_config))
     stats = SpeculationStats(method=config.method, verifier=verifier.name, plan_source=config.plan_source,
-                             compiled=forward is not None, time_plan=plan_seconds)
+                             compiled=forward is not None, time_plan=plan_seconds, call_price=price)
     # eager tree passes on CUDA run without cuDNN's SDPA (core.attention); compiled ones keep their traced kernels
     kernels = tree_attention_kernels(execution_device(model)) if forward is None else contextlib.nullcontext()
     with kernels:
@@ -319,10 +324,11 @@ def _decode_plainly(
     verifier: str,
     model_kwargs: dict[str, Any],
     why: str = "the plan is the root alone",
+    price: str = "",
 ) -> torch.LongTensor | SpeculativeDecoderOnlyOutput:
-    """No tree pays (`why`: the plan is the root alone on this hardware, or a batch's call is priced or measured
-    losing): run Transformers' own decoding loop, so the output is plain `generate`'s bit for bit in any dtype, and
-    say so in the stats."""
+    """No tree pays (`why`: the plan is the root alone on this hardware, the call is priced losing (`price`), or a
+    batch's call is priced or measured losing): run Transformers' own decoding loop, so the output is plain
+    `generate`'s bit for bit in any dtype, and say so in the stats."""
     start = time.perf_counter()
     out = model._sample(input_ids, logits_processor=logits_processor, stopping_criteria=stopping_criteria,
                         generation_config=generation_config, synced_gpus=synced_gpus, streamer=call.streamer,
@@ -335,6 +341,7 @@ def _decode_plainly(
         method=config.method, verifier=verifier, plan_source=f"{config.plan_source}; {why}, so this call decoded "
         "plainly", target_forwards=new_tokens, new_tokens=new_tokens,
         tokens_per_step=[1] * new_tokens, time_total=seconds, time_verifying=seconds, time_target_forward=seconds,
+        call_price=price,
     )
     fields = {field.name: getattr(out, field.name) for field in dataclasses.fields(out)}
     return SpeculativeDecoderOnlyOutput(**fields, speculation_stats=stats)

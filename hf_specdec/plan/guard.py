@@ -13,7 +13,10 @@ decoding much slower than plain. The probe's first step feeds the draft every wa
 
 A call goes on where the last call with the same target, draft, settings, processors and batch size left off
 (`remembered_guard`): a pipeline over a dataset, or a benchmark's repeated calls, pays for judging speculation once,
-not at every call's start.
+not at every call's start. A single sequence's call is also priced before it drafts (`price`): the draft's first
+pass reads the whole prompt (its window), which the steps must repay over the tokens the call may generate. From
+what earlier calls measured (the draft's seconds per prompt token, the speculative and plain rates), a call whose
+steps win but cannot repay that pass (a long retrieved context and a short answer) decodes plainly from the start.
 
 A batch drafting for all its rows at once is guarded as a whole: a step's tokens are every row's, and a plain step
 (every row's root alone) is plain batched decoding's step, which emits one token per row. There a target pass over
@@ -73,6 +76,8 @@ class PlainGuard:
     spec_tokens: float = 0.0
     spec_steps: int = 0
     undrafted: float | None = None  # seconds of speculative steps outside draft passes (running mean)
+    drafted: float | None = None  # seconds of a speculative step's draft passes (running mean)
+    prompt_rate: float | None = None  # seconds per prompt token of the draft's pass over a call's prompt (running mean)
     measure_plain: bool = False  # run one plain step to measure plain decoding, rather than estimate it
     waiting: int = 0  # plain steps left before the next probe
     plain_steps: int = 0  # steps this guard turned plain in the current call (stats)
@@ -135,6 +140,7 @@ class PlainGuard:
         self.spec_steps += 1
         undrafted = max(seconds - draft_seconds, 0.0) / rows  # per token of a plain step: one per row
         self.undrafted = undrafted if self.undrafted is None else self._mean(self.undrafted, undrafted)
+        self.drafted = draft_seconds if self.drafted is None else self._mean(self.drafted, draft_seconds)
         reference = self.reference()
         if reference is None or self.spec_steps < self.patience:
             return
@@ -146,6 +152,31 @@ class PlainGuard:
             self.probe_seconds, self.probe_tokens = 0.0, 0
             if self.spec_steps == self.patience:
                 self._base_backoff = 0  # the probe won: the next loss backs off briefly again
+
+    def observe_prompt(self, draft_seconds: float, tokens: int) -> None:
+        """A call's first step (a speculative one) spent `draft_seconds` in draft passes, the draft reading `tokens`
+        prompt tokens in the first: what a speculative step's draft passes cost (`drafted`) is its tree's, the rest
+        the prompt's."""
+        if tokens <= 0:
+            return
+        rate = max(draft_seconds - (self.drafted or 0.0), 0.0) / tokens
+        self.prompt_rate = rate if self.prompt_rate is None else self._mean(self.prompt_rate, rate)
+
+    def price(self, new_tokens: int, prompt_tokens: int) -> tuple[bool, str]:
+        """(whether this call speculates, why), before it drafts: `new_tokens` the most it may generate, the draft
+        reading `prompt_tokens` of its prompt first. From the rates earlier calls with these settings measured: a
+        call speculates unless its steps are predicted to win (within `margin`, as a step is judged) but not by
+        enough to repay the draft's pass over the prompt. Steps predicted to lose are left to the step guard (a
+        prompt of another kind may draft better); a call with nothing measured yet speculates, and measures."""
+        reference = self.reference()
+        if reference is None or self.prompt_rate is None or self.spec_steps == 0 or new_tokens <= 0:
+            return True, "not priced (no earlier call with these settings measured the draft's prompt pass)"
+        steps = new_tokens * self.spec_seconds / max(self.spec_tokens, 1e-9)
+        prompt, plain = self.prompt_rate * prompt_tokens, new_tokens * reference
+        pays = not (steps < self.margin * plain <= steps + prompt)
+        verdict = "speculates" if pays else "decodes plainly"
+        return pays, (f"priced: {new_tokens} tokens predicted {steps:.2f} s speculating, plus {prompt:.2f} s for the "
+                      f"draft's pass over {prompt_tokens} prompt tokens, against {plain:.2f} s plain: {verdict}")
 
     def plain_call(self) -> bool:
         """Whether this batch call should decode plainly from the start (a recent call lost); asked once per call."""
