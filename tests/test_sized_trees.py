@@ -260,6 +260,7 @@ def test_a_call_priced_plain_decodes_as_plain_generate_and_says_why(monkeypatch)
     assert torch.equal(priced.sequences, plain) and not passes  # the draft never ran
     stats = priced.speculation_stats
     assert stats.call_price.endswith("decodes plainly") and "decoded plainly" in stats.plan_source
+    assert stats.as_dict()["call_price"] == stats.call_price  # what benchmarks record
     assert stats.target_forwards == 16 and stats.tokens_per_step == [1] * 16
     guard.prompt_rate = 1e-6
     again = _generate(target, draft, ids, "chain", new=16)

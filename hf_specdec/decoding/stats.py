@@ -70,6 +70,7 @@ class SpeculationStats:
             "method": self.method,
             "verifier": self.verifier,
             "plan_source": self.plan_source,
+            "call_price": self.call_price,
             "target_forwards": self.target_forwards,
             "draft_forwards": self.draft_forwards,
             "drafted_tokens": self.drafted_tokens,
