@@ -187,7 +187,8 @@ def speculative_generate(
         guard = GuardedDrafter.guard_for(model, call.assistant_model, guard_key(call, logits_processor, 1))
         prompt, new_tokens = call_length(input_ids, model_kwargs, generation_config)
         window = config.window_tokens() if isinstance(config, ModelDraftConfig) else None
-        pays, price = guard.price(new_tokens, prompt if window is None else min(prompt, window))
+        priced = guard.price(new_tokens, prompt if window is None else min(prompt, window)) if ranks.deciding else None
+        pays, price = ranks.decided(priced)  # a sharded target: every rank decodes as the deciding rank priced
     if call.streamer is not None:
         call.streamer.put(input_ids.cpu())
     if not config.drafts() or batch > 1 or not pays:  # no tree pays (for this call): Transformers' own loop
