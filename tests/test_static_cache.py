@@ -340,7 +340,7 @@ def test_the_guard_does_not_judge_a_step_that_compiled(monkeypatch):
 
     from hf_specdec.draft.guarded import GuardedDrafter
 
-    seen = []
+    seen, prompts = [], []
 
     class Inner:
         forward_count, forward_time = 0, 0.0
@@ -355,6 +355,9 @@ def test_the_guard_does_not_judge_a_step_that_compiled(monkeypatch):
         def observe(self, *args):
             seen.append(args)
 
+        def observe_prompt(self, *args):
+            prompts.append(args)
+
         def plain_next(self):
             return False
 
@@ -368,6 +371,7 @@ def test_the_guard_does_not_judge_a_step_that_compiled(monkeypatch):
     drafter.propose(ids)
     assert len(seen) == 3  # of 5 steps, the call's first (its draft pass reads the prompt) and the one that compiled
     # are not observed
+    assert prompts == [(0.0, 2)]  # the first step's draft time went to the price: 2 prompt tokens read
 
 
 def test_no_compile_without_a_compile_config_on_cpu():
