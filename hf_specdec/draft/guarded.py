@@ -40,11 +40,6 @@ class GuardedDrafter(Drafter):
         self._window: int | None = None  # the most prompt tokens the draft reads (`use_window`)
         self._prompt = 0  # the prompt tokens the draft read in the call's first step
 
-    @classmethod
-    def remembered(cls, inner: Drafter, target: object, draft: object | None, key: Hashable) -> GuardedDrafter:
-        """`inner` behind the guard the last call with these models and `key` left (`plan.guard.remembered_guard`)."""
-        return cls(inner, cls.guard_for(target, draft, key))
-
     @staticmethod
     def guard_for(target: object, draft: object | None, key: Hashable) -> PlainGuard:
         """The guard the last call with these models and `key` left, or a new one: what prices a call before its
