@@ -16,11 +16,10 @@ import torch
 
 from hf_specdec.accept.kv_cache import keep_positions
 from hf_specdec.decoding import loop, step
-from hf_specdec.verify import SequoiaVerifier, SpecInferVerifier
 from tests.conftest import random_prompt, tiny_model
 from tests.helpers.batches import kwargs_for, near_draft, padded_batch
 from tests.helpers.exactness import (
-    TARGET_SAMPLING,
+    WALKING,
     Case,
     chi_square_pvalue,
     sample_step,
@@ -84,7 +83,7 @@ def test_seeded_sampling_reproducible_with_processors_on_the_device(name):
     assert runs[0].shape[1] == ids.shape[1] + 30 and int(runs[0].max()) < target.config.vocab_size
 
 
-@pytest.mark.parametrize("verifier_cls", [SequoiaVerifier, SpecInferVerifier, *TARGET_SAMPLING])
+@pytest.mark.parametrize("verifier_cls", WALKING)
 def test_sampling_verifier_exact_on_the_device(verifier_cls):
     """The CPU Monte-Carlo test of tests/test_sampling_exact.py with every row, tree and draw on the GPU."""
     case = Case(seed=3, vocab=5, banned=0.2)

@@ -4,7 +4,7 @@ The claim: bit-identical to Transformers whenever its sort puts equal scores in 
 every row (ties at the k-th value, at the top-p cut, -inf present, bfloat16-rounded scores, temperature before and
 after, min_tokens_to_keep); with the default (unstable) CPU sort, only which of the columns tied at the cut survive
 may differ, never their number or the other columns, and every such row is flagged. The draft side takes the narrowed
-rows as they are; the target side (`NodeScores.tentative`) sends the flagged rows back to Transformers' path, so what
+rows as they are; the target side (`NodeScores.row_at`) flags the rows it must send back to Transformers' path, so what
 it settles on is Transformers' own rows, bit for bit, with the default sort.
 """
 
@@ -162,10 +162,11 @@ def test_target_rows_are_transformers_own_bit_for_bit(width, top_k, keep, keep_p
     for row in range(4):  # one node per row, as a walking verifier reads them
         tree = TokenTree.from_parents([int(ids[row, -1])], [-1])
         scores = NodeScores(processors, ids[row : row + 1, :-1], tree, rows[row : row + 1])
-        tentative, doubt = scores.tentative([0])
-        assert (doubt is not None) and bool(doubt) == bool(unsure[row])
-        assert bool(doubt) or torch.equal(tentative[0], expected[row])
-        scores.settle([0], doubted=bool(doubt))
+        node, walked = torch.zeros(1, dtype=torch.long), ids[row, -1:]
+        narrowed_row, doubt = scores.row_at(node, walked, narrow=True)
+        assert doubt is not None and bool(doubt) == bool(unsure[row])
+        assert bool(doubt) or torch.equal(narrowed_row, expected[row])
+        assert torch.equal(scores.row_at(node, walked, narrow=False)[0], expected[row])
         assert torch.equal(scores[0], expected[row])
 
 
@@ -217,13 +218,11 @@ def test_target_side_settles_on_transformers_own_rows():
             assert torch.equal(process_tree_scores(processors, prefix, tree, logits), theirs)
             assert torch.equal(process_tree_scores(processors, prefix, tree, logits, any_tie_order=True), narrow)
             scores = NodeScores(processors, prefix, tree, logits)
-            tentative, doubt = scores.tentative([0])
-            assert torch.equal(tentative, narrow) and bool(doubt)
-            scores.settle([0], doubted=True)
-            assert torch.equal(scores[0], theirs[0])
-            unread = NodeScores(processors, prefix, tree, logits)
-            unread.tentative([0])
-            assert torch.equal(unread[0], theirs[0])  # indexing never hands out an unsettled row
+            node, walked = torch.zeros(1, dtype=torch.long), tree.tokens[:1]
+            row, doubt = scores.row_at(node, walked, narrow=True)
+            assert torch.equal(row, narrow[0]) and bool(doubt)
+            assert torch.equal(scores.row_at(node, walked, narrow=False)[0], theirs[0])
+            assert torch.equal(scores[0], theirs[0])  # indexing hands out Transformers' row, never a narrowed one
             return
     pytest.fail("no row straddled the cut")
 

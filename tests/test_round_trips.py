@@ -8,13 +8,15 @@ copies the prompt to the drafter's host copy, once.
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
 from hf_specdec import ChainConfig, SequoiaConfig, SpecExecConfig, StagedConfig, TokenTree, TreeConfig
 from hf_specdec.methods.sequoia.dp import plan_tree
 from hf_specdec.verify.greedy import GreedyVerifier
-from hf_specdec.verify.sampling import TargetSampleVerifier
+from hf_specdec.verify.sampling import SequoiaVerifier, TargetSampleVerifier
 from tests.conftest import random_prompt
 from tests.helpers.methods import GREEDY
 from tests.roundtrips import count_round_trips
@@ -182,21 +184,63 @@ def test_greedy_batch_step_reads_at_most_draft_passes_plus_two(tiny_pair, name, 
     assert first.reads <= first.draft_passes + 2 + (rows == 1)  # one sequence: its prompt copied to the host once
 
 
+@pytest.mark.parametrize("one_read", [True, False], ids=["one-read", "cpu"])
 @pytest.mark.parametrize("rows", [2, 4])
 @pytest.mark.parametrize("name", sorted(SAMPLED))
-def test_sampled_batch_step_reads_at_most_draft_passes_per_row_plus_two(tiny_pair, name, rows):
-    """Sampled rows are verified one after another, each walk reading as a single sequence's does (at most once per
-    level it visits with children, so at most the lockstep drafter's passes per row; a plain batched step, which the
-    batch's guard runs once per row count to measure plain decoding, draws each row's token with one read); the
-    drafted tokens and the stopping checks stay one read each for the whole batch."""
+def test_sampled_batch_step_reads_once_per_row_plus_two(tiny_pair, name, rows, one_read, monkeypatch):
+    """Sampled rows are verified one after another, each walk reading as a single sequence's does: once, in the
+    one-read mode of off the CPU; on a CPU once per level it reaches (at most the lockstep drafter's passes + 1, the
+    level of the leaf it ends on). SpecExec's and staged's row drafters grow their trees best first, reading once
+    per draft pass. A plain batched step, which the batch's guard runs once per row count to measure
+    plain decoding, draws each row's token with one read; the drafted tokens and the stopping checks stay one read
+    each for the whole batch."""
     from tests.helpers.batches import near_draft
 
+    if one_read:
+        monkeypatch.setattr(TargetSampleVerifier, "stop_early", False)
+        monkeypatch.setattr(SequoiaVerifier, "stop_early", False)
     target = tiny_pair[0]
     counts, _, out = batch_counts(target, near_draft(target), SAMPLED[name], rows, do_sample=True,
                                   temperature=0.7, top_k=50, top_p=0.9)
     assert out.shape[0] == rows and len(counts.steps) == counts.target_passes > 2
-    for step in counts.steps:
-        assert step.reads <= rows * max(step.draft_passes, 1) + 2, (name, rows, [(s.reads, s.draft_passes)
-                                                                                 for s in counts.steps])
+    for index, step in enumerate(counts.steps):
+        growth = step.draft_passes if name in TARGET_SAMPLED else 0  # best-first growth reads once per draft pass
+        growth += rows if name in TARGET_SAMPLED and index == 0 else 0  # each row drafter's prompt, copied once
+        walks = rows if one_read else rows * (max(step.draft_passes, 1) + 1)
+        assert step.reads <= growth + walks + 2, (name, rows, [(s.reads, s.draft_passes) for s in counts.steps])
     # the guard's measured plain steps: one per row count the batch ran at (rows finish), to judge those rows by
     assert sum(step.draft_passes == 0 for step in counts.steps) <= rows
+
+
+#: fixed-shape trees of several levels: what a captured step drafts (issue 72)
+FIXED_SHAPES = {
+    "chain": ChainConfig(num_draft_tokens=4, confidence_threshold=None),
+    "tree": TreeConfig(widths=[3, 2]),
+    "sequoia": SequoiaConfig(plan=plan_tree([0.6, 0.2, 0.1, 0.05], 16, 6)),
+}
+
+
+@pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "sampled"])
+@pytest.mark.parametrize("name", sorted(FIXED_SHAPES))
+def test_a_fixed_shape_step_on_a_static_cache_reads_twice_whatever_its_levels(qwen2_pair, name, sampled, monkeypatch):
+    """A step of a fixed-shape method on a static cache, its verifier in its one-read mode (as off the CPU): the
+    drafted tokens read once, the verdict once, however many levels the draft and the walk run (greedy; recursive
+    rejection sampling walks every level on the device, reading once at its end)."""
+    monkeypatch.setattr(GreedyVerifier, "stop_early", False)
+    monkeypatch.setattr(SequoiaVerifier, "stop_early", False)
+    target = qwen2_pair[0]
+    draft = copy.deepcopy(target)  # every draft accepted: the steps run the plan's full depth
+    ids = random_prompt(torch.Generator().manual_seed(5), 8)
+    call = dict(max_new_tokens=30, cache_implementation="static",
+                **(dict(do_sample=True, temperature=0.7, top_k=50, top_p=0.9) if sampled else dict(do_sample=False)))
+    torch.manual_seed(0)
+    expected = target.generate(ids, **call)
+    torch.manual_seed(0)
+    with count_round_trips(target, draft) as counts:
+        out = target.generate(ids, assistant_model=draft, speculation=FIXED_SHAPES[name],
+                              speculation_config={"guard": False}, **call)
+    if not sampled:
+        assert torch.equal(out, expected)
+    first, *steps, last = counts.steps
+    assert steps and all(step.draft_passes >= 2 for step in steps)  # several levels drafted every step
+    assert all(step.reads <= 2 for step in steps), (name, [(s.reads, s.draft_passes) for s in counts.steps])

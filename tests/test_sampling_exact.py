@@ -27,6 +27,7 @@ from hf_specdec.verify import VERIFIERS, SequoiaVerifier, SpecInferVerifier, Tar
 from tests.helpers.exactness import (
     SHAPES,
     TARGET_SAMPLING,
+    WALKING,
     Case,
     all_runs,
     chi_square_pvalue,
@@ -79,7 +80,7 @@ CASES = {
 GRID = [(c, s) for c in CASES for s in SHAPES if s != "widths22" or c in ("sparse", "dense")]
 
 
-@pytest.mark.parametrize("verifier_cls", [SequoiaVerifier, SpecInferVerifier, *TARGET_SAMPLING])
+@pytest.mark.parametrize("verifier_cls", WALKING)
 @pytest.mark.parametrize("case_name,shape", GRID)
 def test_exact_distribution(verifier_cls, shape, case_name):
     spec = SHAPES[shape]
@@ -101,7 +102,7 @@ def to_depth_first_tree(case: Case, nested) -> tuple[TokenTree, torch.Tensor]:
     return ordered, scores if kept is None else scores[kept]
 
 
-@pytest.mark.parametrize("verifier_cls", [SequoiaVerifier, SpecInferVerifier, *TARGET_SAMPLING])
+@pytest.mark.parametrize("verifier_cls", WALKING)
 @pytest.mark.parametrize("case_name,shape",
                          [("sparse", "irregular"), ("very_sparse", "irregular"), ("sparse", "widths22")])
 def test_exact_distribution_depth_first(verifier_cls, shape, case_name):
@@ -135,7 +136,7 @@ def batch_joint(cases: list[Case], specs: list[list], verifier, lengths: list[in
     return out
 
 
-@pytest.mark.parametrize("verifier_cls", [SequoiaVerifier, SpecInferVerifier, *TARGET_SAMPLING])
+@pytest.mark.parametrize("verifier_cls", WALKING)
 def test_batch_step_exact_per_row_and_rows_independent(verifier_cls):
     """One step of a batch of two rows (different models, prompts and tree shapes), every outcome enumerated: the
     joint distribution of the rows' next tokens is the product of sampling each row from its target alone, so every
@@ -194,7 +195,7 @@ def test_draft_equals_target_accepts_first_child():
 # --------------------------------------------------------------------------- the real randomness
 
 
-@pytest.mark.parametrize("verifier_cls", [SequoiaVerifier, SpecInferVerifier, *TARGET_SAMPLING])
+@pytest.mark.parametrize("verifier_cls", WALKING)
 def test_monte_carlo_matches_target(verifier_cls):
     case = Case(seed=3, vocab=5, banned=0.2)
     cache_t, cache_q = {}, {}
@@ -287,25 +288,26 @@ def test_missing_draft_probs_is_an_error():
 
 
 def test_torch_random_decide_rates():
-    """Trials succeed with their own probabilities and the first success wins; every distribution gets its own
-    draw, whatever the trials did."""
+    """Trials succeed with their own probabilities and the first success wins (k: none did); the token is drawn from
+    its distribution, independently of the trials; both stay unread `(1,)` tensors on their inputs' device."""
     src = TorchRandom(torch.Generator().manual_seed(0))
     residual = torch.tensor([0.0, 0.25, 0.75], dtype=torch.float64)
-    assert src.decide(torch.tensor([0.0, 1.0, 0.5], dtype=torch.float64), [residual])[0] == 1
-    assert src.decide(torch.tensor([0.0, 0.0], dtype=torch.float64), [torch.eye(3)[2], torch.eye(3)[0]]) == (None,
-                                                                                                          [2, 0])
+    rank, token = src.decide(torch.tensor([0.0, 1.0, 0.5], dtype=torch.float64), residual)
+    assert rank.shape == token.shape == (1,) and rank.dtype == token.dtype == torch.long and int(rank) == 1
+    assert int(src.decide(torch.tensor([0.0, 0.0], dtype=torch.float64), torch.eye(3)[2])[0]) == 2
+    assert [int(t) for t in src.decide(torch.zeros(0, dtype=torch.float64), torch.eye(3)[0])] == [0, 0]
     n, accept = 20000, torch.tensor([0.3, 0.5], dtype=torch.float64)
     counts = defaultdict(int)
     for _ in range(n):
-        rank, (token,) = src.decide(accept, [residual])
-        counts[rank, token] += 1
-    want = {(r, t): w * float(residual[t]) for r, w in ((0, 0.3), (1, 0.35), (None, 0.35)) for t in (1, 2)}
+        rank, token = src.decide(accept, residual)
+        counts[int(rank), int(token)] += 1
+    want = {(r, t): w * float(residual[t]) for r, w in ((0, 0.3), (1, 0.35), (2, 0.35)) for t in (1, 2)}
     assert chi_square_pvalue(counts, want, n) > 1e-3
 
 
 def test_torch_random_draws_by_mass_and_never_a_column_without_it():
     """Inverse transform draws: frequencies as the distribution's, zero-mass columns (first, inner, last) never
-    drawn, and the doubt flag read with the outcome voids it."""
+    drawn."""
     src = TorchRandom(torch.Generator().manual_seed(1))
     dist = torch.tensor([0.0, 0.1, 0.0, 0.6, 0.3, 0.0], dtype=torch.float64)
     n, counts = 20000, defaultdict(int)
@@ -314,8 +316,6 @@ def test_torch_random_draws_by_mass_and_never_a_column_without_it():
     assert set(counts) <= {1, 3, 4}
     assert chi_square_pvalue(counts, {t: float(dist[t]) for t in (1, 3, 4)}, n) > 1e-3
     assert all(int(src.draw(torch.eye(6, dtype=torch.float64)[t])) == t for t in range(6))
-    assert src.decide(None, [dist], doubt=torch.tensor(True)) is None
-    assert src.decide(None, [torch.eye(6)[5]], doubt=torch.tensor(False)) == (None, [5])
 
 
 def test_torch_random_draws_a_pair_by_mass_on_its_columns():
@@ -329,7 +329,7 @@ def test_torch_random_draws_a_pair_by_mass_on_its_columns():
         counts[int(src.draw((probs, columns)))] += 1
     assert set(counts) <= {90_000, 12}
     assert chi_square_pvalue(counts, {90_000: 0.8, 12: 0.2}, n) > 1e-3
-    assert src.decide(None, [(torch.tensor([0.0, 1.0]), torch.tensor([4, 9]))]) == (None, [9])
+    assert int(src.draw((torch.tensor([0.0, 1.0]), torch.tensor([4, 9])))) == 9
 
 
 # --------------------------------------------------------------------------- select_children

@@ -22,11 +22,11 @@ from transformers import (
 
 from hf_specdec import TokenTree
 from hf_specdec.logits import processing
-from hf_specdec.verify import SequoiaVerifier, SpecInferVerifier, TargetSampleVerifier, Verdict, sampling
+from hf_specdec.verify import SequoiaVerifier, SpecInferVerifier, TargetSampleVerifier, Verdict, walk
 from tests.helpers.exactness import (
     SHAPES,
     TARGET_SAMPLING,
-    Doubting,
+    WIDE_VOCABULARY_WALKS,
     ProcessedCase,
     depth,
     speculative_joint,
@@ -109,8 +109,8 @@ class Leaky:
         self.inner, self.name, self.child_selection = inner, inner.name, inner.child_selection
 
     def verify(self, tree, target_scores, generator=None, *, source):
-        leaked, _ = source.decide(torch.tensor([0.002], dtype=torch.float64), [])
-        if leaked == 0:
+        leaked, _ = source.decide(torch.tensor([0.002], dtype=torch.float64), torch.ones(1, dtype=torch.float64))
+        if int(leaked) == 0:
             return Verdict(path=[0], bonus_token=0, accepted_ranks=[])
         return self.inner.verify(tree, target_scores, source=source)
 
@@ -134,8 +134,8 @@ def test_node_scores_process_only_the_rows_read_and_equal_the_batch(monkeypatch)
                                       TopKLogitsWarper(20), TopPLogitsWarper(0.9)])
     batch = processing.process_tree_scores(processors, prefix_ids, tree, raw)
     lazy = processing.NodeScores(processors, prefix_ids, tree, raw)
-    calls, real = [], processing._process
-    monkeypatch.setattr(processing, "_process", lambda *args: calls.append(args[4]) or real(*args))
+    calls, real = [], processing.process_tree_scores
+    monkeypatch.setattr(processing, "process_tree_scores", lambda *args: calls.append(args[4]) or real(*args))
     assert torch.equal(lazy[4], batch[4]) and torch.equal(lazy[[0, 1, 4]], batch[[0, 1, 4]])
     assert torch.equal(lazy[4], batch[4])
     assert calls == [[4], [0], [1]]  # each row read is processed once; the other four never
@@ -173,11 +173,11 @@ def raw_tree(case: ProcessedCase, nested) -> tuple:
 
 class OnNodeScores:
     """The verifier as the loop runs it: a fresh NodeScores over the raw logits per run (narrowed rows, flagged).
-    `columns=False` turns off the top-k columns path (`NodeScores.top_rows` / `top_at`), so that every decision
+    `columns=False` turns off the top-k columns path (`NodeScores.top_at`), so that every decision
     reads vocabulary-wide rows narrowed by `narrowed.apply_narrowed` first."""
 
     def __init__(self, inner, case: ProcessedCase, columns: bool = True) -> None:
-        self.inner, self.case, self.voided, self.flagged, self.columns = inner, case, [], [], columns
+        self.inner, self.case, self.flagged, self.columns = inner, case, [], columns
         self.name, self.child_selection = inner.name, inner.child_selection
 
     def verify(self, tree, raw, generator=None, *, source):
@@ -197,7 +197,7 @@ class OnNodeScores:
             return top
 
         scores.row_at, scores.top_at = counted, counted_top
-        return self.inner.verify(tree, scores, source=Doubting(source, self.voided))
+        return self.inner.verify(tree, scores, source=source)
 
 
 def tied_error(verifier_cls, shape: str, seed: int = 23, columns: bool = False) -> tuple[float, int]:
@@ -208,10 +208,10 @@ def tied_error(verifier_cls, shape: str, seed: int = 23, columns: bool = False) 
     length = depth(SHAPES[shape]) + 1
     got, _ = speculative_joint(case, SHAPES[shape], verifier, length, build=raw_tree)
     assert abs(sum(got.values()) - 1) < 1e-9
-    return total_variation(got, target_joint(case, case.prompt, length)), len(verifier.voided) + sum(verifier.flagged)
+    return total_variation(got, target_joint(case, case.prompt, length)), sum(verifier.flagged)
 
 
-TIED_VERIFIERS = [SequoiaVerifier, SpecInferVerifier, *TARGET_SAMPLING]
+TIED_VERIFIERS = WIDE_VOCABULARY_WALKS
 
 
 @pytest.mark.parametrize("verifier_cls", TIED_VERIFIERS)
@@ -224,8 +224,8 @@ def test_exact_when_ties_straddle_the_top_p_cut(verifier_cls, shape, columns):
     assert error < TOLERANCE and flagged > 0
 
 
-@pytest.mark.parametrize("verifier_cls", TARGET_SAMPLING)
-@pytest.mark.parametrize("shape", ["chain2", "widths22"])
+@pytest.mark.parametrize("verifier_cls,shape", [*((cls, "chain2") for cls in WIDE_VOCABULARY_WALKS),
+                                                *((cls, "widths22") for cls in TARGET_SAMPLING)])
 def test_exact_when_only_rows_below_the_root_are_flagged(verifier_cls, shape):
     """The walk meets a flagged row only on some paths: that level is decided again, the ones above it stand."""
     error, flagged = tied_error(verifier_cls, shape, seed=36)
@@ -250,7 +250,7 @@ def test_a_walk_restarted_from_the_root_on_a_flag_is_caught(monkeypatch, verifie
         for narrow in (True, False):
             states = [self.start]
             for _ in range(self.levels):
-                after, flag = self._level(scores, source, states[-1], narrow=narrow)
+                after, flag = self._level(scores, source, states[-1], len(states) - 1, narrow=narrow)
                 flagged = bool(flag & states[-1].alive) if flag is not None else False
                 states.append(after)
                 if flagged:
@@ -260,6 +260,6 @@ def test_a_walk_restarted_from_the_root_on_a_flag_is_caught(monkeypatch, verifie
                 return self._verdict(end, bonus, states, scores)
         raise AssertionError(exact)
 
-    monkeypatch.setattr(sampling.TargetWalk, "run", restart)
+    monkeypatch.setattr(walk.Walk, "run", restart)
     error, _ = tied_error(verifier_cls, "chain2", seed=36)
     assert error > 1e-3

@@ -1,7 +1,7 @@
 """Rows as their top-k columns (issue 21e): when the processors end with a -inf top-k (then temperature, or top-p on
 the draft side), a sampled step works on the k columns a row can have mass on, never a vocabulary-wide row again.
 
-- Target side (`NodeScores.top_rows` / `top_at`, `narrowed.exact_top_columns`): the columns and values are
+- Target side (`NodeScores.top_at`, `narrowed.exact_top_columns`): the columns and values are
   Transformers' processed row bit for bit, and a row where they may not be (a finite score tied with the k-th:
   Transformers keeps every tied column, a top-k keeps k; NaN, +inf) is flagged and decided again on Transformers'
   row.
@@ -28,11 +28,10 @@ from transformers import (
 from hf_specdec import TokenTree
 from hf_specdec.draft.shaped_tree import ModelTreeDrafter
 from hf_specdec.logits import narrowed, processing
-from hf_specdec.verify import SequoiaVerifier, SpecInferVerifier, sampling
+from hf_specdec.verify import SequoiaVerifier, SpecInferVerifier, walk
 from tests.helpers.exactness import (
     SHAPES,
-    TARGET_SAMPLING,
-    Doubting,
+    WIDE_VOCABULARY_WALKS,
     ProcessedCase,
     depth,
     speculative_joint,
@@ -172,8 +171,8 @@ def test_a_tie_straddling_a_top_p_cut_is_flagged(width):
     assert bool(unsure[0])
 
 
-def test_node_scores_top_rows_match_its_rows():
-    """`NodeScores.top_rows` over nodes of several depths (each with its own prefix) is `NodeScores[nodes]`."""
+def test_node_scores_top_at_matches_its_rows():
+    """`NodeScores.top_at` at nodes of several depths (each with its own prefix) is `NodeScores[node]`."""
     generator = torch.Generator().manual_seed(3)
     tree = TokenTree.from_parents([5, 9, 3, 7, 9, 4, 2], [-1, 0, 0, 1, 1, 2, 4])
     raw = torch.randn(len(tree), 64, generator=generator) * 3
@@ -181,12 +180,10 @@ def test_node_scores_top_rows_match_its_rows():
     processors = LogitsProcessorList([RepetitionPenaltyLogitsProcessor(1.3), TemperatureLogitsWarper(0.7),
                                       TopKLogitsWarper(20)])
     scores = processing.NodeScores(processors, prefix_ids, tree, raw)
-    nodes = [4, 0, 1, 6]
-    values, columns, doubt = scores.top_rows(nodes)
-    assert not bool(doubt)
-    assert torch.equal(_dense(values, columns, 64), processing.NodeScores(processors, prefix_ids, tree, raw)[nodes])
-    value, column, flag = scores.top_at(torch.tensor([6]), torch.tensor([5, 9, 9, 2]))
-    assert torch.equal(_dense(value[None], column[None], 64)[0], scores[6]) and not bool(flag)
+    fresh = processing.NodeScores(processors, prefix_ids, tree, raw)
+    for node in [4, 0, 1, 6]:
+        value, column, flag = scores.top_at(torch.tensor([node]), tree.tokens[tree.path_to(node)])
+        assert torch.equal(_dense(value[None], column[None], 64)[0], fresh[node]) and not bool(flag)
 
 
 # --------------------------------------------------------------------------- exact by enumeration
@@ -233,11 +230,7 @@ class OnTopColumns:
 
     def verify(self, tree, raw, generator=None, *, source):
         scores = processing.NodeScores(self.case.processors, torch.tensor([self.case.prompt[:-1]]), tree, raw)
-        top_rows, top_at = scores.top_rows, scores.top_at
-
-        def rows(nodes):
-            self.top_calls += 1
-            return top_rows(nodes)
+        top_at = scores.top_at
 
         def at(node, walked):
             self.top_calls += 1
@@ -246,8 +239,8 @@ class OnTopColumns:
                 self.voided.append(1)
             return value, column, flag
 
-        scores.top_rows, scores.top_at = rows, at
-        return self.inner.verify(tree, scores, source=Doubting(source, self.voided))
+        scores.top_at = at
+        return self.inner.verify(tree, scores, source=source)
 
 
 def top_k_error(verifier_cls, shape: str, seed: int, same: bool, tied: bool = True,
@@ -263,13 +256,13 @@ def top_k_error(verifier_cls, shape: str, seed: int, same: bool, tied: bool = Tr
     return total_variation(got, target_joint(case, case.prompt, length)), len(verifier.voided), verifier.top_calls
 
 
-VERIFIERS = [SequoiaVerifier, SpecInferVerifier, *TARGET_SAMPLING]
+VERIFIERS = WIDE_VOCABULARY_WALKS
 
 
 # the draft = the tied target, walked on the device (every level drawn, flagged levels redrawn): a slow enumeration
 EXACT_CASES = [(verifier_cls, shape, *case) for verifier_cls in VERIFIERS for shape in ("chain2", "star3")
                for case in ((23, False, True), (36, True, True), (5, False, False))
-               if not (verifier_cls is TARGET_SAMPLING[1] and case[1])]
+               if not (verifier_cls.stop_early is False and case[1])]
 
 
 @pytest.mark.parametrize("verifier_cls,shape,seed,same,tied", EXACT_CASES)
@@ -311,17 +304,17 @@ def test_exact_on_top_columns_after_top_p(verifier_cls, tied):
 def test_a_union_counting_shared_columns_twice_is_caught(monkeypatch, verifier_cls):
     """The draft's columns the target's row also has are counted once (in the target's part): a mutant union that
     keeps them twice doubles their draft mass."""
-    real = sampling._residual_verify
+    real = walk.ResidualWalk.__init__
 
-    def twice(tree, target_scores, source, without_replacement):
+    def twice(self, tree, device, without_replacement):
         if tree.draft_columns is not None:  # the draft's columns repeated: the mutant sees them in both parts
             tree = TokenTree.from_parents(tree.tokens.tolist(), tree.parents.tolist(), draft_probs=tree.draft_probs,
                                           draft_columns=torch.cat([tree.draft_columns, tree.draft_columns], 1))
-        return real(tree, target_scores, source, without_replacement)
+        real(self, tree, device, without_replacement)
 
     error, flagged, _ = top_k_error(verifier_cls, "star3", 5, False, tied=False)
     assert error < TOLERANCE and flagged == 0  # no ties: every decision on the columns
-    monkeypatch.setattr(sampling, "_residual_verify", twice)
+    monkeypatch.setattr(walk.ResidualWalk, "__init__", twice)
     error, _, _ = top_k_error(verifier_cls, "star3", 5, False, tied=False)
     assert error > 1e-3
 

@@ -81,39 +81,17 @@ def process_tree_scores(
     `any_tie_order`: the caller takes any order among equal scores at a top-p cut (a draft's proposal, which only
     has to be the distribution its tokens are drawn from), so top-p after top-k runs in linear time (`narrowed.py`).
     """
-    return _process(processors, prefix_ids, tree, logits, nodes, any_tie_order)[0]
-
-
-def _process(
-    processors: LogitsProcessorList | None,
-    prefix_ids: torch.Tensor,
-    tree: TokenTree,
-    logits: torch.Tensor,
-    nodes: torch.Tensor | list[int] | None,
-    narrow: bool,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """`process_tree_scores`; with `narrow`, also `(len(nodes),)` flags, true for the rows that may differ from
-    Transformers' own result (None: the general path ran, every row is Transformers')."""
     if not processors:
-        return logits.float(), None  # no copy when already float32: nothing below writes into it
+        return logits.float()  # no copy when already float32: nothing below writes into it
     device = logits.device
     scores = logits.to(dtype=torch.float32, copy=True)
-    unsure = torch.zeros(len(scores), dtype=torch.bool, device=device)
-    narrowed = False
     for index, ids in _depth_groups(prefix_ids, tree, nodes, device):
-        rows = scores if index is None else scores[index]
-        rows, flags = process_rows(processors, ids, rows, narrow)
+        rows = process_rows(processors, ids, scores if index is None else scores[index], any_tie_order)[0]
         if index is None:
             scores = rows
         else:
             scores[index] = rows
-        if flags is not None:
-            narrowed = True
-            if index is None:
-                unsure = flags
-            else:
-                unsure[index] = flags
-    return scores, (unsure if narrowed else None)
+    return scores
 
 
 def _depth_groups(prefix_ids: torch.Tensor, tree: TokenTree, nodes: torch.Tensor | list[int] | None,
@@ -205,8 +183,8 @@ class NodeScores:
     A sampling verifier walks down from the root and reads a handful of nodes of a tree of dozens or thousands, and
     the processors are most of its cost (top-p sorts the whole vocabulary per row): only the visited rows are
     processed, each exactly as `process_tree_scores` does it. Index with a node, or a list of nodes: Transformers'
-    own rows. A verifier that reads a decision's outcome in one transfer can also take `tentative` rows (top-p in
-    linear time, `narrowed.py`) with a flag read in that transfer, then `settle` them.
+    own rows. A walk on the device takes a node's row by a device index (`row_at`, `top_at`), narrowed (top-p in
+    linear time, `narrowed.py`) with a flag it reads with its outcome, and `keep`s the rows it used.
     """
 
     def __init__(
@@ -214,8 +192,7 @@ class NodeScores:
     ) -> None:
         self.processors, self.prefix_ids, self.tree, self.logits = processors, prefix_ids, tree, logits
         self.rows: dict[int, torch.Tensor] = {}
-        self.unsure: dict[int, torch.Tensor] = {}  # tentative rows not settled yet: node -> 0-d flag on the device
-        self.split = exact_top_split(processors) if processors else None  # see top_rows
+        self.split = exact_top_split(processors) if processors else None  # see top_at
 
     @property
     def device(self) -> torch.device:
@@ -228,29 +205,16 @@ class NodeScores:
         if isinstance(node, list):
             return torch.stack([self[n] for n in node])
         node = int(node)
-        if node not in self.rows or node in self.unsure:  # an unsettled row may not be Transformers': recompute
-            self.unsure.pop(node, None)
-            self._process([node], narrow=False)
+        if node not in self.rows:
+            self.rows[node] = process_tree_scores(self.processors, self.prefix_ids, self.tree,
+                                                  self.logits[node : node + 1], [node])[0]
         return self.rows[node]
-
-    def tentative(self, nodes: list[int]) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The rows of `nodes`, narrowed where the processors allow; and a 0-d device flag, true when one of them may
-        differ from Transformers' row (None: all are Transformers'). Read the flag with the outcome that used the
-        rows, in the same transfer, then call `settle`."""
-        self._process([node for node in dict.fromkeys(nodes) if node not in self.rows], narrow=True)
-        flags = [self.unsure[node] for node in nodes if node in self.unsure]
-        return torch.stack([self.rows[node] for node in nodes]), (torch.stack(flags).any() if flags else None)
-
-    def settle(self, nodes: list[int], doubted: bool) -> None:
-        """After reading `tentative`'s flag: the rows are Transformers' (False), or are recomputed on its path."""
-        unsure = [node for node in dict.fromkeys(nodes) if self.unsure.pop(node, None) is not None]
-        if doubted and unsure:
-            self._process(unsure, narrow=False)
 
     def row_at(self, node: torch.Tensor, walked: torch.Tensor,
                narrow: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The row of `node`, a `(1,)` index on the device (never read), whose tokens from the root are `walked`;
-        narrowed as in `tentative`, with its `(1,)` flag (None: Transformers' row). Not kept: see `keep`."""
+        with `narrow`, top-p in linear time where the processors allow, with its `(1,)` flag, true where the row may not
+        be Transformers' (None: it is). Not kept: see `keep`."""
         row = self.logits.index_select(0, node).float()
         if not self.processors:
             return row[0], None
@@ -258,35 +222,11 @@ class NodeScores:
         row, flag = process_rows(self.processors, ids, row, narrow)
         return row[0], flag
 
-    def top_rows(self, nodes: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
-        """The rows of `nodes` as their top-k columns (`narrowed.exact_top_columns`: `(values, columns)` each
-        `(len(nodes), k)`, every other column -inf) and a 0-d device flag, true when one of them may not be
-        Transformers' row (read it with the outcome that used them; if true, use `self[nodes]`). None where the
-        processors do not end with a -inf top-k followed by temperature and top-p only."""
-        if self.split is None:
-            return None
-        head, k, tail = self.split
-        early, late = (LogitsProcessorList(), head) if deferred(head) else (head, LogitsProcessorList())
-        rows = self.logits.index_select(0, torch.tensor(nodes).to(self.device))  # a copy, in the logits' dtype
-        values = columns = unsure = None
-        for index, ids in _depth_groups(self.prefix_ids, self.tree, nodes, self.device):
-            part = rows if index is None else rows[index]
-            part = _apply(early, ids, part.float()) if len(early) else part
-            top = exact_top_columns(k, late, tail, ids, part)
-            if index is None:
-                values, columns, unsure = top
-            else:
-                if values is None:
-                    values = torch.empty(len(nodes), top[0].shape[1], device=self.device)
-                    columns = torch.empty(len(nodes), top[0].shape[1], dtype=torch.long, device=self.device)
-                    unsure = torch.empty(len(nodes), dtype=torch.bool, device=self.device)
-                values[index], columns[index], unsure[index] = top
-        return values, columns, unsure.any()
-
     def top_at(self, node: torch.Tensor,
                walked: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
-        """`row_at` as top-k columns (see `top_rows`): `(values, columns)` each `(k,)` and a `(1,)` flag; None
-        where the processors do not allow it."""
+        """`row_at` as its top-k columns (`narrowed.exact_top_columns`: `(values, columns)` each `(k,)`, every other
+        column -inf) and a `(1,)` flag, true where the row may not be Transformers'; None where the processors do not
+        end with a -inf top-k followed by temperature and top-p only."""
         if self.split is None:
             return None
         head, k, tail = self.split
@@ -300,14 +240,3 @@ class NodeScores:
     def keep(self, node: int, row: torch.Tensor) -> None:
         """Keep a row of `row_at` known to be Transformers' (its flag read false, or None)."""
         self.rows[node] = row
-        self.unsure.pop(node, None)
-
-    def _process(self, nodes: list[int], narrow: bool) -> None:
-        if not nodes:
-            return
-        index = torch.tensor(nodes).to(self.logits.device)
-        rows, unsure = _process(self.processors, self.prefix_ids, self.tree, self.logits[index], nodes, narrow)
-        for i, node in enumerate(nodes):
-            self.rows[node] = rows[i]
-            if unsure is not None:
-                self.unsure[node] = unsure[i]

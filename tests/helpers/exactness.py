@@ -13,7 +13,7 @@ from transformers import LogitsProcessorList
 
 from hf_specdec.core.tree import TokenTree
 from hf_specdec.logits.child_selection import select_children
-from hf_specdec.verify import TargetSampleVerifier
+from hf_specdec.verify import SequoiaVerifier, SpecInferVerifier, TargetSampleVerifier
 
 
 def toy_logits(seed: int, prefix: tuple[int, ...], vocab: int, banned: float, temperature: float) -> torch.Tensor:
@@ -104,19 +104,17 @@ class Script:
         self.weight *= options[i][1]
         return options[i][0]
 
-    def decide(self, accept, dists):
-        """The first successful trial (enumerated now), and the tokens of `dists`, each enumerated when the verifier
-        first reads it: draws it never reads are independent of everything, so leaving them out is exact."""
-        rank = None
-        if accept is not None:
-            probs = accept.tolist()
-            assert all(0.0 <= a <= 1.0 for a in probs)
-            options, missed = [], 1.0
-            for i, a in enumerate(probs):
-                options.append((i, missed * a))
-                missed *= 1.0 - a
-            rank = self._choose([*options, (None, missed)])
-        return rank, LazyDraws(self, dists)
+    def decide(self, accept, dist):
+        """The first successful trial (`len(accept)` where none succeeds), enumerated now, and where none succeeds a
+        token of `dist`, enumerated too; where one succeeds the token means nothing and is not enumerated (-1)."""
+        probs = accept.tolist()
+        assert all(0.0 <= a <= 1.0 for a in probs)
+        options, missed = [], 1.0
+        for i, a in enumerate(probs):
+            options.append((i, missed * a))
+            missed *= 1.0 - a
+        rank = self._choose([*options, (len(probs), missed)])
+        return torch.tensor([rank]), self.draw(dist) if rank == len(probs) else torch.tensor([-1])
 
     def draw(self, dist):
         """A token of `dist`, enumerated now: a walk on the device draws level after level before it reads."""
@@ -130,18 +128,6 @@ def options(dist) -> list[tuple[int, float]]:
         dist[0].tolist(), dist[1].tolist())
     assert abs(sum(probs) - 1) < 1e-9 and all(p >= 0 for p in probs)
     return list(zip(tokens, probs))
-
-
-class LazyDraws:
-    """A `Script`'s tokens for `dists`: each branch point is opened when the verifier reads that token."""
-
-    def __init__(self, script: Script, dists: list[torch.Tensor]) -> None:
-        self.script, self.dists, self.drawn = script, dists, {}
-
-    def __getitem__(self, i: int) -> int:
-        if i not in self.drawn:
-            self.drawn[i] = self.script._choose(options(self.dists[i]))
-        return self.drawn[i]
 
 
 def all_runs(run):
@@ -199,7 +185,18 @@ class OneReadTargetSample(TargetSampleVerifier):
     stop_early = False
 
 
+class OneReadSequoia(SequoiaVerifier):
+    """Recursive rejection sampling as on an accelerator: every level of the walk on the device, then one read."""
+
+    stop_early = False
+
+
 TARGET_SAMPLING = [TargetSampleVerifier, OneReadTargetSample]
+RESIDUAL = [SequoiaVerifier, SpecInferVerifier, OneReadSequoia]
+WALKING = [*RESIDUAL, *TARGET_SAMPLING]  # every walk, in both of its read modes
+#: for enumerations over wide vocabularies: a one-read residual walk enumerates its draws past the walk's end too
+#: (minutes there); its levels are the CPU mode's, enumerated on the small vocabularies in test_sampling_exact.py
+WIDE_VOCABULARY_WALKS = [SequoiaVerifier, SpecInferVerifier, *TARGET_SAMPLING]
 
 
 def depth(spec: list) -> int:
@@ -274,17 +271,3 @@ class ProcessedCase(Case):
         return self._scores[prefix]
 
 
-class Doubting:
-    """A `Script` that reads the doubt flag with each outcome, as TorchRandom does."""
-
-    def __init__(self, script, voided: list) -> None:
-        self.script, self.voided = script, voided
-
-    def decide(self, accept, dists, doubt=None):
-        if doubt is not None and bool(doubt):
-            self.voided.append(1)
-            return None  # nothing enumerated: the verifier corrects its rows and asks again
-        return self.script.decide(accept, dists)
-
-    def draw(self, dist):
-        return self.script.draw(dist)

@@ -133,31 +133,31 @@ def general_path() -> contextlib.AbstractContextManager:
 
 def before_21d() -> contextlib.AbstractContextManager:
     """The engine before branch issue21d, patched in: see the module's docstring."""
-    from hf_specdec.verify import sampling
+    from hf_specdec.verify import random_source, sampling, tree_walk, walk
 
     def multinomial(self, dist: torch.Tensor) -> torch.Tensor:
         where = self.generator.device if self.generator is not None else dist.device
         return torch.multinomial(dist.to(where), 1, generator=self.generator).to(dist.device)
 
     def host_walk(self, tree, target_scores, generator=None, *, source=None):
-        source = source or sampling.TorchRandom(generator)
+        """Node by node on the host, one read per visited node, every leaf child's row processed and drawn with its
+        parent's (a leaf's draw is its bonus)."""
+        source = source or random_source.TorchRandom(generator)
         tokens, children_of = tree.host(tokens=True).tokens, tree.host().children()
-        dtype = sampling._work_dtype(target_scores.device)
+        dtype = walk.work_dtype(target_scores.device)
 
         def choose(node: int, children: list[int]):
             leaves = [child for child in children if not children_of[child]]
-            _, drawn = sampling._decide(source, target_scores, [node, *leaves],
-                                        lambda rows: (None, sampling._target_dists(rows, dtype)))
+            drawn = torch.cat([source.draw(target_scores[n].to(dtype).softmax(-1)) for n in (node, *leaves)]).tolist()
             for child in children:
                 if tokens[child] == drawn[0]:
                     return child, (drawn[1 + leaves.index(child)] if child in leaves else None)
             return None, drawn[0]
 
-        return sampling.walk_down(tree, choose)
+        return tree_walk.walk_down(tree, choose)
 
     stack = contextlib.ExitStack()
-    stack.enter_context(mock.patch.object(processing.NodeScores, "tentative", lambda self, nodes: (self[nodes], None)))
-    stack.enter_context(mock.patch.object(sampling.TorchRandom, "draw", multinomial))
+    stack.enter_context(mock.patch.object(random_source.TorchRandom, "draw", multinomial))
     stack.enter_context(mock.patch.object(sampling.TargetSampleVerifier, "verify", host_walk))
     return stack
 
