@@ -222,10 +222,10 @@ FIXED_SHAPES = {
 
 @pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "sampled"])
 @pytest.mark.parametrize("name", sorted(FIXED_SHAPES))
-def test_a_fixed_shape_step_on_a_static_cache_reads_twice_whatever_its_levels(qwen2_pair, name, sampled, monkeypatch):
-    """A step of a fixed-shape method on a static cache, its verifier in its one-read mode (as off the CPU): the
-    drafted tokens read once, the verdict once, however many levels the draft and the walk run (greedy; recursive
-    rejection sampling walks every level on the device, reading once at its end)."""
+def test_a_fixed_shape_step_on_a_static_cache_reads_once_whatever_its_levels(qwen2_pair, name, sampled, monkeypatch):
+    """A step of a fixed-shape method on a static cache, its verifier in its one-read mode (as off the CPU): one
+    read, the verdict's (the drafted tokens with it), however many levels the draft and the walk run (greedy;
+    recursive rejection sampling walks every level on the device, reading once at its end)."""
     monkeypatch.setattr(GreedyVerifier, "stop_early", False)
     monkeypatch.setattr(SequoiaVerifier, "stop_early", False)
     target = qwen2_pair[0]
@@ -243,4 +243,34 @@ def test_a_fixed_shape_step_on_a_static_cache_reads_twice_whatever_its_levels(qw
         assert torch.equal(out, expected)
     first, *steps, last = counts.steps
     assert steps and all(step.draft_passes >= 2 for step in steps)  # several levels drafted every step
-    assert all(step.reads <= 2 for step in steps), (name, [(s.reads, s.draft_passes) for s in counts.steps])
+    assert all(step.reads == 1 for step in steps), (name, [(s.reads, s.draft_passes) for s in counts.steps])
+
+
+@pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "sampled"])
+def test_a_fixed_shape_with_nodes_the_draft_cannot_fill_keeps_them_unread_and_never_accepts_them(qwen2_pair, sampled,
+                                                                                              monkeypatch):
+    """Two tokens allowed at every position (`prefix_allowed_tokens_fn`) under a tree three children wide: each
+    root's third child has no candidate. Unread, the tree keeps its shape with that node as -1 (fed as token 0,
+    which the processors forbid here, so accepting it would show); the step still reads once, greedy output is
+    plain's, and only filled nodes count as drafted."""
+    monkeypatch.setattr(GreedyVerifier, "stop_early", False)
+    monkeypatch.setattr(SequoiaVerifier, "stop_early", False)
+    target = qwen2_pair[0]
+    draft = copy.deepcopy(target)
+    ids = random_prompt(torch.Generator().manual_seed(6), 8)
+    allowed = [5, 9]
+    call = dict(max_new_tokens=20, cache_implementation="static", prefix_allowed_tokens_fn=lambda batch, seq: allowed,
+                **(dict(do_sample=True, temperature=0.7) if sampled else dict(do_sample=False)))
+    expected = target.generate(ids, **call)
+    with count_round_trips(target, draft) as counts:
+        out = target.generate(ids, assistant_model=draft, speculation=TreeConfig(widths=[3, 2]),
+                              speculation_config={"guard": False}, return_dict_in_generate=True, **call)
+    new = out.sequences[0, ids.shape[1]:].tolist()
+    assert set(new) <= set(allowed)
+    if not sampled:
+        assert torch.equal(out.sequences, expected)
+    first, *steps, last = counts.steps
+    assert steps and all(step.reads == 1 for step in steps), [(s.reads, s.draft_passes) for s in counts.steps]
+    stats = out.speculation_stats
+    # the shape's 9 drafted nodes (3 + 3 x 2): 2 + 2 x 2 fillable with two tokens allowed
+    assert stats.drafted_tokens == 6 * stats.target_forwards

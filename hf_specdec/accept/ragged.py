@@ -40,7 +40,7 @@ class RaggedRows:
         for row, tree in enumerate(trees):
             tree = tree.to(device)
             k = len(tree)
-            tokens[row, :k] = tree.tokens
+            tokens[row, :k] = tree.input_tokens
             depths[row, :k] = tree.depths
             allowed[row, :k, : length + k] = tree.visibility(length, self.valid[row])
         positions = self.valid.sum(dim=1, keepdim=True) + depths

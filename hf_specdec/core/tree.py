@@ -79,7 +79,9 @@ class TokenTree:
     """A tree of token ids rooted at the last accepted token.
 
     Attributes:
-        tokens: `(n,)` long tensor, `tokens[0]` is the root.
+        tokens: `(n,)` long tensor, `tokens[0]` is the root; -1 marks a node its drafter could not fill (fewer
+            candidates than its shape wanted), which no verifier accepts (it matches no token and has no draft mass)
+            and whose children are -1 too; a model is fed `input_tokens` (such a node as token 0).
         parents: `(n,)` long tensor, `parents[0] == -1`, `parents[i] < i` otherwise.
         draft_probs: optional `(n, vocab)` tensor: row i is the (processed) draft distribution the children
             of node i were drawn from (zero for childless nodes). Sampling verifiers need it; greedy and
@@ -130,6 +132,11 @@ class TokenTree:
 
     def __len__(self) -> int:
         return int(self.tokens.shape[0])
+
+    @property
+    def input_tokens(self) -> torch.Tensor:
+        """`tokens` as a model is fed them: an unfilled node (-1) as token 0 (never accepted, its outputs unused)."""
+        return self.tokens.clamp(min=0)
 
     @property
     def device(self) -> torch.device:

@@ -19,11 +19,14 @@ class Verdict:
         bonus_token: the token the target emits after the accepted path (a correction or a free extra).
         accepted_ranks: for each accepted drafted node, its rank among its siblings (0 = drafted first);
             the Sequoia planner learns its acceptance vector from these.
+        tokens: the tokens the step emits for it (the accepted drafted ones, then the bonus), once the step has
+            them (`decoding.step.judge`): a drafter that never read its tree's tokens learns them from here.
     """
 
     path: list[int]
     bonus_token: int
     accepted_ranks: list[int]
+    tokens: list[int] | None = None
 
 
 class Verifier:

@@ -7,6 +7,7 @@ cache: one sequence's tree after its committed tokens, or a batch's ragged rows 
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -75,7 +76,7 @@ def tree_pass(
     tree = tree.to(device)
     width = shapes.width if shapes is not None else None
     if width is None:
-        tokens, positions = tree.tokens[None], tree.position_ids(past)
+        tokens, positions = tree.input_tokens[None], tree.position_ids(past)
         masks = layout.tree_masks(tree, past, dtype, device)
     else:
         padded = padded_pass(tree, past, shapes.size(len(tree)), width, layout, dtype, device)
@@ -98,7 +99,7 @@ def chain_pass(target: PreTrainedModel, tree: TokenTree, cache: Cache, device: t
     model places them after the cache's and builds its own masks, as for any later pass of plain `generate`)."""
     if tree.host().depths()[-1] != len(tree) - 1:
         raise ValueError("A target with recurrent state verifies chains only (one drafted token per level).")
-    return target(input_ids=tree.tokens[None].to(device), **cache_arg(cache), use_cache=True, return_dict=True)
+    return target(input_ids=tree.input_tokens[None].to(device), **cache_arg(cache), use_cache=True, return_dict=True)
 
 
 def lean_target(
@@ -209,7 +210,8 @@ def judge(
     else:
         verdicts = verifier.verify_rows(trees, scores, generator)
     blocks = [[tree.host(tokens=True).tokens[node] for node in verdict.path[1:]] + [verdict.bonus_token]
-              for tree, verdict in zip(trees, verdicts)]
+              for tree, verdict in zip(trees, verdicts)]  # the verifiers' read brought the tokens (no read here)
+    verdicts = [dataclasses.replace(verdict, tokens=block) for verdict, block in zip(verdicts, blocks)]
     emitted = emit_rows([(sequence, block, block_scores(row_scores, verdict.path, stops))
                          for sequence, block, row_scores, verdict in zip(sequences, blocks, scores, verdicts)],
                         criteria, stops)
@@ -219,17 +221,17 @@ def judge(
 
 def renumbered(verdict: Verdict, kept: list[int]) -> Verdict:
     """A verdict on `tree.select(kept)` in the numbering of the whole tree (what the drafter proposed)."""
-    return Verdict(path=[kept[node] for node in verdict.path], bonus_token=verdict.bonus_token,
-                   accepted_ranks=verdict.accepted_ranks)
+    return dataclasses.replace(verdict, path=[kept[node] for node in verdict.path])
 
 
 def record_step(stats: SpeculationStats, tree, verdict, emitted: int) -> None:
     stats.target_forwards += 1
-    stats.drafted_tokens += len(tree) - 1
+    host = tree.host()
+    stats.drafted_tokens += len(tree) - 1 if host.tokens is None else sum(token >= 0 for token in host.tokens[1:])
     stats.new_tokens += emitted
     stats.tokens_per_step.append(emitted)
     stats.plain_steps += len(tree) == 1
-    children = tree.host().children()
+    children = host.children()
     for depth, node in enumerate(verdict.path):
         if children[node]:
             stats.reached_depths[depth] += 1

@@ -114,7 +114,10 @@ class HostSequence:
 
 
 def emitted_tokens(tree: TokenTree, verdict: Verdict) -> list[int]:
-    """What the loop appended after `tree`'s root: the accepted drafted tokens, then the bonus token."""
+    """What the loop appended after `tree`'s root: the accepted drafted tokens, then the bonus token (the verdict's,
+    where the step gave it them: a drafter that never read its tree's tokens reads nothing here)."""
+    if verdict.tokens is not None:
+        return list(verdict.tokens)
     tokens = tree.host(tokens=True).tokens
     return [tokens[node] for node in verdict.path[1:]] + [verdict.bonus_token]
 

@@ -78,7 +78,8 @@ class ModelTreeDrafter(DraftModelCounts, Drafter):
     The draft keeps its own KV cache across steps (see `DraftModelRunner`): after verification `accept` keeps
     only the accepted path, so the draft never re-reads a token. `vocab`: the target's output rows (see
     `DraftModelRunner`), so a draft padded differently never proposes a token the target lacks. Logits, processors,
-    child selection and the tree's tensors stay on the draft's device; the tokens are read once per step.
+    child selection and the tree's tensors stay on the draft's device; nothing is read while drafting (the tokens
+    reach the host with the verdict's read; a subclass that decides with them reads them once, `_read_tokens`).
     """
 
     def __init__(
@@ -196,17 +197,22 @@ class ModelTreeDrafter(DraftModelCounts, Drafter):
         flat.index_copy_(0, (base + columns).flatten(), probs.flatten())
         self._support[rows] = columns
 
-    def _read_tokens(self, tokens: torch.Tensor) -> list[int]:
-        """The drafted tokens on the host: the step's one read."""
-        return tokens.tolist()
+    def _read_tokens(self, tokens: torch.Tensor) -> list[int] | None:
+        """The drafted tokens on the host, where the drafter has read them to decide (a drafter sized every step);
+        None for a fixed shape: nothing is read while drafting, the verdict's read brings the tokens."""
+        return None
 
     def _prune(self, tokens: torch.Tensor, draft_probs: torch.Tensor | None) -> TokenTree:
-        """Drop nodes that could not be drafted (fewer candidates than the shape wanted, or levels not run)."""
+        """The drafted tree. Nodes that could not be drafted (fewer candidates than the shape wanted, or levels not
+        run) are dropped where the tokens were read; unread, the tree keeps the shape, such a node's token -1 (no
+        verifier accepts it): the step reads nothing before its verdict."""
         token_list = self._read_tokens(tokens)
         host = HostTree(parents=self.host_shape.parents, tokens=token_list, _structure=self.host_shape.structure())
         columns = self._support[: len(self.shape)] if draft_probs is not None and self._support is not None else None
         tree = TokenTree(tokens=tokens, parents=self.shape.parents, draft_probs=draft_probs, draft_columns=columns,
                          _depths=self.shape.depths, _ancestors=self.shape.ancestors, _host=host)
+        if token_list is None:
+            return tree
         keep = [node for node, token in enumerate(token_list) if token >= 0]
         if len(keep) == len(token_list):
             return tree

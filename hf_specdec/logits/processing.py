@@ -106,7 +106,7 @@ def _depth_groups(prefix_ids: torch.Tensor, tree: TokenTree, nodes: torch.Tensor
         groups.setdefault(depths[node], []).append(row)
     prefix_ids = prefix_ids.to(device)
     for rows in groups.values():
-        seqs = tree.prefix_tokens([nodes[row] for row in rows]).to(device)
+        seqs = tree.prefix_tokens([nodes[row] for row in rows]).clamp(min=0).to(device)  # an unfilled node: 0
         ids = torch.cat([prefix_ids.expand(len(rows), -1), seqs], dim=1)
         yield (None if len(groups) == 1 else torch.tensor(rows).to(device)), ids
 

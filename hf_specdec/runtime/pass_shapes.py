@@ -63,7 +63,7 @@ def padded_pass(
     host = tree.host()
     positions = host.structure()[0] + past
     keys = torch.cat([torch.arange(past), positions])
-    return padded_inputs(tree.tokens, positions, host.visibility(past), keys, size, width, layout, dtype, device)
+    return padded_inputs(tree.input_tokens, positions, host.visibility(past), keys, size, width, layout, dtype, device)
 
 
 def padded_inputs(

@@ -52,16 +52,16 @@ class Walk:
     how a level picks (`_pick`)."""
 
     def __init__(self, tree: TokenTree, device: torch.device) -> None:
-        host = tree.host(tokens=True)
+        self.tree = tree
+        host = tree.host()
         children = host.children()
         self.parents, self.children = host.parents, children
         self.width = max(1, *(len(kids) for kids in children))
-
-        def table(rows: list[list[int]], fill: int) -> torch.Tensor:
-            return torch.tensor([row + [fill] * (self.width - len(row)) for row in rows]).to(device)
-
-        self.child_tokens = table([[host.tokens[kid] for kid in kids] for kids in children], -1)
-        self.child_nodes = table(children, 0)
+        # the tables' shapes come from the host's parents; the tokens stay on the device (read with the verdict)
+        slots = torch.tensor([kids + [-1] * (self.width - len(kids)) for kids in children]).to(device)
+        tokens = tree.tokens.to(device)
+        self.child_tokens = torch.where(slots >= 0, tokens[slots.clamp(min=0)], -1)
+        self.child_nodes = slots.clamp(min=0)
         self.ranks = torch.arange(self.width, device=device)
         depths = host.depths()
         self.levels = max(depths) + 1
@@ -87,7 +87,12 @@ class Walk:
                 if flag is not None:
                     flagged = torch.where(flag & states[d].alive & (flagged == self.levels), d, flagged)
             last = states[stop]
-            alive, end, bonus, first = torch.cat([last.alive.long(), last.end, last.bonus, flagged]).tolist()
+            host = self.tree.host()
+            lacking = [self.tree.tokens.to(flagged.device)] if host.tokens is None else []  # read with the verdict
+            alive, end, bonus, first, *tokens = torch.cat([last.alive.long(), last.end, last.bonus, flagged,
+                                                           *lacking]).tolist()
+            if lacking:
+                host.tokens = tokens
             if first < self.levels:  # decide that level again on Transformers' row, and what follows
                 exact.add(first)
                 level = first

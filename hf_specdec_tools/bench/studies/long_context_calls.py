@@ -7,7 +7,9 @@ template) through plain `generate` and each method, interleaved, `--rounds` time
 loads it (bfloat16, the target prepacked, the draft "mixed"). Between rounds, and before the first, the target's bare
 pass over the prompt is timed, which shows how much the machine's own speed moves. Each call's prompt pass, drafting
 and target-pass seconds, steps, plain steps and its price (`speculation_stats.call_price`) are recorded: the price
-of a call is made from earlier calls' rates, so the first round's calls are not priced.
+of a call is made from earlier calls' rates, so the first round's calls are not priced. `--windows 0 256` runs each
+method once per `draft_window` (0: the draft reads the whole prompt), to see what reading less of a retrieved
+context saves and costs in tokens per step; `same_as_plain` says whether a call's tokens are plain's.
 """
 
 from __future__ import annotations
@@ -38,26 +40,39 @@ def main() -> None:
     parser.add_argument("--methods", default="sequoia,chain,specexec")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--max-new-tokens", type=int, default=48)
+    parser.add_argument("--windows", type=int, nargs="+", default=[None],
+                        help="draft_window values each method runs with (0: the whole prompt; default: the method's).")
     parser.add_argument("--output", type=Path, required=True)
     args = parser.parse_args()
     models = load_models(dtype=torch.bfloat16, int8_draft=True, prepack=True, progress=False)
     ids = tokenize_prompts(models.tokenizer, load_prompt_source("chat"))[args.prompt]
     rows, bare = [], [[bare_pass_seconds(models.target, ids) for _ in range(3)]]
+    runs = [(method, window) for method in args.methods.split(",") for window in args.windows] + [("plain", None)]
+    plain_tokens = None
     for round_ in range(args.rounds):
-        for method in [*args.methods.split(","), "plain"]:
+        for method, window in runs:
             kwargs = {} if method == "plain" else {"assistant_model": models.draft, "speculation": method}
+            if window is not None and method != "plain":
+                kwargs["speculation_config"] = {"draft_window": window}
             start = time.perf_counter()
             out = models.target.generate(ids, max_new_tokens=args.max_new_tokens, do_sample=False,
                                          return_dict_in_generate=True, **kwargs)
-            row = {"round": round_, "method": method, "seconds": time.perf_counter() - start}
+            row = {"round": round_, "method": method, "draft_window": window, "seconds": time.perf_counter() - start}
+            tokens = out.sequences[0, ids.shape[1]:].tolist()
+            if method == "plain":
+                plain_tokens = tokens
+            row["tokens"] = tokens
             stats = getattr(out, "speculation_stats", None)
             if stats is not None:
                 row.update(prefill=stats.time_prefill, drafting=stats.time_drafting,
                            target=stats.time_target_forward, steps=stats.target_forwards,
-                           plain_steps=stats.plain_steps, price=stats.call_price)
+                           plain_steps=stats.plain_steps, tokens_per_step=stats.mean_tokens_per_step,
+                           price=stats.call_price)
             rows.append(row)
             print(json.dumps(row), flush=True)
         bare.append([bare_pass_seconds(models.target, ids) for _ in range(2)])
+    for row in rows:  # greedy: identical to plain unless a bfloat16 near-tie rounds the other way
+        row["same_as_plain"] = row.pop("tokens") == plain_tokens
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps({
         "machine": {"cpu": cpu_model(), "flags": cpu_flags(), "torch": torch.__version__},
