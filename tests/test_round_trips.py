@@ -14,7 +14,10 @@ import pytest
 import torch
 
 from hf_specdec import ChainConfig, SequoiaConfig, SpecExecConfig, StagedConfig, TokenTree, TreeConfig
+from hf_specdec.core.tree import HostTree
+from hf_specdec.draft.sized_shape import SizedShapeDrafter
 from hf_specdec.methods.sequoia.dp import plan_tree
+from hf_specdec.plan.shape_sizing import ShapeChooser
 from hf_specdec.verify.greedy import GreedyVerifier
 from hf_specdec.verify.sampling import SequoiaVerifier, TargetSampleVerifier
 from tests.conftest import random_prompt
@@ -274,3 +277,35 @@ def test_a_fixed_shape_with_nodes_the_draft_cannot_fill_keeps_them_unread_and_ne
     stats = out.speculation_stats
     # the shape's 9 drafted nodes (3 + 3 x 2): 2 + 2 x 2 fillable with two tokens allowed
     assert stats.drafted_tokens == 6 * stats.target_forwards
+
+
+@pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "sampled"])
+def test_a_sized_sequoia_step_drafted_whole_on_a_static_cache_reads_twice(qwen2_pair, sampled, tmp_path, monkeypatch):
+    """`sequoia` at its defaults (a shape of its menu chosen every step) with its early stop off, as off the CPU
+    (`SizedShapeDrafter.stop_early`): the chosen shape drafted whole with no read, the verdict's read (the tokens
+    with it), then one read of what the step teaches (the draft's probabilities): two, however many levels. Per level
+    (the CPU's default) it reads before each level's pass instead."""
+    from hf_specdec.methods.sequoia import store
+
+    monkeypatch.setattr(store, "user_plan_dir", lambda: tmp_path)
+    monkeypatch.setattr(GreedyVerifier, "stop_early", False)
+    monkeypatch.setattr(SequoiaVerifier, "stop_early", False)
+    monkeypatch.setattr(SizedShapeDrafter, "stop_early", False)
+    # the menu's deepest shape every step (the choice follows this machine's measured curves otherwise)
+    monkeypatch.setattr(ShapeChooser, "choose", lambda self, sizer, acceptance: max(
+        range(len(self.menu.shapes)), key=lambda index: max(HostTree(parents=self.menu.shapes[index]).depths())))
+    target = qwen2_pair[0]
+    draft = copy.deepcopy(target)
+    ids = random_prompt(torch.Generator().manual_seed(5), 8)
+    call = dict(max_new_tokens=30, cache_implementation="static",
+                **(dict(do_sample=True, temperature=0.7, top_k=50, top_p=0.9) if sampled else dict(do_sample=False)))
+    expected = target.generate(ids, **call)
+    with count_round_trips(target, draft) as counts:
+        out = target.generate(ids, assistant_model=draft, speculation="sequoia", speculation_config={"guard": False},
+                              return_dict_in_generate=True, **call)
+    if not sampled:
+        assert torch.equal(out.sequences, expected)
+    first, *steps, last = counts.steps
+    assert all(step.draft_passes >= 3 for step in steps)  # several levels drafted
+    assert all(step.reads <= 2 for step in steps), [(s.reads, s.draft_passes) for s in counts.steps]
+    assert out.speculation_stats.draft_pass_sizes  # the level passes were timed and learnt from

@@ -105,13 +105,13 @@ def batch_speculative_loop(
         output = forward(input_ids=tokens, attention_mask=mask, position_ids=positions, **cache_arg(cache),
                          use_cache=True, return_dict=True)
         clock.stop()
-        seconds = clock.total - timed
         # 3. each row's nodes processed with that row's own processors, every row's verdict, and
         # 4. each row's accepted path and bonus token emitted, stopping where its criteria fire
         judged = judge(verifier, trees, [output.logits[index, : len(tree)] for index, tree in enumerate(trees)],
                        [sequences[row] for row in active], [processors[row] for row in active], stopping_criteria,
                        stops, device, generator, first=[first_logits[row : row + 1] for row in active]
                        if first_step else None)
+        seconds = clock.total - timed  # asked after the verdicts' read: on a GPU, asking waits for the pass
         kept, still = [], []
         for index, (row, tree, (_, cut), step) in enumerate(zip(active, trees, fitted, judged)):
             verdict, emitted = step.verdict, step.emitted

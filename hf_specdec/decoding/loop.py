@@ -148,10 +148,7 @@ def speculative_loop(
                                    records.wants_pass_outputs, shapes, forward)
         logits = output.logits[0, : len(tree)]
         clock.stop()
-        seconds = clock.total - timed
-        stats.time_target_forward += seconds
-        if compile_events(forward) == compiled_before:  # a compiling pass (or a trial) is not a pass's time
-            drafter.observe_target_pass(len(tree), seconds)
+        compiling = compile_events(forward) != compiled_before  # a compiling pass (or a trial) is not a pass's time
         # 3. every node's row processed as plain `generate` would at that node, the verifier's verdict, and
         # 4. the accepted path and the bonus token emitted, stopping where a criterion fires; the cache keeps them
         first_step = prefill is not None  # its first token as plain generate computes it (see step.prompt_pass)
@@ -159,6 +156,10 @@ def speculative_loop(
                           stopping_criteria, stops, device, generator,
                           first=[prefill.logits[0, -1:]] if first_step else None, ranks=ranks)
         t2 = time.perf_counter()
+        seconds = clock.total - timed  # asked after the verdict's read: on a GPU, asking waits for the pass
+        stats.time_target_forward += seconds
+        if not compiling:
+            drafter.observe_target_pass(len(tree), seconds)
         logits, scores, verdict, block = judged.logits, judged.scores, judged.verdict, judged.block
         input_ids, emitted, finished, path = judged.sequence, judged.emitted, judged.finished, judged.verdict.path
         for j, node in enumerate(path[:emitted] if records.wants_any else ()):

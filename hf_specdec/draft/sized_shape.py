@@ -9,12 +9,18 @@ verdict teaches both acceptance models.
 
 Sampling stays exact with Sequoia's verifier: the shape is chosen from earlier steps only, and an early stop only
 decides whether nodes already drafted get children, never whether a drafted sibling is kept.
+
+The early stop reads the draft's probabilities before each level's pass, which waits for nothing on a CPU. Elsewhere
+(`stop_early`) the chosen shape is drafted whole, as a fixed shape is: nothing is read until the verdict (which
+brings the tokens), and what the step teaches (the draft's probabilities, each level pass's time) is read after it,
+once. A step then reads twice, and the menu's few shapes are the only pass shapes it meets.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import ClassVar
 
 import torch
 from transformers import LogitsProcessorList, PreTrainedModel
@@ -23,11 +29,16 @@ from ..core.tree import HostTree, TokenTree
 from ..core.verdict import Verdict
 from ..plan.shape_sizing import RankAcceptance, ShapeChooser, ShapeDepths, ShapeMenu
 from ..plan.step_sizing import StepSizer
+from ..verify.tree_walk import reads_per_level
 from .shaped_tree import ModelTreeDrafter, ShapeLevel
 
 
 class SizedShapeDrafter(ModelTreeDrafter):
     """`ModelTreeDrafter` over the shape `menu.best` picks each step; deeper levels only while they pay."""
+
+    #: decide before each level's pass whether it pays (a read a level); False: draft the chosen shape whole and
+    #: learn after the verdict; None: per level on a CPU, where a read waits for nothing
+    stop_early: ClassVar[bool | None] = None
 
     def __init__(
         self,
@@ -45,7 +56,10 @@ class SizedShapeDrafter(ModelTreeDrafter):
         self.menu, self.sizer, self.ranks = menu, sizer, ranks
         self.chooser = ShapeChooser(menu, full_size)  # full_size: the method's full tree (a smaller one is shrunk)
         self._logq: torch.Tensor | None = None  # the draft's log-probability of each shape node (device)
-        self._host_logq: list[float] = []
+        self._host_logq: list[float] | None = None  # read this step (per level: with the tokens; else after it)
+        self._per_level = True  # this step decides level by level (`stop_early` resolved on the draft's device)
+        self._mark = 0  # the draft clock's passes when the step's first level pass began (drafted whole)
+        self._widths: list[int] = []  # the widths of this step's level passes, timed after its verdict
         self._draft_before = 0.0
         self._untimed_before = 0
         self._depths: dict[tuple[int, ...], ShapeDepths] = {}  # per shape drafted: its nodes by depth and rank
@@ -59,6 +73,8 @@ class SizedShapeDrafter(ModelTreeDrafter):
         return self.chooser.shrunk_steps
 
     def propose(self, input_ids: torch.LongTensor) -> TokenTree:
+        self._per_level = reads_per_level(self.stop_early, self.runner.device)
+        self._host_logq, self._widths = None, []
         self.use_shape(self.menu.shapes[self.chooser.choose(self.sizer, self.ranks)])
         tree = super().propose(input_ids)
         self.chooser.shrunk(len(tree))
@@ -71,14 +87,28 @@ class SizedShapeDrafter(ModelTreeDrafter):
 
     def _level_drafted(self, level: ShapeLevel, kids: torch.Tensor, logq: Callable[[], torch.Tensor]) -> None:
         # the root's pass also fed the accepted tokens, a compiling pass compiled: not comparable timings
-        if level.parent_list[0] != 0 and self.runner.untimed_passes == self._untimed_before:
-            self.sizer.observe_draft(len(level.parent_list), self.runner.forward_time - self._draft_before)
-        self._draft_before, self._untimed_before = self.runner.forward_time, self.runner.untimed_passes
+        if not self._per_level:  # timed after the verdict (`_observe_passes`): asking now would wait for the pass
+            if level.parent_list[0] == 0:
+                self._mark, self._untimed_before = self.runner.clock.passes, self.runner.untimed_passes
+            else:
+                self._widths.append(len(level.parent_list))
+        else:
+            if level.parent_list[0] != 0 and self.runner.untimed_passes == self._untimed_before:
+                self.sizer.observe_draft(len(level.parent_list), self.runner.forward_time - self._draft_before)
+            self._draft_before, self._untimed_before = self.runner.forward_time, self.runner.untimed_passes
         self._logq[level.children] = logq()[level.rows, level.cols]
+
+    def _observe_passes(self) -> None:
+        """A step drafted whole: each level pass's time, now that the verdict's read has waited for them all."""
+        if self._widths and self.runner.untimed_passes == self._untimed_before:
+            for width, seconds in zip(self._widths, self.runner.clock.seconds_since(self._mark)):
+                self.sizer.observe_draft(width, seconds)
 
     def _level_pays(self, index: int) -> bool:
         """The pass of level `index` runs if some deeper stop is predicted to lower the time per token (one read: the
-        draft's probabilities so far)."""
+        draft's probabilities so far); drafted whole, every level runs."""
+        if not self._per_level:
+            return True
         values = self._values(self._logq.tolist())
         key = tuple(self.host_shape.parents)
         if key not in self._depths:
@@ -93,8 +123,11 @@ class SizedShapeDrafter(ModelTreeDrafter):
             values[node] = values[parent] * math.exp(logf[node]) if math.isfinite(logf[node]) else 0.0
         return values
 
-    def _read_tokens(self, tokens: torch.Tensor) -> list[int]:
-        """Tokens and their draft log-probabilities in the step's one final read."""
+    def _read_tokens(self, tokens: torch.Tensor) -> list[int] | None:
+        """Tokens and their draft log-probabilities in one final read, where the step decided level by level; drafted
+        whole, nothing (the verdict brings the tokens, `accept` reads the probabilities)."""
+        if not self._per_level:
+            return None
         token_list, self._host_logq = torch.stack([tokens.double(), self._logq.double()]).tolist()
         return [int(t) for t in token_list]
 
@@ -106,9 +139,14 @@ class SizedShapeDrafter(ModelTreeDrafter):
         super().accept(input_ids, tree, verdict)
         if len(tree) < 2 or len(self._kept) != len(tree):
             return  # a plain step (or a tree this drafter did not propose): nothing drafted to learn from
-        children = tree.host().children()
+        if self._host_logq is None:  # drafted whole: learnt from after the verdict, in one read
+            self._observe_passes()
+            self._host_logq = self._logq.tolist()
+        logq = [self._host_logq[node] for node in self._kept]
+        # a node the draft could not fill (-inf: kept in a tree drafted whole) was never a candidate
+        children = [[c for c in kids if math.isfinite(logq[c])] for kids in tree.host().children()]
         path = verdict.path
         self.ranks.learn(children, path, verdict.accepted_ranks)
         reached = set(path)
         kids = [c for node in path for c in children[node]]
-        self.sizer.acceptance.update([self._host_logq[self._kept[c]] for c in kids], [c in reached for c in kids])
+        self.sizer.acceptance.update([logq[c] for c in kids], [c in reached for c in kids])

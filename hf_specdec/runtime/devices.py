@@ -7,6 +7,7 @@ is where the forward pass really runs.
 
 from __future__ import annotations
 
+import collections
 import hashlib
 import platform
 import time
@@ -67,6 +68,10 @@ def device_layout(model: PreTrainedModel) -> str | None:
     return "-".join(parts) or None
 
 
+#: per-pass times a PassClock keeps (`seconds_since` asks for one step's passes)
+RECENT_PASSES = 256
+
+
 class PassClock:
     """Seconds model passes take on `device` (or on each of several devices a model spans), added up, for cost
     models and statistics.
@@ -85,6 +90,8 @@ class PassClock:
         self._seconds = 0.0
         self._began = 0.0
         self._pending: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
+        self._recent: collections.deque[float] = collections.deque(maxlen=RECENT_PASSES)  # each pass's seconds
+        self.passes = 0  # passes timed so far: a mark for `seconds_since`, read without waiting
 
     def _synchronize(self) -> None:
         for gpu in self._gpus if len(self._gpus) > 1 else ():
@@ -99,20 +106,34 @@ class PassClock:
             self._began = time.perf_counter()
 
     def stop(self) -> None:
+        self.passes += 1
         if self.cuda:
             self._pending[-1][1].record(torch.cuda.current_stream(self._gpus[0]))
         else:
             self._synchronize()
-            self._seconds += time.perf_counter() - self._began
+            self._add(time.perf_counter() - self._began)
+
+    def _add(self, seconds: float) -> None:
+        self._seconds += seconds
+        self._recent.append(seconds)
 
     @property
     def total(self) -> float:
         """Seconds of every pass timed so far (on CUDA, waits for the last timed pass to finish)."""
         for begin, end in self._pending:
             end.synchronize()
-            self._seconds += begin.elapsed_time(end) / 1e3
+            self._add(begin.elapsed_time(end) / 1e3)
         self._pending.clear()
         return self._seconds
+
+    def seconds_since(self, mark: int) -> list[float]:
+        """The seconds of each pass timed since `passes` was `mark` (on CUDA, waits for them: a drafter asks once
+        its step's verdict has been read, when they are long done, rather than stall the device between passes)."""
+        self.total  # noqa: B018  (resolves the pending events)
+        count = self.passes - mark
+        if count > len(self._recent):
+            raise ValueError(f"Only the last {len(self._recent)} passes' times are kept, not {count}.")
+        return list(self._recent)[len(self._recent) - count :] if count else []
 
 
 def is_offloaded(model: PreTrainedModel) -> bool:

@@ -9,8 +9,9 @@ from ..core.verdict import Verdict
 
 
 def reads_per_level(stop_early: bool | None, device: torch.device) -> bool:
-    """A verifier's `stop_early` setting resolved: read after each level of the walk (True) or once (False). None
-    means on a CPU, where a read waits for nothing and a row not needed is work saved."""
+    """A `stop_early` setting resolved (a verifier's; a sized drafter's): read after each level of the walk, or of
+    the drafting (True), or once (False). None means on a CPU, where a read waits for nothing and a row not needed is
+    work saved."""
     return stop_early if stop_early is not None else device.type == "cpu"
 
 
