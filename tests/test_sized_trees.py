@@ -420,3 +420,14 @@ def test_guard_false_keeps_every_step_speculative(monkeypatch):
     assert free.speculation_stats.plain_steps == 0 and free.speculation_stats.mean_tokens_per_step >= 3.5
     with pytest.raises(ValueError, match="guard must be True or False, got 'no'"):
         _generate(target, target, ids, "chain", speculation_config={"guard": "no"})
+
+
+def test_a_clear_loss_is_judged_sooner_than_a_slight_one():
+    """Speculative steps costing `clear_loss` times plain's time per token or more are judged after `quick_patience`
+    steps; a slighter loss (beyond the margin only) waits the whole `patience`."""
+    clear = PlainGuard(probe_share=0.0)
+    clear.observe(1.0, 1, plain=True)  # plain decoding: 1 s a token
+    assert _steps(clear, 4, 3.0, 1).startswith("ss" + "p")  # 3 s for a token: turned plain after two steps
+    slight = PlainGuard(probe_share=0.0)
+    slight.observe(1.0, 1, plain=True)
+    assert _steps(slight, 6, 2.6, 2).startswith("ssss" + "p")  # 1.3 s a token: after four

@@ -4,12 +4,15 @@ Every step's wall time (drafting, the target pass, verification, bookkeeping) an
 (the root alone) costs plain decoding's time per token exactly. Until one has run, the plain rate is estimated as a
 speculative step without its draft passes (the target's pass over the tree, verification and bookkeeping: a pass
 over one token costs no more on the hardware that speculation suits). When the running seconds per token of
-speculative steps exceed the plain rate by more than timing noise, the next `backoff` steps run plain; then
-speculation resumes as a probe (its rate measured afresh), and `backoff` doubles each time the probe loses again and
-resets once it wins: acceptance that returns is found within a bounded number of steps. A probe that lost much waits
-longer than `backoff`: enough plain steps (at most `max_wait`) that what the probe lost is at most `probe_share` of
-their time, so where a speculative step costs ten plain ones (a draft as dear as the target) the probes cannot make
-decoding much slower than plain. The probe's first step feeds the draft every waited token: repaid, never judged.
+speculative steps exceed the plain rate by more than timing noise, the next `backoff` steps run plain (judged after
+`patience` steps, or after `quick_patience` where they cost `clear_loss` times plain's time per token: on the
+760-token retrieved-context chat, a 48-token `chain` call ran 14 speculative steps of its 32, judged four at a time,
+and lost to plain); then speculation resumes as a probe (its rate measured afresh), and `backoff` doubles each time
+the probe loses again and resets once it wins: acceptance that returns is found within a bounded number of steps. A
+probe that lost much waits longer than `backoff`: enough plain steps (at most `max_wait`) that what the probe lost
+is at most `probe_share` of their time, so where a speculative step costs ten plain ones (a draft as dear as the
+target) the probes cannot make decoding much slower than plain. The probe's first step feeds the draft every waited
+token: repaid, never judged.
 
 A call goes on where the last call with the same target, draft, settings, processors and batch size left off
 (`remembered_guard`): a pipeline over a dataset, or a benchmark's repeated calls, pays for judging speculation once,
@@ -63,6 +66,8 @@ class PlainGuard:
     (what they decode is not affected, only how many steps run plain)."""
 
     patience: int = 4  # speculative steps measured before they are judged
+    quick_patience: int = 2  # ... but a clear loss is judged after this many
+    clear_loss: float = 1.5  # a clear loss: speculating costs this many times plain's time per token, or more
     margin: float = 1.1  # losing means slower than plain by this factor: timing noise alone must not flip a step
     backoff: int = 4  # plain steps after a loss; doubles after each lost probe
     max_backoff: int = 64
@@ -142,9 +147,12 @@ class PlainGuard:
         self.undrafted = undrafted if self.undrafted is None else self._mean(self.undrafted, undrafted)
         self.drafted = draft_seconds if self.drafted is None else self._mean(self.drafted, draft_seconds)
         reference = self.reference()
-        if reference is None or self.spec_steps < self.patience:
+        if reference is None or self.spec_steps < min(self.patience, self.quick_patience):
             return
-        if self.spec_seconds / max(self.spec_tokens, 1e-9) >= self.margin * reference:
+        rate = self.spec_seconds / max(self.spec_tokens, 1e-9)
+        if self.spec_steps < self.patience and rate < self.clear_loss * reference:
+            return  # this early only a clear loss is judged: a 48-token call cannot afford patience on one
+        if rate >= self.margin * reference:
             self._base_backoff = self._base_backoff or self.backoff
             self.waiting = max(self._base_backoff, self._repaying_wait(reference, rows))
             self._base_backoff = min(2 * self._base_backoff, self.max_backoff)
