@@ -135,6 +135,9 @@ def guard_never_fires(monkeypatch):
 
     monkeypatch.setattr(guard, "_REMEMBERED", weakref.WeakKeyDictionary())  # no guard carries over from another test
     monkeypatch.setattr(guarded, "PlainGuard", functools.partial(PlainGuard, margin=math.inf))
+    # a single sequence's guard is `guarded.PlainGuard` as patched (here, or over this in test_sized_trees.py), without
+    # the measured plain steps `sequence_guard` adds (tested in test_sized_trees.py)
+    monkeypatch.setattr(guarded, "sequence_guard", lambda: guarded.PlainGuard())
     monkeypatch.setattr(batch, "PlainGuard", functools.partial(PlainGuard, margin=math.inf))
     monkeypatch.setattr(batch, "BATCH_MARGIN", math.inf)  # what a batch passes its guard as the margin
 

@@ -30,6 +30,8 @@ from hf_specdec.plan.sizing import HardwareProfile
 from hf_specdec.plan.step_sizing import OnlineAcceptance, StepSizer
 from tests.conftest import random_prompt, tiny_model
 
+_real_sequence_guard = guarded.sequence_guard  # before the suite's fixture swaps it for an inert one
+
 SIZES = (1, 2, 4, 8, 16, 32, 64, 128)
 PRIOR = [0.7, 0.1, 0.05]
 
@@ -431,3 +433,39 @@ def test_a_clear_loss_is_judged_sooner_than_a_slight_one():
     slight = PlainGuard(probe_share=0.0)
     slight.observe(1.0, 1, plain=True)
     assert _steps(slight, 6, 2.6, 2).startswith("ssss" + "p")  # 1.3 s a token: after four
+
+
+def _judged(guard: PlainGuard, count: int, spec_seconds: float, spec_tokens: int, tree_pass: float = 1.0) -> str:
+    """`count` steps of one call where a plain step costs 1 s a token and a speculative one `spec_seconds` for
+    `spec_tokens` tokens, `tree_pass` of them the target's pass over the tree (the rest drafting): what an unmeasured
+    guard takes for a plain step's cost. "p"/"s" per step."""
+    guard.new_call()
+    kinds = ""
+    for _ in range(count):
+        plain = guard.plain_next()
+        guard.observe(1.0 if plain else spec_seconds, 1 if plain else spec_tokens, plain=plain,
+                      draft_seconds=0.0 if plain else spec_seconds - tree_pass)
+        kinds += "p" if plain else "s"
+    return kinds
+
+
+def test_a_sequences_guard_measures_plain_where_the_estimate_flatters_it(monkeypatch):
+    """A tree pass dearer than a one-token pass (2 s against 1 s) makes the estimated plain rate 2 s a token: steps at
+    1.5 s a token look like wins. The single sequence's guard measures one plain step after `patience` speculative
+    ones, and then judges them the losers they are; later calls measure again only while the steps do not beat the
+    measured rate `SURE_WIN` times over."""
+    estimated = PlainGuard()
+    assert _judged(estimated, 12, 3.0, 2, tree_pass=2.0) == "s" * 12  # 1.5 s a token against an estimated 2 s
+    monkeypatch.setattr(guarded, "sequence_guard", _real_sequence_guard)
+    monkeypatch.setattr(guarded, "PlainGuard", PlainGuard)
+    target = torch.nn.Linear(1, 1)
+    guard = guarded.GuardedDrafter.guard_for(target, None, "losing")  # what generate prices and guards a call with
+    kinds = _judged(guard, 12, 3.0, 2, tree_pass=2.0)
+    assert kinds.startswith("ssss" + "p") and kinds[5:].count("p") >= 4  # measured at 1 s a token: turned plain
+    assert guard.plain_rates == {1: 1.0}
+    sure = guarded.sequence_guard()
+    assert _judged(sure, 8, 1.8, 4).count("p") == 1  # 0.45 s a token: measured once, in the first call
+    assert _judged(sure, 8, 1.8, 4) == "s" * 8  # then beats 1 s by more than SURE_WIN: no plain step
+    near = guarded.sequence_guard()
+    assert [_judged(near, 8, 1.8, 2).count("p") for _ in range(3)] == [1, 1, 1]  # 0.9 s a token: every call
+

@@ -19,6 +19,15 @@ from ..core.tree import HostTree, TokenTree
 from ..core.verdict import Verdict
 from ..plan.guard import PlainGuard, remembered_guard
 
+#: a single sequence's guard measures a plain step again in each call whose speculative steps do not beat the last
+#: measured plain rate this many times over (plan/guard.py: the estimate alone flattered plain decoding by up to 1.5x)
+SURE_WIN = 1.25
+
+
+def sequence_guard() -> PlainGuard:
+    """A new guard for a single sequence's calls: judged against a measured plain step."""
+    return PlainGuard(measure_plain=True, sure_win=SURE_WIN)
+
 
 def root_only(last: int, device: torch.device) -> TokenTree:
     """The tree of a plain step: the last committed token alone."""
@@ -31,7 +40,7 @@ class GuardedDrafter(Drafter):
 
     def __init__(self, inner: Drafter, guard: PlainGuard | None = None) -> None:
         self.inner = inner
-        self.guard = guard or PlainGuard()
+        self.guard = guard or sequence_guard()
         self._started: float | None = None  # when the last proposal began (a step runs until the next one)
         self._last: tuple[bool, int] | None = None  # (plain, tokens emitted) of the last step
         self._draft_time = 0.0  # the inner drafter's pass time when the last step began
@@ -44,7 +53,7 @@ class GuardedDrafter(Drafter):
     def guard_for(target: object, draft: object | None, key: Hashable) -> PlainGuard:
         """The guard the last call with these models and `key` left, or a new one: what prices a call before its
         drafter is made (`PlainGuard.price`)."""
-        return remembered_guard(target, draft, key, PlainGuard)
+        return remembered_guard(target, draft, key, sequence_guard)
 
     @property
     def num_drafting_tokens(self) -> int:

@@ -3,7 +3,13 @@
 Every step's wall time (drafting, the target pass, verification, bookkeeping) and tokens are measured. A plain step
 (the root alone) costs plain decoding's time per token exactly. Until one has run, the plain rate is estimated as a
 speculative step without its draft passes (the target's pass over the tree, verification and bookkeeping: a pass
-over one token costs no more on the hardware that speculation suits). When the running seconds per token of
+over one token costs no more on the hardware that speculation suits). That estimate flatters plain decoding where a
+tree pass costs more than a one-token pass: on a 2-core Xeon with AMX, 48-token calls over a 760-token retrieved
+context were judged against 0.27-0.38 s a token where plain decoded at 0.19-0.22, and `chain` lost them (0.68x)
+with not one step turned plain. So a guard measures one plain step once `patience` speculative steps have run
+(`measure_plain`), and again in each later call whose steps do not beat the measured rate `sure_win` times over (a
+single sequence's guard, `draft.guarded.sequence_guard`: 1.25x; a batch's: every call, below). When the running
+seconds per token of
 speculative steps exceed the plain rate by more than timing noise, the next `backoff` steps run plain (judged after
 `patience` steps, or after `quick_patience` where they cost `clear_loss` times plain's time per token: on the
 760-token retrieved-context chat, a 48-token `chain` call ran 14 speculative steps of its 32, judged four at a time,
@@ -84,6 +90,9 @@ class PlainGuard:
     drafted: float | None = None  # seconds of a speculative step's draft passes (running mean)
     prompt_rate: float | None = None  # seconds per prompt token of the draft's pass over a call's prompt (running mean)
     measure_plain: bool = False  # run one plain step to measure plain decoding, rather than estimate it
+    #: once a plain rate is measured, a call whose speculative steps beat it this many times over measures no plain
+    #: step of its own (inf: every call long enough to judge measures one)
+    sure_win: float = math.inf
     waiting: int = 0  # plain steps left before the next probe
     plain_steps: int = 0  # steps this guard turned plain in the current call (stats)
     probe_seconds: float = 0.0  # totals over speculative steps since the last judgement that did not lose
@@ -115,8 +124,12 @@ class PlainGuard:
                 self.spec_steps = self.probe_tokens = 0
                 self.catching_up = True
             return True
-        due = rows not in self.plain_rates or (rows not in self.measured and self.call_spec_steps >= self.patience)
-        return self.measure_plain and due and rows == self.rows and self.spec_steps >= self.patience
+        if not (self.measure_plain and rows == self.rows and self.spec_steps >= self.patience):
+            return False
+        if rows not in self.plain_rates:
+            return True
+        unsure = self.spec_seconds / max(self.spec_tokens, 1e-9) * self.sure_win > self.plain_rates[rows]
+        return rows not in self.measured and self.call_spec_steps >= self.patience and unsure
 
     def reference(self) -> float | None:
         """Seconds per token of plain decoding over the judged steps' rows: measured, else estimated from the
