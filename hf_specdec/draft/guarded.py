@@ -20,7 +20,7 @@ from ..core.verdict import Verdict
 from ..plan.guard import PlainGuard, remembered_guard
 
 #: a single sequence's guard measures a plain step again in each call whose speculative steps do not beat the last
-#: measured plain rate this many times over (plan/guard.py: the estimate alone flattered plain decoding by up to 1.5x)
+#: measured plain rate this many times over (plan/guard.py: the estimate alone flattered plain decoding by up to 1.8x)
 SURE_WIN = 1.25
 
 

@@ -5,8 +5,8 @@ Every step's wall time (drafting, the target pass, verification, bookkeeping) an
 speculative step without its draft passes (the target's pass over the tree, verification and bookkeeping: a pass
 over one token costs no more on the hardware that speculation suits). That estimate flatters plain decoding where a
 tree pass costs more than a one-token pass: on a 2-core Xeon with AMX, 48-token calls over a 760-token retrieved
-context were judged against 0.27-0.38 s a token where plain decoded at 0.19-0.22, and `chain` lost them (0.68x)
-with not one step turned plain. So a guard measures one plain step once `patience` speculative steps have run
+context were judged against 0.22-0.38 s a token where plain calls took 0.21-0.23 with their prompt pass, and `chain`
+lost them (0.68x) with not one step turned plain. So a guard measures one plain step once `patience` speculative steps have run
 (`measure_plain`), and again in each later call whose steps do not beat the measured rate `sure_win` times over (a
 single sequence's guard, `draft.guarded.sequence_guard`: 1.25x; a batch's: every call, below). When the running
 seconds per token of
