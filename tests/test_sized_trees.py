@@ -469,3 +469,18 @@ def test_a_sequences_guard_measures_plain_where_the_estimate_flatters_it(monkeyp
     near = guarded.sequence_guard()
     assert [_judged(near, 8, 1.8, 2).count("p") for _ in range(3)] == [1, 1, 1]  # 0.9 s a token: every call
 
+
+
+def test_a_sequences_first_call_measures_one_plain_step_and_stays_identical(monkeypatch):
+    """Through `generate`, with the single sequence's own guard (never judging a loss here): after its first four
+    speculative steps one plain step measures plain decoding; the output is plain's."""
+    monkeypatch.setattr(guarded, "sequence_guard", _real_sequence_guard)
+    monkeypatch.setattr(guarded, "PlainGuard", functools.partial(PlainGuard, margin=float("inf")))
+    target = tiny_model("llama", 0)
+    draft = copy.deepcopy(target)  # every chain accepted: 3 tokens a step
+    ids = random_prompt(torch.Generator().manual_seed(4), 7)
+    plain = target.generate(ids, do_sample=False, max_new_tokens=24)
+    out = _generate(target, draft, ids, ChainConfig(num_draft_tokens=2, confidence_threshold=None), new=24)
+    assert torch.equal(out.sequences, plain)
+    stats = out.speculation_stats
+    assert stats.plain_steps == 1 and stats.tokens_per_step[5] == 1  # the step after the first four judged ones
