@@ -6,11 +6,11 @@ speculative step without its draft passes (the target's pass over the tree, veri
 over one token costs no more on the hardware that speculation suits). That estimate flatters plain decoding where a
 tree pass costs more than a one-token pass: on a 2-core Xeon with AMX, 48-token calls over a 760-token retrieved
 context were judged against 0.22-0.38 s a token where plain calls took 0.21-0.23 with their prompt pass, and `chain`
-lost them (0.68x) with not one step turned plain. So a guard measures one plain step once `patience` speculative steps have run
-(`measure_plain`), and again in each later call whose steps do not beat the measured rate `sure_win` times over (a
-single sequence's guard, `draft.guarded.sequence_guard`: 1.25x; a batch's: every call, below). When the running
-seconds per token of
-speculative steps exceed the plain rate by more than timing noise, the next `backoff` steps run plain (judged after
+lost them (0.68x) with not one step turned plain. So a guard measures one plain step once `patience` speculative
+steps have run (`measure_plain`), and again in each later call whose steps do not beat the measured rate `sure_win`
+times over (a single sequence's guard, `draft.guarded.sequence_guard`: 1.25x; a batch's: every call, below). When
+the running seconds per token of speculative steps exceed the plain rate by more than timing noise, the next
+`backoff` steps run plain (judged after
 `patience` steps, or after `quick_patience` where they cost `clear_loss` times plain's time per token: on the
 760-token retrieved-context chat, a 48-token `chain` call ran 14 speculative steps of its 32, judged four at a time,
 and lost to plain); then speculation resumes as a probe (its rate measured afresh), and `backoff` doubles each time
