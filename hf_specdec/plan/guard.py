@@ -10,15 +10,14 @@ lost them (0.68x) with not one step turned plain. So a guard measures one plain 
 steps have run (`measure_plain`), and again in each later call whose steps do not beat the measured rate `sure_win`
 times over (a single sequence's guard, `draft.guarded.sequence_guard`: 1.25x; a batch's: every call, below). When
 the running seconds per token of speculative steps exceed the plain rate by more than timing noise, the next
-`backoff` steps run plain (judged after
-`patience` steps, or after `quick_patience` where they cost `clear_loss` times plain's time per token: on the
-760-token retrieved-context chat, a 48-token `chain` call ran 14 speculative steps of its 32, judged four at a time,
-and lost to plain); then speculation resumes as a probe (its rate measured afresh), and `backoff` doubles each time
-the probe loses again and resets once it wins: acceptance that returns is found within a bounded number of steps. A
-probe that lost much waits longer than `backoff`: enough plain steps (at most `max_wait`) that what the probe lost
-is at most `probe_share` of their time, so where a speculative step costs ten plain ones (a draft as dear as the
-target) the probes cannot make decoding much slower than plain. The probe's first step feeds the draft every waited
-token: repaid, never judged.
+`backoff` steps run plain (judged after `patience` steps, or after `quick_patience` where they cost `clear_loss`
+times plain's time per token: on the 760-token retrieved-context chat, a 48-token `chain` call ran 14 speculative
+steps of its 32, judged four at a time, and lost to plain); then speculation resumes as a probe (its rate measured
+afresh), and `backoff` doubles each time the probe loses again and resets once it wins: acceptance that returns is
+found within a bounded number of steps. A probe that lost much waits longer than `backoff`: enough plain steps (at
+most `max_wait`) that what the probe lost is at most `probe_share` of their time, so where a speculative step costs
+ten plain ones (a draft as dear as the target) the probes cannot make decoding much slower than plain. The probe's
+first step feeds the draft every waited token: repaid, never judged.
 
 A call goes on where the last call with the same target, draft, settings, processors and batch size left off
 (`remembered_guard`): a pipeline over a dataset, or a benchmark's repeated calls, pays for judging speculation once,
@@ -128,7 +127,8 @@ class PlainGuard:
             return False
         if rows not in self.plain_rates:
             return True
-        unsure = self.spec_seconds / max(self.spec_tokens, 1e-9) * self.sure_win > self.plain_rates[rows]
+        rate = self.spec_seconds / max(self.spec_tokens, 1e-9)
+        unsure = math.isinf(self.sure_win) or rate * self.sure_win > self.plain_rates[rows]
         return rows not in self.measured and self.call_spec_steps >= self.patience and unsure
 
     def reference(self) -> float | None:
