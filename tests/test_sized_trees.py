@@ -121,15 +121,17 @@ def _step_seconds(kinds: str, spec_seconds: float, first_spec: float | None) -> 
     return first_spec if first_spec is not None and kinds.endswith("p") else spec_seconds
 
 
-def _steps(guard: PlainGuard, count: int, spec_seconds: float, spec_tokens: int, first_spec: float | None = None
-           ) -> str:
-    """Run `count` steps as the loop does (plain: 1 s a token; a speculative step: a 1 s target pass and drafting,
-    `spec_tokens` tokens); "p" for each plain step, "s" for each speculative one."""
+def _steps(guard: PlainGuard, count: int, spec_seconds: float, spec_tokens: int, first_spec: float | None = None,
+           tree_pass: float = 1.0) -> str:
+    """Run `count` steps as the loop does (plain: 1 s a token; a speculative step: a `tree_pass` s target pass over
+    its tree, what an unmeasured guard takes for a plain step's cost, and drafting; `spec_tokens` tokens); "p" for
+    each plain step, "s" for each speculative one."""
     kinds = ""
     for _ in range(count):
         plain = guard.plain_next()
         seconds = 1.0 if plain else _step_seconds(kinds, spec_seconds, first_spec)
-        guard.observe(seconds, 1 if plain else spec_tokens, plain=plain, draft_seconds=0.0 if plain else seconds - 1)
+        guard.observe(seconds, 1 if plain else spec_tokens, plain=plain,
+                      draft_seconds=0.0 if plain else seconds - tree_pass)
         kinds += "p" if plain else "s"
     return kinds
 
@@ -435,18 +437,10 @@ def test_a_clear_loss_is_judged_sooner_than_a_slight_one():
     assert _steps(slight, 6, 2.6, 2).startswith("ssss" + "p")  # 1.3 s a token: after four
 
 
-def _judged(guard: PlainGuard, count: int, spec_seconds: float, spec_tokens: int, tree_pass: float = 1.0) -> str:
-    """`count` steps of one call where a plain step costs 1 s a token and a speculative one `spec_seconds` for
-    `spec_tokens` tokens, `tree_pass` of them the target's pass over the tree (the rest drafting): what an unmeasured
-    guard takes for a plain step's cost. "p"/"s" per step."""
+def _call(guard: PlainGuard, count: int, spec_seconds: float, spec_tokens: int, tree_pass: float = 1.0) -> str:
+    """`_steps` as one call of `count` steps."""
     guard.new_call()
-    kinds = ""
-    for _ in range(count):
-        plain = guard.plain_next()
-        guard.observe(1.0 if plain else spec_seconds, 1 if plain else spec_tokens, plain=plain,
-                      draft_seconds=0.0 if plain else spec_seconds - tree_pass)
-        kinds += "p" if plain else "s"
-    return kinds
+    return _steps(guard, count, spec_seconds, spec_tokens, tree_pass=tree_pass)
 
 
 def test_a_sequences_guard_measures_plain_where_the_estimate_flatters_it(monkeypatch):
@@ -455,19 +449,19 @@ def test_a_sequences_guard_measures_plain_where_the_estimate_flatters_it(monkeyp
     ones, and then judges them the losers they are; later calls measure again only while the steps do not beat the
     measured rate `SURE_WIN` times over."""
     estimated = PlainGuard()
-    assert _judged(estimated, 12, 3.0, 2, tree_pass=2.0) == "s" * 12  # 1.5 s a token against an estimated 2 s
+    assert _call(estimated, 12, 3.0, 2, tree_pass=2.0) == "s" * 12  # 1.5 s a token against an estimated 2 s
     monkeypatch.setattr(guarded, "sequence_guard", _real_sequence_guard)
     monkeypatch.setattr(guarded, "PlainGuard", PlainGuard)
     target = torch.nn.Linear(1, 1)
     guard = guarded.GuardedDrafter.guard_for(target, None, "losing")  # what generate prices and guards a call with
-    kinds = _judged(guard, 12, 3.0, 2, tree_pass=2.0)
+    kinds = _call(guard, 12, 3.0, 2, tree_pass=2.0)
     assert kinds.startswith("ssss" + "p") and kinds[5:].count("p") >= 4  # measured at 1 s a token: turned plain
     assert guard.plain_rates == {1: 1.0}
     sure = guarded.sequence_guard()
-    assert _judged(sure, 8, 1.8, 4).count("p") == 1  # 0.45 s a token: measured once, in the first call
-    assert _judged(sure, 8, 1.8, 4) == "s" * 8  # then beats 1 s by more than SURE_WIN: no plain step
+    assert _call(sure, 8, 1.8, 4).count("p") == 1  # 0.45 s a token: measured once, in the first call
+    assert _call(sure, 8, 1.8, 4) == "s" * 8  # then beats 1 s by more than SURE_WIN: no plain step
     near = guarded.sequence_guard()
-    assert [_judged(near, 8, 1.8, 2).count("p") for _ in range(3)] == [1, 1, 1]  # 0.9 s a token: every call
+    assert [_call(near, 8, 1.8, 2).count("p") for _ in range(3)] == [1, 1, 1]  # 0.9 s a token: every call
 
 
 
