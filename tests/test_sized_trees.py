@@ -25,7 +25,13 @@ from hf_specdec.methods.sequoia.plan_file import SequoiaPlan
 from hf_specdec.methods.sequoia.sizing import sequoia_menu
 from hf_specdec.plan.guard import PlainGuard
 from hf_specdec.plan.latency import LatencyCurve
-from hf_specdec.plan.shape_sizing import RankAcceptance, ShapeDepths, sub_shapes_menu
+from hf_specdec.plan.shape_sizing import (
+    SIZE_PROBE_AFTER,
+    RankAcceptance,
+    ShapeChooser,
+    ShapeDepths,
+    sub_shapes_menu,
+)
 from hf_specdec.plan.sizing import HardwareProfile
 from hf_specdec.plan.step_sizing import OnlineAcceptance, StepSizer
 from tests.conftest import random_prompt, tiny_model
@@ -105,6 +111,49 @@ def test_drafting_stops_where_the_draft_turns_unsure_or_costly():
     assert chain.best_stop([1.0, 0.95, 0, 0, 0], 1, p, StepSizer(profile(100.0, 100.0))) == 1
     # an acceptance that falls off after two levels: stop in the middle
     assert chain.best_stop([1.0, 0.95, 0, 0, 0], 1, np.array([0.9]), StepSizer(profile(100.0, 60.0))) in (2, 3)
+
+
+def test_a_tree_larger_than_any_timed_pass_is_drafted_only_as_a_paced_probe():
+    """The curves price a big tree best. The call's first tree is a probe; once a 4-node pass is timed, the next
+    `SIZE_PROBE_AFTER` steps keep to timed sizes, then one probe of the big tree; once it is timed, no more probes."""
+    menu = sequoia_menu(PRIOR, 32, 6)
+    sizer, ranks = StepSizer(profile(100.0, 10.0)), RankAcceptance([0.95, 0.02, 0.01], menu.width)
+    chooser = ShapeChooser(menu, 32)
+    best, _ = menu.best(sizer, ranks)
+    big = len(menu.shapes[best])
+    assert big > 8
+    assert chooser.choose(sizer, ranks) == best and chooser.size_probes == 1
+    sizer.observe_target(4, 0.1)  # the probe's pass (cut short after two levels) took 4 nodes
+    waited = [chooser.choose(sizer, ranks) for _ in range(SIZE_PROBE_AFTER)]
+    assert all(1 < len(menu.shapes[c]) <= 4 for c in waited) and chooser.size_probes == 1
+    assert chooser.choose(sizer, ranks) == best and chooser.size_probes == 2
+    sizer.observe_target(big, 0.1)
+    assert [chooser.choose(sizer, ranks) for _ in range(3)] == [best] * 3 and chooser.size_probes == 2
+
+
+@pytest.mark.parametrize("method", ["sequoia", "tree"])
+def test_a_call_counts_its_size_probes_and_paces_them(given_curves, method, monkeypatch):
+    """Through `generate`: every step whose tree is larger than any target pass timed before it is counted in
+    `speculation_stats.size_probes`, two such steps lie `SIZE_PROBE_AFTER` steps apart once a tree was timed, and the
+    output is plain's."""
+    steps, choose = [], ShapeChooser.choose
+
+    def spied(self, sizer, acceptance):
+        timed, probes = sizer.largest_timed, self.size_probes
+        choice = choose(self, sizer, acceptance)
+        steps.append((len(self.menu.shapes[choice]), timed, self.size_probes - probes))
+        return choice
+
+    monkeypatch.setattr(ShapeChooser, "choose", spied)
+    target = tiny_model("llama", 0)
+    ids = random_prompt(torch.Generator().manual_seed(3), 9)
+    out = _generate(target, target, ids, method, new=48)
+    assert torch.equal(out.sequences, target.generate(ids, do_sample=False, max_new_tokens=48))
+    assert [probe for size, timed, probe in steps] == [int(size > max(timed, 1)) for size, timed, _ in steps]
+    probed = [step for step, (_, _, probe) in enumerate(steps) if probe]
+    assert probed[0] == 0 and out.speculation_stats.size_probes == len(probed)
+    assert out.speculation_stats.as_dict()["size_probes"] == len(probed)
+    assert all(later - earlier > SIZE_PROBE_AFTER for earlier, later in zip(probed, probed[1:]))
 
 
 def _depths(parents: list[int]) -> list[int]:

@@ -22,6 +22,8 @@ class Drafter(CandidateGenerator):
     forward_time: float = 0.0
     #: proposals a per-step sizing cut below the method's full tree (stats)
     shrunk_steps: int = 0
+    #: proposals larger than any target pass a per-step sizing had timed in the call (stats)
+    size_probes: int = 0
 
     @property
     def draft_pass_sizes(self) -> set[int]:

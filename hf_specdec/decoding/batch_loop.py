@@ -143,7 +143,7 @@ def batch_speculative_loop(
     for row, row_stats in enumerate(stats):
         row_stats.time_prefill, row_stats.time_total = prefill_seconds, total
         row_stats.draft_forwards, row_stats.time_draft_forward = drafter.counts(row)
-        row_stats.shrunk_steps = drafter.shrunk_steps(row)
+        row_stats.shrunk_steps, row_stats.size_probes = drafter.shrunk_steps(row), drafter.size_probes(row)
     return BatchResult(sequences=padded(sequences, pad_token_id), stats=stats, cache=returned)
 
 

@@ -185,7 +185,7 @@ def speculative_loop(
     stats.sizes_kept_eager = forward.kept_eager() & stats.tree_pass_sizes if isinstance(forward, FasterCall) else set()
     stats.draft_sizes_kept_eager = set(drafter.draft_sizes_kept_eager)
     stats.draft_forwards = drafter.forward_count
-    stats.shrunk_steps = drafter.shrunk_steps
+    stats.shrunk_steps, stats.size_probes = drafter.shrunk_steps, drafter.size_probes
     stats.time_draft_forward = drafter.forward_time
     stats.time_total = time.perf_counter() - start
     if streamer is not None:

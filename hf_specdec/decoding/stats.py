@@ -21,6 +21,7 @@ class SpeculationStats:
     tokens_per_step: list[int] = field(default_factory=list)
     plain_steps: int = 0  # steps that verified the root alone (a plain target step: the guard or the sizing chose it)
     shrunk_steps: int = 0  # steps whose tree the sizing cut below the method's full tree (plain steps not counted)
+    size_probes: int = 0  # steps the sizing drafted a tree larger than any target pass it had timed in the call
     accepted_ranks: Counter = field(default_factory=Counter)  # (depth, rank) -> count
     reached_depths: Counter = field(default_factory=Counter)  # depth -> steps that verified a node there
     time_plan: float = 0.0  # looking the plan up before decoding (a first call on new hardware measures its curves)
@@ -79,6 +80,7 @@ class SpeculationStats:
             "tokens_per_step_histogram": self.tokens_per_step_histogram,
             "plain_steps": self.plain_steps,
             "shrunk_steps": self.shrunk_steps,
+            "size_probes": self.size_probes,
             "acceptance_by_rank": self.acceptance_by_rank(),
             "time_plan": self.time_plan,
             "time_prefill": self.time_prefill,

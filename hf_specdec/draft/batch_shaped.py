@@ -238,6 +238,10 @@ class LockstepShapeDrafter:
         """Steps whose tree for the call's row `row` was cut below the full shape (a fixed shape: none)."""
         return 0
 
+    def size_probes(self, row: int) -> int:
+        """Steps whose tree for the call's row `row` was larger than any pass the sizing had timed (fixed: none)."""
+        return 0
+
 
 def batch_goes_on(going: torch.Tensor, likeliest: torch.Tensor, log_threshold: float
                   ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -53,6 +53,7 @@ class SizedLockstepDrafter(LockstepShapeDrafter):
         self._profiles: dict[int, HardwareProfile] = {}  # rows -> the curves as that many rows see them
         self.ranks = list(ranks)  # the acceptance learned per batch row still decoding
         self.shrunk = [0] * rows  # per row of the call: steps whose tree was cut below the full shape
+        self.probed = [0] * rows  # per row of the call: its steps that were the chooser's size probes
         self.choices: list[tuple[int, int]] = []  # every step's (rows, nodes of its shape); 1 node: plain batched
         self._started: float | None = None  # when the last step began (a step runs until the next proposal)
         # the last step's (plain, tokens of every row, rows, draft seconds and draft prefill seconds when it began)
@@ -77,7 +78,10 @@ class SizedLockstepDrafter(LockstepShapeDrafter):
             choice = max(range(len(self.menu.shapes)), key=lambda index: len(self.menu.shapes[index]))
         else:
             self.sizer.profile = self.batch_profile(len(ids))
+            probes = self.chooser.size_probes
             choice = self.chooser.choose(self.sizer, self.ranks)
+            for row in self.origin if self.chooser.size_probes > probes else ():
+                self.probed[row] += 1
         shape = self.menu.shapes[choice]
         self.use_shape(shape)
         self.choices.append((len(ids), len(shape)))
@@ -108,3 +112,6 @@ class SizedLockstepDrafter(LockstepShapeDrafter):
 
     def shrunk_steps(self, row: int) -> int:
         return self.shrunk[row]
+
+    def size_probes(self, row: int) -> int:
+        return self.probed[row]

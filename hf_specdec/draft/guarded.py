@@ -72,6 +72,10 @@ class GuardedDrafter(Drafter):
         return self.inner.shrunk_steps
 
     @property
+    def size_probes(self) -> int:
+        return self.inner.size_probes
+
+    @property
     def draft_pass_sizes(self) -> set[int]:
         return self.inner.draft_pass_sizes
 

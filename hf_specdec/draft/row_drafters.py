@@ -68,3 +68,6 @@ class RowDrafters:
 
     def shrunk_steps(self, row: int) -> int:
         return self.drafters[row].shrunk_steps
+
+    def size_probes(self, row: int) -> int:
+        return self.drafters[row].size_probes

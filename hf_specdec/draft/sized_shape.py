@@ -72,6 +72,10 @@ class SizedShapeDrafter(ModelTreeDrafter):
     def shrunk_steps(self) -> int:
         return self.chooser.shrunk_steps
 
+    @property
+    def size_probes(self) -> int:
+        return self.chooser.size_probes
+
     def propose(self, input_ids: torch.LongTensor) -> TokenTree:
         self._per_level = reads_per_level(self.stop_early, self.runner.device)
         self._host_logq, self._widths = None, []

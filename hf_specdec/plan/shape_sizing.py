@@ -245,19 +245,41 @@ class PlainProbes:
         return True
 
 
+#: steps a chooser waits after a size probe before the next one (a tree larger than any this call timed)
+SIZE_PROBE_AFTER = 2
+
+
 class ShapeChooser:
     """Each step's shape index in `menu` (0: plain): the best predicted one, or the best tree when `PlainProbes` asks
-    for a probe. Counts the steps it shrank below `full_size` nodes (plain steps not counted)."""
+    for a probe. Counts the steps it shrank below `full_size` nodes (plain steps not counted).
+
+    A shape larger than every target pass this call has timed (`StepSizer.largest_timed`) is priced by the latency
+    curve alone, measured before the call and maybe on a busier or quieter machine; the timed passes bound a smaller
+    tree's cost from above. Such a shape is drafted only as a size probe: when it is the best predicted, at most once
+    every `SIZE_PROBE_AFTER` steps (the best timed shape in between, once some tree was timed), and counted
+    (`size_probes`). Its pass is then timed, and the next steps choose among sizes up to it on what it measured. A
+    call's first tree is a probe."""
 
     def __init__(self, menu: ShapeMenu, full_size: int) -> None:
         self.menu, self.full_size = menu, full_size
+        self.sizes = np.array([len(shape) for shape in menu.shapes])
         self.probes = PlainProbes()
         self.shrunk_steps = 0
+        self.size_probes = 0  # steps that drafted a tree larger than any target pass timed before them
+        self._since_probe = SIZE_PROBE_AFTER  # steps since the last size probe
 
     def choose(self, sizer: StepSizer, acceptance: Acceptances) -> int:
-        choice, _ = self.menu.best(sizer, acceptance)
-        if self.probes.probe(choice == 0) and len(self.menu.shapes) > 1:  # probe: the best tree, anyway
-            choice = 1 + int(self.menu.seconds_per_token(sizer, acceptance)[1:].argmin())
+        per_token = self.menu.seconds_per_token(sizer, acceptance)
+        timed = self.sizes <= max(sizer.largest_timed, 1)  # plain (one node) is always priced by the guard's steps
+        # between probes, only timed shapes; until some tree is timed (a compiling pass is not), any shape
+        allowed = np.where(timed | (self._since_probe >= SIZE_PROBE_AFTER or sizer.largest_timed < 2), per_token,
+                           np.inf)
+        choice = int(allowed.argmin())
+        if self.probes.probe(choice == 0) and len(self.menu.shapes) > 1:  # plain probe: the best allowed tree, anyway
+            choice = 1 + int(allowed[1:].argmin())
+        probing = not timed[choice]
+        self.size_probes += probing
+        self._since_probe = 0 if probing else self._since_probe + 1
         return choice
 
     def shrunk(self, nodes: int) -> bool:
