@@ -8,6 +8,8 @@ import copy
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from transformers import CompileConfig, DynamicCache, StaticCache
 from transformers.cache_utils import StaticLayer
 
@@ -16,7 +18,7 @@ from hf_specdec.core.releases import cache_arg, output_cache
 from hf_specdec.core.tree import TokenTree
 from hf_specdec.decoding.step import tree_pass
 from hf_specdec.runtime.attention import AttentionLayout
-from hf_specdec.runtime.pass_shapes import PassShapes, fit_tree
+from hf_specdec.runtime.pass_shapes import PassShapes, fit_tree, padded_inputs, padded_pass
 from hf_specdec.verify import SequoiaVerifier, TargetSampleVerifier
 from tests.conftest import random_prompt, tiny_model
 from tests.families import WINDOW, family
@@ -148,6 +150,43 @@ def test_trees_lose_whole_levels_to_fit_the_cache():
     assert [shapes.size(n) for n in (1, 5, 8, 9)] == [1, 8, 8, 16] and shapes.sizes == {1, 8, 16}
     with pytest.raises(ValueError, match="static cache is full"):
         fit_tree(tree, 20, None, 0)
+
+
+LAYOUTS = [AttentionLayout(("full_attention",)), AttentionLayout(("sliding_attention",), window=3),
+           AttentionLayout(("full_attention", "sliding_attention"), window=4)]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.data())
+def test_a_padded_pass_built_on_the_device_equals_the_host_built_one(data):
+    """The target's padded pass takes positions and masks built on the device from its shape and the past length
+    (a host number or a device scalar, as a static layer's write length is): the same as those the host builds
+    (`padded_inputs`), for any tree, past, padding and sliding window."""
+    n = data.draw(st.integers(1, 12))
+    parents = [-1] + [data.draw(st.integers(0, i - 1)) for i in range(1, n)]
+    tree = TokenTree.from_parents([5 + i for i in range(n)], parents)
+    shapes = PassShapes(width=data.draw(st.integers(16, 40)))
+    past = data.draw(st.integers(0, shapes.width - 16))
+    layout, dtype = data.draw(st.sampled_from(LAYOUTS)), torch.float32
+    size = shapes.size(n)
+    host = tree.host()
+    expected = padded_inputs(tree.input_tokens, host.structure()[0] + past, host.visibility(past),
+                             torch.cat([torch.arange(past), host.structure()[0] + past]), size, shapes.width,
+                             layout, dtype, torch.device("cpu"))
+    built = padded_pass(tree, past, shapes, layout, dtype, torch.device("cpu"))
+    assert torch.equal(built.tokens, expected.tokens) and torch.equal(built.positions, expected.positions)
+    masks = [built.masks, expected.masks]
+    masks += [shapes.padded_tree(tree, size, torch.device("cpu")).inputs(torch.tensor(past), shapes.width, layout,
+                                                                         dtype)[1]]
+    as_dicts = [m if isinstance(m, dict) else {"one": m} for m in masks]
+    assert all(as_dicts[0].keys() == d.keys() and all(torch.equal(d[k], as_dicts[0][k]) for k in d)
+               for d in as_dicts[1:])
+
+
+def test_a_padded_pass_that_does_not_fit_the_cache_is_refused():
+    tree = TokenTree.from_parents([5, 6, 7], [-1, 0, 1])
+    with pytest.raises(ValueError, match="does not fit 20 cache rows after 17"):
+        padded_pass(tree, 17, PassShapes(width=20), LAYOUTS[0], torch.float32, torch.device("cpu"))
 
 
 @pytest.mark.parametrize("method", ["sequoia", "specexec"])

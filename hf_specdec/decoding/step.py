@@ -79,7 +79,7 @@ def tree_pass(
         tokens, positions = tree.input_tokens[None], tree.position_ids(past)
         masks = layout.tree_masks(tree, past, dtype, device)
     else:
-        padded = padded_pass(tree, past, shapes.size(len(tree)), width, layout, dtype, device)
+        padded = padded_pass(tree, past, shapes, layout, dtype, device)
         tokens, positions, masks = padded.tokens, padded.positions, padded.masks
     extra = token_inputs.at(positions, device) if token_inputs is not None and token_inputs.prompt else {}
     return (forward or target)(

@@ -9,6 +9,11 @@ cache's end the tree loses whole levels until its bucket fits the rows left (`fi
 of two: at most log2(max_cache_len) + 1 graphs, in practice the tree's own bucket and a few smaller ones in the
 last steps (a larger `max_cache_len` keeps the last trees whole). This module decides shapes only: no drafter sizes
 its trees for it, so any method's trees get the same treatment.
+
+The target's padded pass builds its positions and masks on the device, with fixed shapes, from the shape (kept per
+call, `PaddedTree`) and the past length, which may be a device scalar: no host-built mask crosses each step, and a
+step captured whole can build them too. The draft's padded passes (catch-up and nodes in one) still build theirs on
+the host (`padded_inputs`).
 """
 
 from __future__ import annotations
@@ -18,7 +23,11 @@ from dataclasses import dataclass, field
 import torch
 
 from ..core.tree import TokenTree
-from .attention import AttentionLayout, Masks
+from .attention import SLIDING, AttentionLayout, Masks
+
+#: padded tree shapes a call keeps on the device (`PassShapes.padded_tree`): a fixed shape needs one, a sized method
+#: its menu's few; a best-first method's new shape every step replaces the oldest
+KEPT_TREES = 64
 
 
 @dataclass
@@ -28,6 +37,7 @@ class PassShapes:
 
     width: int | None = None
     sizes: set[int] = field(default_factory=set)
+    _trees: dict = field(default_factory=dict, repr=False)  # (parents, size, device) -> PaddedTree
 
     def rows(self, past: int) -> int | None:
         """How many nodes a tree after `past` cached tokens may keep: the largest bucket the rows left can hold."""
@@ -44,6 +54,15 @@ class PassShapes:
         self.sizes.add(size)
         return size
 
+    def padded_tree(self, tree: TokenTree, size: int, device: torch.device) -> PaddedTree:
+        """`tree`'s shape padded to `size` nodes on `device`, made once per shape (two copies) and kept."""
+        key = (tuple(tree.host().parents), size, torch.device(device))
+        if key not in self._trees:
+            if len(self._trees) >= KEPT_TREES:
+                del self._trees[next(iter(self._trees))]
+            self._trees[key] = PaddedTree.of(tree, size, device)
+        return self._trees[key]
+
 
 @dataclass(frozen=True)
 class PaddedPass:
@@ -54,16 +73,58 @@ class PaddedPass:
     masks: Masks
 
 
+@dataclass(frozen=True)
+class PaddedTree:
+    """A tree shape padded to `size` nodes, on the target's device: all a padded pass's positions and masks need
+    besides the past length. Padding rows sit at the root's position (depth 0), each seeing only itself."""
+
+    depths: torch.Tensor  # (size,) long
+    block: torch.Tensor  # (size, size) bool: which padded node sees which (ancestry; padding: itself)
+    nodes: torch.Tensor  # (size, 1) bool: the tree's rows (they see the past), not padding
+
+    @classmethod
+    def of(cls, tree: TokenTree, size: int, device: torch.device) -> PaddedTree:
+        depths, ancestors = tree.host().structure()
+        n = len(depths)
+        block = torch.zeros(size, size, dtype=torch.bool)
+        block[:n, :n] = ancestors
+        block[n:, n:] = torch.eye(size - n, dtype=torch.bool)
+        depths = torch.cat([depths, depths.new_zeros(size - n)])
+        nodes = (torch.arange(size) < n)[:, None]
+        return cls(*(t.to(device, non_blocking=True) for t in (depths, block, nodes)))
+
+    def inputs(self, past: int | torch.Tensor, width: int, layout: AttentionLayout, dtype: torch.dtype
+               ) -> tuple[torch.Tensor, Masks]:
+        """(positions `(size,)`, masks `width` keys wide) of a pass after `past` cached tokens, built on the device
+        with fixed shapes: `past` may be a device scalar (a static layer's write length), so nothing here waits for
+        the host, and a captured step could build them too. The nodes take rows past, past + 1, ...; every node sees
+        the whole past, a padding row only itself."""
+        size, device = len(self.depths), self.depths.device
+        columns = torch.arange(width, device=device)
+        rows = past + torch.arange(size, device=device)  # the cache rows the padded nodes are written to
+        visible = (columns < past)[None] & self.nodes
+        visible.scatter_(1, rows[None].expand(size, size), self.block)  # a scatter, not a gather: 20x cheaper on a CPU
+        positions = past + self.depths
+        keys = columns  # only a sliding window reads them: a node's row holds its position, others are hidden
+        if SLIDING in layout.layer_types:
+            keys = columns.scatter(0, rows, positions)
+        return positions, layout.masks(visible, positions, keys, dtype, device)
+
+
 def padded_pass(
-    tree: TokenTree, past: int, size: int, width: int, layout: AttentionLayout, dtype: torch.dtype,
-    device: torch.device,
+    tree: TokenTree, past: int, shapes: PassShapes, layout: AttentionLayout, dtype: torch.dtype, device: torch.device,
 ) -> PaddedPass:
-    """Inputs of a pass over `tree` (on `device`) padded to `size` nodes, masks `width` keys wide (the cache rows);
-    positions and masks built on the host from the tree's host structure."""
-    host = tree.host()
-    positions = host.structure()[0] + past
-    keys = torch.cat([torch.arange(past), positions])
-    return padded_inputs(tree.input_tokens, positions, host.visibility(past), keys, size, width, layout, dtype, device)
+    """Inputs of a pass over `tree` (on `device`) padded to its bucket (`shapes.size`), masks `shapes.width` keys wide
+    (the cache rows): positions and masks built on the device from the shape's `PaddedTree`, kept for the call."""
+    size = shapes.size(len(tree))
+    if past + size > shapes.width:
+        raise ValueError(f"A pass over {len(tree)} nodes padded to {size} does not fit {shapes.width} cache rows after "
+                         f"{past}.")
+    padded = shapes.padded_tree(tree, size, device)
+    tokens = tree.input_tokens.to(device, non_blocking=True)
+    tokens = torch.cat([tokens, tokens[:1].expand(size - len(tokens))])
+    positions, masks = padded.inputs(past, shapes.width, layout, dtype)
+    return PaddedPass(tokens[None], positions[None], masks)
 
 
 def padded_inputs(
