@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import math
 
 import numpy as np
 import pytest
@@ -413,25 +414,66 @@ def test_sampling_with_sized_trees_runs_sequoias_verifier(given_curves):
     assert out.speculation_stats.target_forwards < 24  # trees were drafted and accepted
 
 
-def test_sized_sequoia_samples_exactly(given_curves):
-    """Sized every step, the tree's shape and depth follow the draft's own probabilities (the per-level stop); the
-    first two sampled tokens still follow plain sampling's distribution (chi-square against the exact joint)."""
+@pytest.mark.parametrize("deepened", [False, True])
+def test_sized_sequoia_samples_exactly(given_curves, deepened, request):
+    """Sized every step, the tree's shape and depth follow the draft's own probabilities (the per-level stop, and,
+    `deepened`, levels grown below a one-level shape under the likeliest node: the second token then comes from a
+    grown level or a bonus); the first two sampled tokens still follow plain sampling's distribution (chi-square
+    against the exact joint)."""
+    if deepened:
+        request.getfixturevalue("one_level_shapes")
     from tests.helpers.exactness import chi_square_pvalue, total_variation
     from tests.helpers.sampling import PROMPT, SAMPLES, SAMPLING, joint_of, sampling_pair
 
     target, draft = sampling_pair()
     exact = joint_of(target, PROMPT)
     torch.manual_seed(4321)
-    counts, drafted = {}, 0
+    counts, drafted, grown = {}, 0, 0
     for _ in range(SAMPLES):
         out = target.generate(PROMPT, assistant_model=draft, speculation="sequoia", max_new_tokens=2,
                               return_dict_in_generate=True, **SAMPLING)
         key = tuple(out.sequences[0, PROMPT.shape[1]:].tolist())
         counts[key] = counts.get(key, 0) + 1
         drafted += out.speculation_stats.drafted_tokens > 0 and out.speculation_stats.target_forwards == 1
+        grown += out.speculation_stats.deepened_levels > 0
     assert chi_square_pvalue(counts, exact, SAMPLES) > 1e-3
     assert total_variation({k: c / SAMPLES for k, c in counts.items()}, exact) < 0.2
     assert drafted > SAMPLES // 10  # sized trees were drafted and accepted
+    assert not deepened or grown > SAMPLES // 2  # levels were grown in most calls
+
+
+@pytest.fixture
+def one_level_shapes(monkeypatch):
+    """The chooser always picks a menu shape one level deep (the root's children only), and the draft's tokens rate
+    as `state["rate"]` (a sure draft by default) whatever their probability."""
+    state = {"rate": 0.99}
+
+    def choose(self, sizer, acceptance):
+        return next(i for i, shape in enumerate(self.menu.shapes) if len(shape) > 2 and max(_depths(shape)) == 1)
+
+    def log_rates(self, logq):
+        return [math.log(state["rate"]) if math.isfinite(q) else q for q in logq]
+
+    monkeypatch.setattr(ShapeChooser, "choose", choose)
+    monkeypatch.setattr(OnlineAcceptance, "log_rates", log_rates)
+    return state
+
+
+def test_a_sure_draft_grows_levels_below_the_chosen_shape(given_curves, one_level_shapes):
+    """Chosen one level deep, a draft whose tokens the target keeps 99% of the time drafts on below its likeliest
+    node (steps emit more than the 2 tokens a one-level tree can); rated 5%, it stops at the chosen level. Greedy
+    output is plain's either way."""
+    target = tiny_model("llama", 0)
+    ids = random_prompt(torch.Generator().manual_seed(3), 9)
+    plain = target.generate(ids, do_sample=False, max_new_tokens=40)
+    sure = _generate(target, target, ids, "sequoia")
+    one_level_shapes["rate"] = 0.05
+    unsure = _generate(target, target, ids, "sequoia")
+    assert torch.equal(sure.sequences, plain) and torch.equal(unsure.sequences, plain)
+    sure, unsure = sure.speculation_stats, unsure.speculation_stats
+    assert sure.deepened_levels > sure.target_forwards // 2 and max(sure.tokens_per_step) > 4
+    assert sure.as_dict()["deepened_levels"] == sure.deepened_levels
+    assert unsure.deepened_levels == 0 and max(unsure.tokens_per_step) <= 2
 
 
 def test_shapes_and_plans_given_are_drafted_as_given(given_curves):

@@ -24,6 +24,8 @@ class Drafter(CandidateGenerator):
     shrunk_steps: int = 0
     #: proposals larger than any target pass a per-step sizing had timed in the call (stats)
     size_probes: int = 0
+    #: levels a per-step sizing drafted below the shape it had chosen, the draft staying sure (stats)
+    deepened_levels: int = 0
 
     @property
     def draft_pass_sizes(self) -> set[int]:

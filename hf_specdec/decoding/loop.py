@@ -186,6 +186,7 @@ def speculative_loop(
     stats.draft_sizes_kept_eager = set(drafter.draft_sizes_kept_eager)
     stats.draft_forwards = drafter.forward_count
     stats.shrunk_steps, stats.size_probes = drafter.shrunk_steps, drafter.size_probes
+    stats.deepened_levels = drafter.deepened_levels
     stats.time_draft_forward = drafter.forward_time
     stats.time_total = time.perf_counter() - start
     if streamer is not None:

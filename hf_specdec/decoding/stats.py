@@ -22,6 +22,7 @@ class SpeculationStats:
     plain_steps: int = 0  # steps that verified the root alone (a plain target step: the guard or the sizing chose it)
     shrunk_steps: int = 0  # steps whose tree the sizing cut below the method's full tree (plain steps not counted)
     size_probes: int = 0  # steps the sizing drafted a tree larger than any target pass it had timed in the call
+    deepened_levels: int = 0  # levels drafted below the shape the sizing chose (`sequoia` on a CPU, a sure draft)
     accepted_ranks: Counter = field(default_factory=Counter)  # (depth, rank) -> count
     reached_depths: Counter = field(default_factory=Counter)  # depth -> steps that verified a node there
     time_plan: float = 0.0  # looking the plan up before decoding (a first call on new hardware measures its curves)
@@ -81,6 +82,7 @@ class SpeculationStats:
             "plain_steps": self.plain_steps,
             "shrunk_steps": self.shrunk_steps,
             "size_probes": self.size_probes,
+            "deepened_levels": self.deepened_levels,
             "acceptance_by_rank": self.acceptance_by_rank(),
             "time_plan": self.time_plan,
             "time_prefill": self.time_prefill,

@@ -76,6 +76,10 @@ class GuardedDrafter(Drafter):
         return self.inner.size_probes
 
     @property
+    def deepened_levels(self) -> int:
+        return self.inner.deepened_levels
+
+    @property
     def draft_pass_sizes(self) -> set[int]:
         return self.inner.draft_pass_sizes
 

@@ -127,7 +127,9 @@ class ModelTreeDrafter(DraftModelCounts, Drafter):
         sampling = self.child_selection != "top_k"
         draft_probs = None
         self._step_started(tokens)
-        for index, level in enumerate(self.levels):
+        index = 0
+        while index < len(self.levels):
+            level = self.levels[index]
             if index > 0 and not self._level_pays(index):
                 break  # deeper nodes stay undrafted (-1) and are pruned
             self._levels_run = index + 1
@@ -162,6 +164,11 @@ class ModelTreeDrafter(DraftModelCounts, Drafter):
                 kids = torch.where(parent_tokens[:, None] >= 0, kids, -1)
             tokens[level.children] = kids[level.rows, level.cols]
             self._level_drafted(level, kids, _log_probs(scores, picked, kids))
+            index += 1
+            if index == len(self.levels) and self._deepen():  # the shape grew a level below its deepest nodes
+                shape, self._kept = self.shape, list(range(len(self.shape)))
+                tokens = torch.cat([tokens, tokens.new_full((len(shape) - len(tokens),), -1)])
+                draft_probs = self._draft_probs(draft_probs.shape[1]) if draft_probs is not None else None
         return self._prune(tokens, draft_probs)
 
     # --- hooks for a drafter sized every step (`SizedShapeDrafter`); no host reads here ----------------------
@@ -176,12 +183,23 @@ class ModelTreeDrafter(DraftModelCounts, Drafter):
         """Level `level`'s children were chosen: `kids` `(parents, max width)` (-1: none); `logq()` gives their
         log-probabilities under the draft's processed scores `(parents, max width)` (-inf where -1)."""
 
+    def _deepen(self) -> bool:
+        """Every level of the shape was drafted: whether to grow it by a level (`use_shape` with the nodes so far
+        first, in their order, and new ones below the deepest), which the step then drafts; a static shape never
+        grows."""
+        return False
+
     def _draft_probs(self, vocab: int) -> torch.Tensor:
         """The `(n, vocab)` draft distributions of the proposed tree: one buffer, zeroed once, whose rows of nodes
         with children are overwritten every step (the rest stay zero); valid until the next `propose`."""
-        if self._probs is None or self._probs.shape[1] != vocab or len(self._probs) < len(self.shape):
+        if self._probs is None or self._probs.shape[1] != vocab:
             self._probs = torch.zeros(len(self.shape), vocab, device=self.runner.device)
             self._support = None
+        elif len(self._probs) < len(self.shape):  # a larger shape, or one grown mid-step: the rows so far are kept
+            more = len(self.shape) - len(self._probs)
+            self._probs = torch.cat([self._probs, self._probs.new_zeros(more, vocab)])
+            if self._support is not None:
+                self._support = torch.cat([self._support, self._support.new_zeros(more, self._support.shape[1])])
         return self._probs[: len(self.shape)]  # rows of another shape's parents are stale, but only leaves here
 
     def _write_sparse(self, rows: torch.Tensor, probs: torch.Tensor, columns: torch.Tensor) -> None:

@@ -4,11 +4,11 @@ Before a step: the shape of the menu with the least predicted time per token (pl
 the root alone (a plain step). While drafting: before each level's pass, the drafted nodes are valued as SpecExec's
 sizer values them (a(v) = a(parent) f(q_v), f learned online from the draft's probabilities), the nodes not drafted
 yet by the learned positional acceptance below them, and the pass runs only if stopping at some deeper level is
-predicted to beat stopping now (`ShapeDepths.best_stop`): an unsure draft stops after fewer levels. After: the
-verdict teaches both acceptance models.
+predicted to beat stopping now (`ShapeDepths.best_stop`): an unsure draft stops after fewer levels, and a sure one
+grows levels below the shape's deepest nodes (`_deepen`). After: the verdict teaches both acceptance models.
 
-Sampling stays exact with Sequoia's verifier: the shape is chosen from earlier steps only, and an early stop only
-decides whether nodes already drafted get children, never whether a drafted sibling is kept.
+Sampling stays exact with Sequoia's verifier: the shape is chosen from earlier steps only, and an early stop or a
+grown level only decides whether nodes already drafted get children, never whether a drafted sibling is kept.
 
 The early stop reads the draft's probabilities before each level's pass, which waits for nothing on a CPU. Elsewhere
 (`stop_early`) the chosen shape is drafted whole, as a fixed shape is: nothing is read until the verdict (which
@@ -31,6 +31,9 @@ from ..plan.shape_sizing import RankAcceptance, ShapeChooser, ShapeDepths, Shape
 from ..plan.step_sizing import StepSizer
 from ..verify.tree_walk import reads_per_level
 from .shaped_tree import ModelTreeDrafter, ShapeLevel
+
+#: levels below a chosen shape's deepest node `_deepen` prices at once (one more pass alone may not pay where a few do)
+DEEPEN_LOOKAHEAD = 4
 
 
 class SizedShapeDrafter(ModelTreeDrafter):
@@ -63,10 +66,12 @@ class SizedShapeDrafter(ModelTreeDrafter):
         self._draft_before = 0.0
         self._untimed_before = 0
         self._depths: dict[tuple[int, ...], ShapeDepths] = {}  # per shape drafted: its nodes by depth and rank
+        self.deepened_levels = 0  # levels grown below a chosen shape (`_deepen`)
+        self._deepest = max(max(HostTree(parents=shape).depths()) for shape in menu.shapes)
 
     @property
     def num_drafting_tokens(self) -> int:  # the deepest shape of the menu: the one used may change every step
-        return max(max(HostTree(parents=shape).depths()) for shape in self.menu.shapes)
+        return self._deepest
 
     @property
     def shrunk_steps(self) -> int:
@@ -118,6 +123,32 @@ class SizedShapeDrafter(ModelTreeDrafter):
         if key not in self._depths:
             self._depths[key] = ShapeDepths.of(self.host_shape.parents)
         return self._depths[key].best_stop(values, index, self.ranks.vectors(), self.sizer) > index
+
+    def _deepen(self) -> bool:
+        """Drafted level by level, the chosen shape's last level done: grow one more level, a child under the deepest
+        node likeliest to be kept, where a chain of up to `DEEPEN_LOOKAHEAD` more levels there is predicted to lower
+        the time per token (`ShapeDepths.best_stop`, the drafted nodes valued by the draft's own probabilities). The
+        menu's shapes are priced by positional acceptance alone; a draft that stays sure along a path (a quoted or
+        repeated stretch) earns more levels than any of them has. No deeper than the menu's deepest shape."""
+        if not self._per_level:
+            return False
+        parents, depths = self.host_shape.parents, self.host_shape.depths()
+        room = self.num_drafting_tokens - depths[-1]
+        if room <= 0:
+            return False
+        values = self._values(self._logq.tolist())
+        leaf = max((node for node, depth in enumerate(depths) if depth == depths[-1]), key=values.__getitem__)
+        if values[leaf] <= 0.0:
+            return False
+        look = min(DEEPEN_LOOKAHEAD, room)
+        chain = [*parents, leaf, *range(len(parents), len(parents) + look - 1)]
+        if ShapeDepths.of(chain).best_stop(values + [0.0] * look, depths[-1], self.ranks.vectors(),
+                                           self.sizer) <= depths[-1]:
+            return False
+        self.use_shape([*parents, leaf])
+        self._logq = torch.cat([self._logq, self._logq.new_full((1,), -math.inf)])
+        self.deepened_levels += 1
+        return True
 
     def _values(self, logq: list[float]) -> list[float]:
         """a(v) per shape node: the chance the target keeps v's path, by the learned f(q) (0 where not drafted)."""
