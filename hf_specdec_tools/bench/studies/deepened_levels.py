@@ -64,9 +64,10 @@ def main() -> None:
             for index, ids in enumerate(prompts):
                 calls = [run_call(models, ids, name, new_tokens) for name in (RUNS[::-1] if index % 2 else RUNS)]
                 plain = next(call for call in calls if call["name"] == "plain")
+                seconds, tokens = plain["seconds"], plain["tokens"]
                 for call in calls:
-                    call.update(set=source, prompt=index, speedup=plain["seconds"] / call["seconds"],
-                                same_as_plain=call.pop("tokens") == plain["tokens"])
+                    call.update(set=source, prompt=index, speedup=seconds / call["seconds"],
+                                same_as_plain=call.pop("tokens") == tokens)
                     print(json.dumps(call), flush=True)
                 rows += calls
     finally:
