@@ -127,10 +127,10 @@ class ModelTreeDrafter(DraftModelCounts, Drafter):
         sampling = self.child_selection != "top_k"
         draft_probs = None
         self._step_started(tokens)
-        index = 0
+        index, grown = 0, False
         while index < len(self.levels):
             level = self.levels[index]
-            if index > 0 and not self._level_pays(index):
+            if index > 0 and not grown and not self._level_pays(index):
                 break  # deeper nodes stay undrafted (-1) and are pruned
             self._levels_run = index + 1
             parent_tokens = tokens[level.parents]
@@ -165,7 +165,8 @@ class ModelTreeDrafter(DraftModelCounts, Drafter):
             tokens[level.children] = kids[level.rows, level.cols]
             self._level_drafted(level, kids, _log_probs(scores, picked, kids))
             index += 1
-            if index == len(self.levels) and self._deepen():  # the shape grew a level below its deepest nodes
+            grown = index == len(self.levels) and self._deepen()  # a level grown below the deepest: it pays
+            if grown:
                 shape, self._kept = self.shape, list(range(len(self.shape)))
                 tokens = torch.cat([tokens, tokens.new_full((len(shape) - len(tokens),), -1)])
                 draft_probs = self._draft_probs(draft_probs.shape[1]) if draft_probs is not None else None
@@ -185,8 +186,8 @@ class ModelTreeDrafter(DraftModelCounts, Drafter):
 
     def _deepen(self) -> bool:
         """Every level of the shape was drafted: whether to grow it by a level (`use_shape` with the nodes so far
-        first, in their order, and new ones below the deepest), which the step then drafts; a static shape never
-        grows."""
+        first, in their order, and new ones below the deepest), which the step then drafts without asking
+        `_level_pays` again; a static shape never grows."""
         return False
 
     def _draft_probs(self, vocab: int) -> torch.Tensor:

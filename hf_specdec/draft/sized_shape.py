@@ -32,9 +32,6 @@ from ..plan.step_sizing import StepSizer
 from ..verify.tree_walk import reads_per_level
 from .shaped_tree import ModelTreeDrafter, ShapeLevel
 
-#: levels below a chosen shape's deepest node `_deepen` prices at once (one more pass alone may not pay where a few do)
-DEEPEN_LOOKAHEAD = 4
-
 
 class SizedShapeDrafter(ModelTreeDrafter):
     """`ModelTreeDrafter` over the shape `menu.best` picks each step; deeper levels only while they pay."""
@@ -119,15 +116,19 @@ class SizedShapeDrafter(ModelTreeDrafter):
         if not self._per_level:
             return True
         values = self._values(self._logq.tolist())
-        key = tuple(self.host_shape.parents)
+        return self._shape_depths(self.host_shape.parents).best_stop(values, index, self.ranks.vectors(),
+                                                                     self.sizer) > index
+
+    def _shape_depths(self, parents: list[int]) -> ShapeDepths:
+        key = tuple(parents)
         if key not in self._depths:
-            self._depths[key] = ShapeDepths.of(self.host_shape.parents)
-        return self._depths[key].best_stop(values, index, self.ranks.vectors(), self.sizer) > index
+            self._depths[key] = ShapeDepths.of(parents)
+        return self._depths[key]
 
     def _deepen(self) -> bool:
         """Drafted level by level, the chosen shape's last level done: grow one more level, a child under the deepest
-        node likeliest to be kept, where a chain of up to `DEEPEN_LOOKAHEAD` more levels there is predicted to lower
-        the time per token (`ShapeDepths.best_stop`, the drafted nodes valued by the draft's own probabilities). The
+        node likeliest to be kept, where drafting it is predicted to lower the time per token (`ShapeDepths.best_stop`
+        on the grown shape, the drafted nodes valued by the draft's own probabilities: `_level_pays`'s test). The
         menu's shapes are priced by positional acceptance alone; a draft that stays sure along a path (a quoted or
         repeated stretch) earns more levels than any of them has. No deeper than the menu's deepest shape."""
         if not self._per_level:
@@ -140,12 +141,11 @@ class SizedShapeDrafter(ModelTreeDrafter):
         leaf = max((node for node, depth in enumerate(depths) if depth == depths[-1]), key=values.__getitem__)
         if values[leaf] <= 0.0:
             return False
-        look = min(DEEPEN_LOOKAHEAD, room)
-        chain = [*parents, leaf, *range(len(parents), len(parents) + look - 1)]
-        if ShapeDepths.of(chain).best_stop(values + [0.0] * look, depths[-1], self.ranks.vectors(),
-                                           self.sizer) <= depths[-1]:
+        grown = [*parents, leaf]
+        if self._shape_depths(grown).best_stop([*values, 0.0], depths[-1], self.ranks.vectors(),
+                                               self.sizer) <= depths[-1]:
             return False
-        self.use_shape([*parents, leaf])
+        self.use_shape(grown)
         self._logq = torch.cat([self._logq, self._logq.new_full((1,), -math.inf)])
         self.deepened_levels += 1
         return True
