@@ -10,8 +10,8 @@ from transformers import AutoModelForCausalLM
 import hf_specdec.kernels.quantize as quantize_module
 from hf_specdec import quantize_draft
 from hf_specdec.kernels import weight_only
-from hf_specdec.kernels.quantize import faster_prefix, is_quantized
-from hf_specdec.kernels.row_dispatch import RowDispatchLinear, set_narrow_rows, split_by_rows
+from hf_specdec.kernels.quantize import BROAD_ROWS, broad_rows_here, faster_prefix, is_quantized
+from hf_specdec.kernels.row_dispatch import RowDispatchLinear, set_broad_rows, set_narrow_rows, split_by_rows
 from hf_specdec.kernels.weight_only import Int4Linear, Int8Linear
 from hf_specdec.runtime.model_info import quantization
 from tests.conftest import random_prompt, tiny_model
@@ -119,6 +119,35 @@ def test_mixed_draft_takes_int4_for_narrow_passes_and_int8_for_wide_ones():
         expected = kernel(x[:, :rows].float() if kernel is layer.wide else x[:, :rows]).to(torch.bfloat16)
         assert torch.equal(layer(x[:, :rows]), expected)
     assert not torch.equal(layer.narrow(x[:, :1]).float(), layer.wide(x[:, :1].float()))  # two kernels really differ
+
+
+def test_mixed_draft_takes_bfloat16_weights_for_its_broadest_passes_but_not_in_its_output_layer():
+    """Every layer of a "mixed" draft but its output layer also keeps its weights in bfloat16; passes of at least
+    `broad_rows` rows (measured here: one of `BROAD_ROWS`, or 0 for never) run on them, narrower ones as before."""
+    target = tiny_model("llama", 0)
+    draft = quantize_draft(target, scheme="mixed")
+    layers = [module for module in draft.modules() if isinstance(module, RowDispatchLinear)]
+    head = draft.get_output_embeddings()
+    assert isinstance(head, RowDispatchLinear) and head.broad_weight is None
+    assert all(layer.broad_weight is not None for layer in layers if layer is not head)
+    assert len({layer.broad_rows for layer in layers}) == 1 and layers[0].broad_rows in (0, *BROAD_ROWS)
+    layer = draft.model.layers[0].mlp.up_proj
+    assert torch.equal(layer.broad_weight, target.model.layers[0].mlp.up_proj.weight.bfloat16())
+    set_narrow_rows(draft, 1)
+    set_broad_rows(draft, 3)
+    x = torch.randn(1, 4, layer.in_features, dtype=torch.bfloat16)
+    for rows, kernel in ((1, "int4"), (2, "int8"), (3, "bfloat16"), (4, "bfloat16")):
+        expected = {"int4": lambda v: layer.narrow(v), "int8": lambda v: layer.wide(v.float()),
+                    "bfloat16": lambda v: torch.nn.functional.linear(v, layer.broad_weight)}[kernel]
+        assert torch.equal(layer(x[:, :rows]), expected(x[:, :rows]).to(torch.bfloat16)), (rows, kernel)
+    assert not torch.equal(layer.wide(x.float()).bfloat16(), torch.nn.functional.linear(x, layer.broad_weight))
+    set_broad_rows(draft, 0)  # never
+    assert torch.equal(layer(x), layer.wide(x.float()).to(torch.bfloat16))
+    assert broad_rows_here(draft, rows=(2, 8), repeats=1) in (0, 2, 8)
+    ids = random_prompt(torch.Generator().manual_seed(0), 40)
+    set_broad_rows(draft, 16)  # the prompt's pass on bfloat16 weights, the steps' passes on int4 and int8
+    out = target.generate(ids, assistant_model=draft, speculation="chain", max_new_tokens=16, do_sample=False)
+    assert torch.equal(out, target.generate(ids, max_new_tokens=16, do_sample=False))
 
 
 @pytest.mark.parametrize("native", [True, False])

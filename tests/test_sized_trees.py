@@ -555,6 +555,21 @@ def test_a_sequences_guard_measures_plain_where_the_estimate_flatters_it(monkeyp
     assert [_call(near, 8, 1.8, 2).count("p") for _ in range(3)] == [1, 1, 1]  # 0.9 s a token: every call
 
 
+def test_a_sure_win_measures_plain_again_once_its_rate_is_refresh_calls_old(monkeypatch):
+    """Steps beating the measured plain rate `SURE_WIN` times over skip the plain step, but not for ever: every
+    `refresh_calls`-th call measures it again, so a rate that came out high (or a machine that sped up since) is not
+    trusted for the rest of the process. A call that measured restarts the count."""
+    monkeypatch.setattr(guarded, "sequence_guard", _real_sequence_guard)
+    sure = guarded.sequence_guard()
+    assert sure.refresh_calls == 3
+    assert [_call(sure, 8, 1.8, 4).count("p") for _ in range(7)] == [1, 0, 0, 1, 0, 0, 1]
+    high = guarded.sequence_guard()  # one plain step measured at 3 s a token: steps at 1.2 s look sure wins
+    high.observe(3.0, 1, plain=True)
+    kinds = [_call(high, 8, 2.4, 2) for _ in range(3)]
+    assert kinds[:2] == ["s" * 8] * 2 and kinds[2].count("p") == 1  # measured again in the third call
+    assert high.plain_rates[1] == pytest.approx(0.7 * 3.0 + 0.3 * 1.0)
+
+
 
 def test_a_sequences_first_call_measures_one_plain_step_and_stays_identical(monkeypatch):
     """Through `generate`, with the single sequence's own guard (never judging a loss here): after its first four

@@ -68,6 +68,32 @@ def test_identical_to_plain_static_generate(name, method):
     assert cache_length(output_cache(out)) == expected.shape[1] - 1
 
 
+@pytest.mark.parametrize("method", ["chain", "tree", "sequoia"])
+@pytest.mark.parametrize("name", ["Llama", "Gemma 3 (text)"])
+def test_a_fixed_shapes_draft_levels_build_their_inputs_on_the_device_once_per_level(name, method, monkeypatch):
+    """A fixed shape's draft levels on a static cache: each level's rows are made once per call
+    (`PaddedTree.level`) and its passes build their positions and masks from them on the device (the host builds
+    only the catch-up passes); output plain's, sliding windows (Gemma 3) included."""
+    from hf_specdec.draft import draft_model
+    from hf_specdec.runtime import pass_shapes
+
+    made, host_built = [], []
+    level = pass_shapes.PaddedTree.level
+    monkeypatch.setattr(pass_shapes.PaddedTree, "level", classmethod(
+        lambda cls, *args: made.append((args[0].tolist(), args[2].tolist())) or level(*args)))
+    host = draft_model.padded_inputs
+    monkeypatch.setattr(draft_model, "padded_inputs", lambda *args: host_built.append(1) or host(*args))
+    target = tiny(name)
+    ids, n = prompt(), new_tokens(family(name))
+    out = speculate(target, ids, n, method, cache_implementation="static")
+    assert torch.equal(out.sequences, plain_static(target, ids, n))
+    stats = out.speculation_stats
+    level_passes = stats.draft_forwards - stats.target_forwards  # one catch-up (the root's logits) a step
+    assert stats.target_forwards >= 2 and made and level_passes > len(made)  # made once, used in every step
+    assert len({str(level) for level in made}) == len(made)  # (depths, earlier rows' depths): each level once
+    assert not host_built  # the catch-ups run unpadded here (no node joins them)
+
+
 @pytest.mark.parametrize("name", ["Llama", "Gemma 3 (text)"])
 def test_static_cache_passed_in_is_the_one_filled(name):
     """A StaticCache the user passes stays their object: its sliding layers become full-length ones in place, and it
@@ -181,6 +207,37 @@ def test_a_padded_pass_built_on_the_device_equals_the_host_built_one(data):
     as_dicts = [m if isinstance(m, dict) else {"one": m} for m in masks]
     assert all(as_dicts[0].keys() == d.keys() and all(torch.equal(d[k], as_dicts[0][k]) for k in d)
                for d in as_dicts[1:])
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.data())
+def test_a_draft_levels_padded_pass_built_on_the_device_equals_the_host_built_one(data):
+    """A draft's pass over a level of nodes after `past` committed tokens and `old` node rows forwarded before it
+    (each node seeing some of them, some of its own level, and itself), built on the device from the level
+    (`PaddedTree.level`, past a host number or a device scalar): the same positions and masks as the host's
+    (`padded_inputs` with the runner's visibility and key positions), for any level, padding and sliding window."""
+    old, k = data.draw(st.integers(0, 6)), data.draw(st.integers(1, 8))
+    earlier = torch.tensor([data.draw(st.integers(1, 4)) for _ in range(old)], dtype=torch.long)
+    depths = torch.tensor([data.draw(st.integers(1, 5)) for _ in range(k)], dtype=torch.long)
+    sees = torch.tensor([[data.draw(st.booleans()) for _ in range(old + k)] for _ in range(k)])
+    shapes = PassShapes(width=data.draw(st.integers(old + 17, 48)))
+    past = data.draw(st.integers(1, shapes.width - old - 16))
+    layout, dtype, cpu = data.draw(st.sampled_from(LAYOUTS)), torch.float32, torch.device("cpu")
+    size = shapes.size(k)
+    positions = past - 1 + depths
+    allowed = torch.cat([torch.ones(k, past, dtype=torch.bool), sees[:, :old],
+                         sees[:, old:] | torch.eye(k, dtype=torch.bool)], dim=1)
+    keys = torch.cat([torch.arange(past), past - 1 + earlier, positions])
+    tokens = torch.arange(7, 7 + k)
+    expected = padded_inputs(tokens, positions, allowed, keys, size, shapes.width, layout, dtype, cpu)
+    level = shapes.padded_level("a level", depths, sees, earlier, size, cpu)
+    assert shapes.padded_level("a level", depths, sees, earlier, size, cpu) is level  # kept for the call
+    for at in (past, torch.tensor(past)):
+        built, masks = level.inputs(at, shapes.width, layout, dtype, origin=at - 1)
+        assert torch.equal(built, expected.positions[0])
+        as_dicts = [m if isinstance(m, dict) else {"one": m} for m in (masks, expected.masks)]
+        assert as_dicts[0].keys() == as_dicts[1].keys()
+        assert all(torch.equal(as_dicts[0][key], as_dicts[1][key]) for key in as_dicts[0])
 
 
 def test_a_padded_pass_that_does_not_fit_the_cache_is_refused():

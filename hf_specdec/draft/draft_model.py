@@ -24,16 +24,17 @@ the state after each of them (`record_states`), as the model's single-token pass
 
 When the target decodes on a static cache, so does the draft (`use_static_cache`): a `StaticCache` kept on the draft
 model from call to call (as Transformers keeps the target's), compacted in place, and every pass that feeds tree
-nodes padded to a power-of-two row count with masks as wide as the cache (`core.pass_shapes`), so a compiled draft
+nodes padded to a power-of-two row count with masks as wide as the cache (`runtime.pass_shapes`), so a compiled draft
 forward reuses a few graphs. The padding rows are written past the pass's own rows and the write length is reset
-over them at once. A catch-up over many tokens (the prompt, a run of plain steps) runs eagerly and unpadded, as a
-prefill does.
+over them at once. A pass over a level of nodes builds its positions and masks on the device from the level, kept
+for the call (`PassShapes.padded_level`): no host-built mask crosses per level. A catch-up over many tokens (the
+prompt, a run of plain steps) runs eagerly and unpadded, as a prefill does.
 """
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 
 import torch
 from transformers import DynamicCache, PreTrainedModel, StaticCache
@@ -55,7 +56,7 @@ from ..runtime.attention import AttentionLayout, keeps_state
 from ..runtime.devices import PassClock, execution_device
 from ..runtime.faster_call import FasterCall, compile_events
 from ..runtime.model_info import embeddable, fit_vocabulary
-from ..runtime.pass_shapes import PassShapes, padded_inputs
+from ..runtime.pass_shapes import PaddedPass, PassShapes, padded_inputs
 
 LEAN_CATCH_UP = 16  # a catch-up over at most this many tokens takes the lean pass with a mask (longer: causal)
 EAGER_CATCH_UP = 4  # on a static cache, at most this many fresh tokens join a padded pass (more: an eager pass first)
@@ -239,15 +240,18 @@ class DraftModelRunner:
         depths: torch.Tensor,
         sees: torch.Tensor,
         ids: torch.Tensor | list[int] | None = None,
+        level: Hashable | None = None,
     ) -> tuple[torch.Tensor | None, torch.Tensor]:
         """One pass over `k` tree nodes; with `ids`, first make the committed part equal `ids` in the same pass.
 
         `tokens` is `(k,)` (on any device); `depths` `(k,)` (depth 1 = a child of the root, the last committed token)
         and `sees` `(k, num_nodes + k)` bool are host tensors: each node's forwarded ancestors among the earlier slots
         *and* among this pass's nodes (a node always sees itself). Positions and masks are built on the host and
-        cross once. With `ids` (a list, or a tensor read once), earlier slots are dropped first (num_nodes = 0). The
-        nodes take the next k slots. Returns the logits of `ids[-1]` (None without `ids`) and the nodes' logits
-        `(k, vocab)`, on the draft's device.
+        cross once, but for a static cache's pass over nodes alone named by `level` (a key: the same key, the same
+        depths, sees and earlier node rows, as a fixed shape's levels are every step), built on the device from the
+        level's rows kept for the call. With `ids` (a list, or a tensor read once), earlier slots are dropped first
+        (num_nodes = 0). The nodes take the next k slots. Returns the logits of `ids[-1]` (None without `ids`) and the
+        nodes' logits `(k, vocab)`, on the draft's device.
         """
         ids = ids.tolist() if isinstance(ids, torch.Tensor) else ids
         if ids is not None:
@@ -271,11 +275,14 @@ class DraftModelRunner:
             # catching up only: a plain causal pass (the model applies any window), the last row's logits
             logits = self._forward(fed, positions.to(device, non_blocking=True), logits_to_keep=1)
         elif self.shapes.width is not None:  # a static cache: fixed shapes, every row's logits, padding dropped
-            allowed, keys = self._allowed(sees, m), self._key_positions(positions)
             size = self.shapes.size(m + k)
             self._make_room(past + old + size)
-            padded = padded_inputs(fed, positions, allowed, keys, size, self.shapes.width, self.layout,
-                                   self.model.dtype, device)
+            if m or level is None:  # committed tokens caught up in the same pass, or an unnamed level: the host
+                allowed, keys = self._allowed(sees, m), self._key_positions(positions)
+                padded = padded_inputs(fed, positions, allowed, keys, size, self.shapes.width, self.layout,
+                                       self.model.dtype, device)
+            else:  # a named level of nodes: from the level's rows kept on the device, whatever the past
+                padded = self._level_inputs(level, fed, depths, sees, size)
             logits = self._forward(padded.tokens[0], padded.positions[0], padded=True,
                                    attention_mask=padded.masks)[m - 1 if m else 0 : m + k]
             keep_positions(self.cache, past + old + m + k, [])  # the padding rows
@@ -296,6 +303,18 @@ class DraftModelRunner:
         if not self.committed:
             self.dropped = max(0, len(ids) - self.window) if self.window else 0
         return ids[self.dropped :]
+
+    def _level_inputs(self, level: Hashable, fed: torch.Tensor, depths: torch.Tensor, sees: torch.Tensor, size: int
+                      ) -> PaddedPass:
+        """Inputs of a padded pass over the level of nodes named `level` (`fed` on the device, at `depths`, seeing
+        `sees`) after the committed tokens and the node rows forwarded so far, positions and masks built on the device
+        from the level's rows (`PassShapes.padded_level`, kept for the call)."""
+        past = len(self.committed)
+        earlier = self.node_positions - (past - 1)  # the depths of the node rows forwarded before (host arithmetic)
+        rows = self.shapes.padded_level(level, depths, sees, earlier, size, self.device)
+        positions, masks = rows.inputs(past, self.shapes.width, self.layout, self.model.dtype, origin=past - 1)
+        tokens = torch.cat([fed, fed[:1].expand(size - len(fed))])
+        return PaddedPass(tokens[None], positions[None], masks)
 
     def _make_room(self, rows: int) -> None:
         """Let the static cache hold `rows` rows: if it cannot, move its rows into one twice as large (new buffers,

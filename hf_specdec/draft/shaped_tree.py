@@ -106,7 +106,8 @@ class ModelTreeDrafter(DraftModelCounts, Drafter):
 
     def use_shape(self, shape: list[int]) -> None:
         """Draft `shape` from the next step on (what a drafter sized every step switches between)."""
-        self.host_shape, self.shape, self.levels, self.slot_of = planned_shape(tuple(shape), self.runner.device)
+        self._shape_key = tuple(shape)  # names its levels' passes (`forward_tree`'s level)
+        self.host_shape, self.shape, self.levels, self.slot_of = planned_shape(self._shape_key, self.runner.device)
 
     @property
     def num_drafting_tokens(self) -> int:
@@ -135,7 +136,8 @@ class ModelTreeDrafter(DraftModelCounts, Drafter):
             self._levels_run = index + 1
             parent_tokens = tokens[level.parents]
             if level.parent_list[0] != 0:  # forward this level's nodes (the root's logits came with the sync)
-                _, logits = self.runner.forward_tree(parent_tokens.clamp(min=0), level.depths, level.sees)
+                _, logits = self.runner.forward_tree(parent_tokens.clamp(min=0), level.depths, level.sees,
+                                                     level=(self._shape_key, index))
             else:
                 logits = root_logits[None]
             so_far = TokenTree(tokens=tokens.clamp(min=0), parents=shape.parents, _depths=shape.depths,

@@ -7,7 +7,8 @@ where bfloat16 on a CPU without native bfloat16 costs one single-row pass per ro
 per pass size on whole draft passes in `studies.draft_kernels`: "dynamic-int8" (fbgemm, activations quantized
 per tensor), "int4" and "int8-weight-only" (`weight_only.py`, bfloat16 activations; their cost grows
 faster with the rows of a pass), and "mixed" (`row_dispatch.py`: int4 for the narrow passes where it measures
-faster here, dynamic int8 for the wide ones). The default, "auto", is "mixed" on CPUs that multiply bfloat16
+faster here, dynamic int8 for the wide ones, bfloat16 weights for a prompt's pass where they measure faster, as on
+CPUs with AMX: `row_dispatch.py`). The default, "auto", is "mixed" on CPUs that multiply bfloat16
 natively and dynamic int8 elsewhere: measured in one process on Zen 4 with the real pair (8 prompts x 64 tokens,
 greedy), "mixed" against dynamic int8 gave sequoia 2.12x plain against 1.89x on HumanEval and 1.50x against 1.42x
 on code continuations, and accepted more tokens per step (int4 weights with bfloat16 activations stay closer to the
@@ -17,6 +18,8 @@ float draft than int8 activations quantized per tensor); `staged`, whose passes 
 from __future__ import annotations
 
 import copy
+import statistics
+import time
 import warnings
 from collections.abc import Sequence
 
@@ -25,7 +28,7 @@ from transformers import PreTrainedModel
 
 from ..plan.latency import measure_latency
 from ..runtime.devices import native_bfloat16
-from .row_dispatch import MAX_NARROW_ROWS, set_narrow_rows, split_by_rows
+from .row_dispatch import MAX_NARROW_ROWS, RowDispatchLinear, set_broad_rows, set_narrow_rows, split_by_rows
 from .vocabulary import restrict_vocabulary
 from .weight_only import to_weight_only, weight_only_unavailable
 
@@ -34,7 +37,8 @@ SCHEMES = {
     "dynamic-int8": "int8 weights, activations quantized per pass (PyTorch's dynamic quantization, fbgemm)",
     "int4": "int4 weights in groups, bfloat16 activations (aten._weight_int4pack_mm_for_cpu)",
     "int8-weight-only": "int8 weights, bfloat16 activations (aten._weight_int8pack_mm)",
-    "mixed": "int4 weight-only for passes of a few rows (as many as measure faster here), dynamic int8 for wider ones",
+    "mixed": "int4 weight-only for passes of a few rows (as many as measure faster here), dynamic int8 for wider "
+             "ones, bfloat16 for the broadest (a prompt's pass; from the row count that measures faster here)",
 }
 WEIGHT_ONLY_BITS = {"int4": 4, "int8-weight-only": 8}
 AUTO = "auto"  # "mixed" where bfloat16 is native and the int4 kernel exists, else "dynamic-int8"
@@ -83,7 +87,8 @@ def quantize_draft(
         restrict_vocabulary(draft, vocabulary)
     if scheme == "mixed":
         with torch.no_grad():
-            split_by_rows(draft, MAX_NARROW_ROWS)  # int4 copies beside each layer; the float layers become int8 next
+            # int4 and bfloat16 copies beside each layer; the float layers become int8 next
+            split_by_rows(draft, MAX_NARROW_ROWS, broad=True, not_broad=[draft.get_output_embeddings()])
     with warnings.catch_warnings():  # torch marks the eager API as deprecated in favour of torchao; it still works
         warnings.simplefilter("ignore", DeprecationWarning)
         warnings.filterwarnings("ignore", message=".*quantize_per_tensor.*")
@@ -93,6 +98,7 @@ def quantize_draft(
         # bfloat16 between the layers (as the int4 kernel computes); the int8 layers take float32 and give it back
         torch.nn.Module.to(quantized, torch.bfloat16)
         set_narrow_rows(quantized, narrow_rows_here(quantized))
+        set_broad_rows(quantized, broad_rows_here(quantized))
     return quantized
 
 
@@ -104,6 +110,43 @@ def narrow_rows_here(model: PreTrainedModel, rows: tuple[int, ...] = tuple(range
         set_narrow_rows(model, narrow)
         seconds[narrow] = measure_latency(model, rows, repeats=3, progress=False, stop_ratio=None).seconds
     return faster_prefix(rows, seconds[MAX_NARROW_ROWS], seconds[0])
+
+
+#: the pass widths `broad_rows_here` times: from a tree's wide level to a prompt's pass
+BROAD_ROWS = (16, 32, 64, 128, 256, 512)
+
+
+def broad_rows_here(model: torch.nn.Module, rows: Sequence[int] = BROAD_ROWS, repeats: int = 3) -> int:
+    """The fewest of `rows` from which the bfloat16 copies of `model`'s `RowDispatchLinear`s measure faster than their
+    int8 kernels at every wider count (0: at none). Timed on the layers themselves, one of each weight shape counted
+    as often as it occurs (a pass's matrix products; the rest of a pass is the same either way): a fraction of a
+    second, where whole passes over 512 rows would take seconds."""
+    shapes: dict[tuple[int, int], list] = {}
+    for module in model.modules():
+        if isinstance(module, RowDispatchLinear) and module.broad_weight is not None:
+            shapes.setdefault((module.in_features, module.out_features), [module, 0])[1] += 1
+    if not shapes:
+        return 0
+
+    def seconds(broad_rows: int, n: int) -> float:
+        total = 0.0
+        for layer, count in shapes.values():
+            x, kept = torch.randn(n, layer.in_features, dtype=torch.bfloat16), layer.broad_rows
+            layer.broad_rows = broad_rows
+            with torch.no_grad():
+                layer(x)  # warm
+                times = []
+                for _ in range(repeats):
+                    start = time.perf_counter()
+                    layer(x)
+                    times.append(time.perf_counter() - start)
+            layer.broad_rows = kept
+            total += count * statistics.median(times)
+        return total
+
+    broad = [seconds(1, n) for n in rows]
+    int8 = [seconds(0, n) for n in rows]
+    return faster_prefix(rows[::-1], broad[::-1], int8[::-1])  # read from the widest down: the narrowest that wins
 
 
 def faster_prefix(rows: Sequence[int], candidate: Sequence[float], baseline: Sequence[float]) -> int:

@@ -8,7 +8,11 @@ tree pass costs more than a one-token pass: on a 2-core Xeon with AMX, 48-token 
 context were judged against 0.22-0.38 s a token where plain calls took 0.21-0.23 with their prompt pass, and `chain`
 lost them (0.68x) with not one step turned plain. So a guard measures one plain step once `patience` speculative
 steps have run (`measure_plain`), and again in each later call whose steps do not beat the measured rate `sure_win`
-times over (a single sequence's guard, `draft.guarded.sequence_guard`: 1.25x; a batch's: every call, below). When
+times over (a single sequence's guard, `draft.guarded.sequence_guard`: 1.25x; a batch's: every call, below), and in
+every call once `refresh_calls` calls have passed without one, whatever they beat: a rate measured once is a sample
+of one step on a machine whose speed moves between calls (a 2-core Xeon decoded the same prompts plainly at 0.14 s a
+token, then 0.18-0.24 minutes later), and a sample that came out high made every later step look a sure win, so it
+was never measured again (one step at 0.26 s a token judged 14 calls of `sequoia`, plain running at 0.16-0.24). When
 the running seconds per token of speculative steps exceed the plain rate by more than timing noise, the next
 `backoff` steps run plain (judged after `patience` steps, or after `quick_patience` where they cost `clear_loss`
 times plain's time per token: on the 760-token retrieved-context chat, a 48-token `chain` call ran 14 speculative
@@ -92,6 +96,9 @@ class PlainGuard:
     #: once a plain rate is measured, a call whose speculative steps beat it this many times over measures no plain
     #: step of its own (inf: every call long enough to judge measures one)
     sure_win: float = math.inf
+    #: ... but a rate measured this many calls ago is measured again, sure win or not (every call's: 1)
+    refresh_calls: int = 3
+    calls_since: dict[int, int] = field(default_factory=dict)  # rows -> calls begun since their plain rate's step
     waiting: int = 0  # plain steps left before the next probe
     plain_steps: int = 0  # steps this guard turned plain in the current call (stats)
     probe_seconds: float = 0.0  # totals over speculative steps since the last judgement that did not lose
@@ -111,6 +118,7 @@ class PlainGuard:
         """A call begins: the judgement so far carries over (a wait under way goes on); the step counts restart."""
         self.plain_steps = 0
         self.measured, self.call_spec_steps = set(), 0
+        self.calls_since = {rows: calls + 1 for rows, calls in self.calls_since.items()}
 
     def plain_next(self, rows: int = 1) -> bool:
         """Whether the next step, over `rows` rows, should be a plain one: asked once per step, as it is issued. A
@@ -129,7 +137,8 @@ class PlainGuard:
             return True
         rate = self.spec_seconds / max(self.spec_tokens, 1e-9)
         unsure = math.isinf(self.sure_win) or rate * self.sure_win > self.plain_rates[rows]
-        return rows not in self.measured and self.call_spec_steps >= self.patience and unsure
+        stale = self.calls_since.get(rows, 0) >= self.refresh_calls
+        return rows not in self.measured and self.call_spec_steps >= self.patience and (unsure or stale)
 
     def reference(self) -> float | None:
         """Seconds per token of plain decoding over the judged steps' rows: measured, else estimated from the
@@ -141,6 +150,7 @@ class PlainGuard:
         the root alone (every row's, for a batch of `rows` rows)."""
         if plain:
             self.measured.add(rows)
+            self.calls_since[rows] = 0
             rate = seconds / max(tokens, 1)
             self.plain_rates[rows] = self._mean(self.plain_rates[rows], rate) if rows in self.plain_rates else rate
             return

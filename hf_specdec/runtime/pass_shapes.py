@@ -12,12 +12,15 @@ its trees for it, so any method's trees get the same treatment.
 
 The target's padded pass builds its positions and masks on the device, with fixed shapes, from the shape (kept per
 call, `PaddedTree`) and the past length, which may be a device scalar: no host-built mask crosses each step, and a
-step captured whole can build them too. The draft's padded passes (catch-up and nodes in one) still build theirs on
-the host (`padded_inputs`).
+step captured whole can build them too. So do the draft's padded passes over a level of tree nodes
+(`PaddedTree.level`: the level's nodes also see some of the node rows forwarded before them): a host-built mask copied
+from pageable memory makes a CUDA stream wait for the work queued before it, once per draft level. A draft pass that
+also catches up with committed tokens builds its inputs on the host (`padded_inputs`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from dataclasses import dataclass, field
 
 import torch
@@ -55,12 +58,23 @@ class PassShapes:
         return size
 
     def padded_tree(self, tree: TokenTree, size: int, device: torch.device) -> PaddedTree:
-        """`tree`'s shape padded to `size` nodes on `device`, made once per shape (two copies) and kept."""
+        """`tree`'s shape padded to `size` nodes on `device`, made once per shape (a few copies) and kept."""
         key = (tuple(tree.host().parents), size, torch.device(device))
+        return self._kept(key, lambda: PaddedTree.of(tree, size, device))
+
+    def padded_level(self, level: Hashable, depths: torch.Tensor, sees: torch.Tensor, earlier: torch.Tensor,
+                     size: int, device: torch.device) -> PaddedTree:
+        """A draft level's nodes padded to `size` rows on `device` (`PaddedTree.level`), made once per `level` (a key
+        the drafter gives: the same key, the same depths, sees and earlier rows) and kept: a fixed shape's levels are
+        the same every step, and naming them spares reading the host tensors to compare them."""
+        key = ("level", level, len(earlier), size, torch.device(device))
+        return self._kept(key, lambda: PaddedTree.level(depths, sees, earlier, size, device))
+
+    def _kept(self, key: tuple, make) -> PaddedTree:
         if key not in self._trees:
             if len(self._trees) >= KEPT_TREES:
                 del self._trees[next(iter(self._trees))]
-            self._trees[key] = PaddedTree.of(tree, size, device)
+            self._trees[key] = make()
         return self._trees[key]
 
 
@@ -75,39 +89,63 @@ class PaddedPass:
 
 @dataclass(frozen=True)
 class PaddedTree:
-    """A tree shape padded to `size` nodes, on the target's device: all a padded pass's positions and masks need
-    besides the past length. Padding rows sit at the root's position (depth 0), each seeing only itself."""
+    """The rows of a pass padded to `size`, on the model's device: all its positions and masks need besides the past
+    length. The pass's rows are written after the `past` committed rows and any node rows forwarded before them
+    (a draft's earlier levels): `block` says which of those rows (`span` of them, from row `past` on) each sees; every
+    row of the pass but padding sees the whole committed past. Positions are an origin (the committed length, or one
+    less for a draft, whose depth-1 nodes follow its last committed token) plus depths; padding rows sit at the first
+    row's position, each seeing only itself."""
 
-    depths: torch.Tensor  # (size,) long
-    block: torch.Tensor  # (size, size) bool: which padded node sees which (ancestry; padding: itself)
-    nodes: torch.Tensor  # (size, 1) bool: the tree's rows (they see the past), not padding
+    depths: torch.Tensor  # (size,) long: of the pass's rows
+    block: torch.Tensor  # (size, span) bool: which rows from `past` on each row sees (ancestry; padding: itself)
+    nodes: torch.Tensor  # (size, 1) bool: the pass's own rows, not padding
+    key_depths: torch.Tensor  # (span,) long: the depths of the rows from `past` on (earlier node rows, then these)
 
     @classmethod
     def of(cls, tree: TokenTree, size: int, device: torch.device) -> PaddedTree:
+        """A target's pass over `tree` (its root at the origin)."""
         depths, ancestors = tree.host().structure()
-        n = len(depths)
-        block = torch.zeros(size, size, dtype=torch.bool)
-        block[:n, :n] = ancestors
-        block[n:, n:] = torch.eye(size - n, dtype=torch.bool)
-        depths = torch.cat([depths, depths.new_zeros(size - n)])
-        nodes = (torch.arange(size) < n)[:, None]
-        return cls(*(t.to(device, non_blocking=True) for t in (depths, block, nodes)))
+        return cls._padded(depths, ancestors, torch.empty(0, dtype=torch.long), size, device)
 
-    def inputs(self, past: int | torch.Tensor, width: int, layout: AttentionLayout, dtype: torch.dtype
-               ) -> tuple[torch.Tensor, Masks]:
-        """(positions `(size,)`, masks `width` keys wide) of a pass after `past` cached tokens, built on the device
-        with fixed shapes: `past` may be a device scalar (a static layer's write length), so nothing here waits for
-        the host, and a captured step could build them too. The nodes take rows past, past + 1, ...; every node sees
-        the whole past, a padding row only itself."""
-        size, device = len(self.depths), self.depths.device
+    @classmethod
+    def level(cls, depths: torch.Tensor, sees: torch.Tensor, earlier: torch.Tensor, size: int, device: torch.device
+              ) -> PaddedTree:
+        """A draft's pass over one level of nodes at `depths` `(k,)` (host), each seeing what `sees` `(k, old + k)`
+        says among the `old` node rows forwarded before it (at depths `earlier` `(old,)`) and among its own rows,
+        and itself (the runner's `forward_tree` without committed tokens to catch up)."""
+        k, old = len(depths), len(earlier)
+        block = torch.cat([sees[:, :old], sees[:, old:] | torch.eye(k, dtype=torch.bool)], dim=1)
+        return cls._padded(depths, block, earlier, size, device)
+
+    @classmethod
+    def _padded(cls, depths: torch.Tensor, block: torch.Tensor, earlier: torch.Tensor, size: int,
+                device: torch.device) -> PaddedTree:
+        k, old = len(depths), len(earlier)
+        padded = torch.zeros(size, old + size, dtype=torch.bool)
+        padded[:k, : old + k] = block
+        padded[k:, old + k :] = torch.eye(size - k, dtype=torch.bool)
+        depths = torch.cat([depths, depths[:1].expand(size - k)])
+        nodes = (torch.arange(size) < k)[:, None]
+        key_depths = torch.cat([earlier.to(depths.dtype), depths])
+        return cls(*(t.to(device, non_blocking=True) for t in (depths, padded, nodes, key_depths)))
+
+    def inputs(self, past: int | torch.Tensor, width: int, layout: AttentionLayout, dtype: torch.dtype,
+               origin: int | torch.Tensor | None = None) -> tuple[torch.Tensor, Masks]:
+        """(positions `(size,)`, masks `width` keys wide) of a pass after `past` committed rows, at positions `origin`
+        (default `past`) + depth, built on the device with fixed shapes: `past` may be a device scalar (a static
+        layer's write length), so nothing here waits for the host, and a captured step could build them too. The
+        rows from `past` on are the earlier node rows, then this pass's; every row sees the whole past but padding,
+        which sees only itself."""
+        size, span, device = len(self.depths), len(self.key_depths), self.depths.device
+        origin = past if origin is None else origin
         columns = torch.arange(width, device=device)
-        rows = past + torch.arange(size, device=device)  # the cache rows the padded nodes are written to
+        rows = past + torch.arange(span, device=device)  # the cache rows of the earlier nodes and this pass's
         visible = (columns < past)[None] & self.nodes
-        visible.scatter_(1, rows[None].expand(size, size), self.block)  # a scatter, not a gather: 20x cheaper on a CPU
-        positions = past + self.depths
+        visible.scatter_(1, rows[None].expand(size, span), self.block)  # a scatter, not a gather: 20x cheaper on a CPU
+        positions = origin + self.depths
         keys = columns  # only a sliding window reads them: a node's row holds its position, others are hidden
         if SLIDING in layout.layer_types:
-            keys = columns.scatter(0, rows, positions)
+            keys = columns.scatter(0, rows, origin + self.key_depths)
         return positions, layout.masks(visible, positions, keys, dtype, device)
 
 
