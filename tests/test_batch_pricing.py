@@ -147,12 +147,12 @@ def test_rows_drafting_one_after_another_sum_their_draft_passes():
 
 
 @pytest.mark.parametrize("method", ["specexec", "staged"])
-def test_a_batch_drafted_row_by_row_is_priced_before_its_call(monkeypatch, method):
-    """`specexec` and `staged` draft every row's tree in its own passes, one row after another. A target pass of
-    50 ms (flat up to 16 tokens) and a draft pass of 10 ms: 4 rows drafting a chain in lockstep share each draft
-    pass, and the chain is predicted to repay the call; 4 rows drafting one after another pay 40 ms a level, no tree
-    is, and Transformers' loop decodes the call. With a 1 ms draft pass the method speculates. Every output is plain
-    batched generate's."""
+def test_a_batch_of_best_first_trees_is_priced_before_its_call(monkeypatch, method):
+    """`staged` drafts every row's tree in its own passes, one row after another; `specexec` grows every row's tree
+    in lockstep. A target pass of 50 ms (flat up to 16 tokens) and a draft pass of 10 ms: 4 rows drafting a chain or
+    best-first trees in lockstep share each draft pass, and the trees are predicted to repay the call; 4 rows
+    drafting one after another pay 40 ms a level, no tree is, and Transformers' loop decodes the call. With a 1 ms
+    draft pass `staged` speculates too. Every output is plain batched generate's."""
     from hf_specdec.integration import batch as batch_module
     from hf_specdec.integration import generate as integration
     from hf_specdec.methods.sequoia.sizing import sequoia_menu
@@ -168,6 +168,10 @@ def test_a_batch_drafted_row_by_row_is_priced_before_its_call(monkeypatch, metho
     assert torch.equal(out.sequences, plain) and isinstance(out.speculation_stats, list) and drafters
     out = target.generate(ids, **call, assistant_model=draft, speculation=method)
     assert torch.equal(out.sequences, plain)
+    if method == "specexec":  # in lockstep: priced as the chain is
+        assert isinstance(out.speculation_stats, list)
+        assert max(max(row.tokens_per_step) for row in out.speculation_stats) > 1
+        return
     assert "no tree is predicted to repay" in out.speculation_stats.plan_source
     cheap = SimpleNamespace(profile=HardwareProfile(flat_until(16, 0.05), flat_until(16, 0.001)), acceptance=[0.9])
     monkeypatch.setattr(integration, "plan_for_call", lambda *args, **kwargs: (cheap, "curves given here"))

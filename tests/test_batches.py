@@ -292,6 +292,46 @@ def test_a_batch_of_one_prompt_repeated_stops_its_chain_where_the_single_sequenc
         (single.draft_forwards, single.target_forwards)] * 3
 
 
+@pytest.mark.parametrize("config", [{"budget": 12, "beams": 3}, {}], ids=["budget", "sized"])
+def test_a_batch_of_one_prompt_repeated_grows_the_single_sequences_specexec_trees_in_its_passes(near_pair, config):
+    """`specexec` in a batch grows every row's best-first tree in lockstep: each round's draft pass forwards every
+    row's frontier. Rows that are all the same prompt grow, step by step, the single sequence's trees in as many draft
+    passes as it (drafted row by row: three times as many), and emit what it emits. Sized every step too, where each
+    row's cost model prices the batch's passes: the same trees for every row, plain's tokens."""
+    from hf_specdec.methods.specexec.lockstep import LockstepBestFirstDrafter
+
+    target, draft = near_pair
+    ids, _ = padded_batch(6, [0])
+    call = dict(max_new_tokens=NEW, assistant_model=draft, speculation="specexec", return_dict_in_generate=True,
+                speculation_config={**config, "guard": False}, do_sample=False)
+    trees, propose = [], LockstepBestFirstDrafter.propose
+
+    def seen(self, *args):
+        proposed = propose(self, *args)
+        trees.append([(tree.host(tokens=True).parents, tree.host().tokens) for tree in proposed])
+        return proposed
+
+    passes = []
+    hook = draft.register_forward_hook(lambda *_: passes.append(1))
+    try:
+        single = target.generate(ids, **call)
+        single_passes, passes[:] = len(passes), []
+        LockstepBestFirstDrafter.propose = seen
+        batch = target.generate(ids.repeat(3, 1), attention_mask=torch.ones(3, ids.shape[1], dtype=torch.long),
+                                **call)
+    finally:
+        LockstepBestFirstDrafter.propose = propose
+        hook.remove()
+    assert torch.equal(batch.sequences, single.sequences.repeat(3, 1))
+    assert len(passes) <= single_passes + 2  # one pass a round for all three rows (row by row: three times as many)
+    assert trees and all(step[0] == row for step in trees for row in step)  # every row the same tree
+    assert max(len(step[0][0]) for step in trees) > 2  # trees, not chains of one token
+    if config:  # a fixed budget: the single sequence's own trees, pass for pass
+        stats = single.speculation_stats
+        assert [(row.draft_forwards, row.target_forwards) for row in batch.speculation_stats] == [
+            (stats.draft_forwards, stats.target_forwards)] * 3
+
+
 def test_a_batch_drafts_on_while_its_rows_chains_average_the_threshold():
     """The batch's stop after a level: a row whose own chain stopped (a token below the threshold) counts 0 from
     then on; the next level is drafted while the rows' probabilities average at least the threshold. One row sure
@@ -408,20 +448,20 @@ def test_a_batch_of_best_first_rows_grows_trees_within_the_measured_pass(monkeyp
     """`specexec` in a batch of 4 on a curve flat up to 128 tokens, with a draft that always agrees: while the 4 rows
     decode, no row's tree passes 32 nodes (4 x 32 = 128 tokens a pass), yet the trees do grow past a chain's size;
     the output is plain batched generate's."""
-    from hf_specdec.draft.row_drafters import RowDrafters
     from hf_specdec.integration import generate as integration
+    from hf_specdec.methods.specexec.lockstep import LockstepBestFirstDrafter
 
     profile = HardwareProfile(flat_until(128, 0.010), flat_until(128, 0.001))
     plan = SimpleNamespace(profile=profile, acceptance=[0.9])
     monkeypatch.setattr(integration, "plan_for_call", lambda *args, **kwargs: (plan, "curves given here"))
-    sizes, propose = [], RowDrafters.propose
+    sizes, propose = [], LockstepBestFirstDrafter.propose
 
     def seen(self, ids, prefixes, unpadded):
         trees = propose(self, ids, prefixes, unpadded)
         sizes.append((len(trees), max(len(tree) for tree in trees)))
         return trees
 
-    monkeypatch.setattr(RowDrafters, "propose", seen)
+    monkeypatch.setattr(LockstepBestFirstDrafter, "propose", seen)
     target = tiny_model("qwen2", 0)
     ids, mask = padded_batch(4, [0, 2, 4, 1])
     call = dict(attention_mask=mask, max_new_tokens=24, do_sample=False)

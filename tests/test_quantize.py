@@ -10,7 +10,7 @@ from transformers import AutoModelForCausalLM
 import hf_specdec.kernels.quantize as quantize_module
 from hf_specdec import quantize_draft
 from hf_specdec.kernels import weight_only
-from hf_specdec.kernels.quantize import BROAD_ROWS, broad_rows_here, faster_prefix, is_quantized
+from hf_specdec.kernels.quantize import BROAD_ROWS, broad_rows_here, faster_prefix, faster_suffix, is_quantized
 from hf_specdec.kernels.row_dispatch import RowDispatchLinear, set_broad_rows, set_narrow_rows, split_by_rows
 from hf_specdec.kernels.weight_only import Int4Linear, Int8Linear
 from hf_specdec.runtime.model_info import quantization
@@ -148,6 +148,16 @@ def test_mixed_draft_takes_bfloat16_weights_for_its_broadest_passes_but_not_in_i
     set_broad_rows(draft, 16)  # the prompt's pass on bfloat16 weights, the steps' passes on int4 and int8
     out = target.generate(ids, assistant_model=draft, speculation="chain", max_new_tokens=16, do_sample=False)
     assert torch.equal(out, target.generate(ids, max_new_tokens=16, do_sample=False))
+
+
+def test_broad_rows_start_where_bfloat16_wins_at_every_wider_pass():
+    """The bfloat16 copies take over from the narrowest measured pass beyond which they never lose: a win at 32 rows
+    followed by a loss at 64 does not count; no win at the widest, never."""
+    rows = (16, 32, 64, 128)
+    assert faster_suffix(rows, [3, 3, 2, 2], [1, 2, 3, 4]) == 64
+    assert faster_suffix(rows, [3, 1, 4, 2], [1, 2, 3, 4]) == 128
+    assert faster_suffix(rows, [0.5, 1, 2, 3], [1, 2, 3, 4]) == 16
+    assert faster_suffix(rows, [0.5, 1, 2, 5], [1, 2, 3, 4]) == 0
 
 
 @pytest.mark.parametrize("native", [True, False])

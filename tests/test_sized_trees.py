@@ -517,6 +517,19 @@ def test_guard_false_keeps_every_step_speculative(monkeypatch):
         _generate(target, target, ids, "chain", speculation_config={"guard": "no"})
 
 
+@pytest.mark.parametrize("measured", [True, False])
+def test_a_calls_first_step_is_judged_without_its_prompt_pass_once_drafting_was_measured(measured):
+    """The first step's draft passes read the prompt: its share (the step's drafting beyond what a step's drafting
+    costs, `drafted`) is the prompt's rate, and the rest is judged as a step, so a clear loss turns plain after the
+    first two steps; before any step's drafting was measured the first step is not judged."""
+    guard = PlainGuard(plain_rates={1: 1.0}, drafted=0.5 if measured else None)
+    guard.observe_first(10.5, 1, 8.5, 100)  # 8 s of prompt pass over 100 tokens; the step itself 2.5 s for a token
+    assert guard.prompt_rate == pytest.approx(0.08 if measured else 0.085)
+    guard.observe(2.5, 1, False, 0.5)
+    assert guard.plain_next() is measured  # 2.5 s a token against 1: a clear loss, after two judged steps
+    assert guard.spec_steps == (2 if measured else 1)
+
+
 def test_a_clear_loss_is_judged_sooner_than_a_slight_one():
     """Speculative steps costing `clear_loss` times plain's time per token or more are judged after `quick_patience`
     steps; a slighter loss (beyond the margin only) waits the whole `patience`."""
@@ -553,6 +566,30 @@ def test_a_sequences_guard_measures_plain_where_the_estimate_flatters_it(monkeyp
     assert _call(sure, 8, 1.8, 4) == "s" * 8  # then beats 1 s by more than SURE_WIN: no plain step
     near = guarded.sequence_guard()
     assert [_call(near, 8, 1.8, 2).count("p") for _ in range(3)] == [1, 1, 1]  # 0.9 s a token: every call
+
+
+@pytest.mark.parametrize("plain_now", [2.0, 1.0], ids=["machine-slowed", "same-speed"])
+def test_a_loss_judged_against_another_calls_rate_is_confirmed_by_a_plain_step_first(monkeypatch, plain_now):
+    """An earlier call measured plain decoding at 1 s a token; speculative steps now take 1.5 s a token, a clear
+    loss against it. Before turning plain, the guard measures one plain step in this call: where the machine slowed
+    down (2 s a plain token now) the steps win and go on; where it did not, the loss stands and the steps turn
+    plain."""
+    monkeypatch.setattr(guarded, "sequence_guard", _real_sequence_guard)
+    monkeypatch.setattr(guarded, "PlainGuard", PlainGuard)  # the suite's guard never judges
+    guard = guarded.sequence_guard()
+    guard.observe(1.0, 1, plain=True)  # an earlier call's plain step
+    guard.new_call()
+    kinds = ""
+    for _ in range(10):
+        plain = guard.plain_next()
+        guard.observe(plain_now if plain else 3.0, 1 if plain else 2, plain=plain, draft_seconds=0.0 if plain else 1.0)
+        kinds += "p" if plain else "s"
+    assert kinds.startswith("ssp")  # judged after two steps (a clear loss), confirmed by a plain step
+    assert guard.call_rates[1] == pytest.approx(plain_now)  # judged by this call's plain rate from then on
+    if plain_now == 2.0:
+        assert kinds == "ssp" + "s" * 7
+    else:
+        assert kinds.startswith("sspsp")  # the loss stands: plain steps follow the next judgement
 
 
 def test_a_sure_win_measures_plain_again_once_its_rate_is_refresh_calls_old(monkeypatch):

@@ -451,8 +451,8 @@ def test_the_guard_does_not_judge_a_step_that_compiled(monkeypatch):
         def observe(self, *args):
             seen.append(args)
 
-        def observe_prompt(self, *args):
-            prompts.append(args)
+        def observe_first(self, seconds, tokens, draft_seconds, prompt_tokens):
+            prompts.append((draft_seconds, prompt_tokens))
 
         def plain_next(self):
             return False
@@ -465,9 +465,9 @@ def test_the_guard_does_not_judge_a_step_that_compiled(monkeypatch):
         counters["stats"]["unique_graphs"] += compiled  # what dynamo does when the target pass compiles
         drafter.accept(ids, tree, verdict)
     drafter.propose(ids)
-    assert len(seen) == 3  # of 5 steps, the call's first (its draft pass reads the prompt) and the one that compiled
-    # are not observed
-    assert prompts == [(0.0, 2)]  # the first step's draft time went to the price: 2 prompt tokens read
+    assert len(seen) == 3  # of 5 steps, the call's first (its draft pass reads the prompt: observed apart) and the
+    # one that compiled are not observed as steps
+    assert prompts == [(0.0, 2)]  # the first step's draft time, its pass reading the 2 prompt tokens
 
 
 def test_no_compile_without_a_compile_config_on_cpu():

@@ -27,7 +27,7 @@ from ..accept.emit import BlockStops
 from ..accept.ragged import RaggedRows
 from ..core.releases import cache_arg
 from ..core.verdict import Verifier
-from ..draft.batch_shaped import LockstepShapeDrafter
+from ..draft.batch_draft import LockstepDraft
 from ..draft.row_drafters import RowDrafters
 from ..logits.processing import row_processors
 from ..runtime.attention import AttentionLayout
@@ -50,7 +50,7 @@ def batch_speculative_loop(
     target: PreTrainedModel,
     input_ids: torch.LongTensor,
     attention_mask: torch.Tensor,
-    drafter: RowDrafters | LockstepShapeDrafter,
+    drafter: RowDrafters | LockstepDraft,
     verifier: Verifier,
     logits_processor: LogitsProcessorList,
     stopping_criteria: StoppingCriteriaList,

@@ -1,13 +1,12 @@
 """Draft one fixed shape for every row of a batch in lockstep: one draft pass per level for all rows together.
 
-The batch form of `ModelTreeDrafter` (whose shape levels it reuses): the draft's cache is ragged like the target's
-(`accept.ragged.RaggedRows`). Each step first feeds every row the tokens its draft cache lacks (the last step's
-emitted tokens, the root last) as one pass of per-row chains, which commits them and gives each root's logits; then
-each level's nodes of every row go through one pass, seeing the row's committed columns and the level's forwarded
-ancestors (the same slots in every row: the shape is shared, the tokens are each row's). After the verdicts each
-row keeps the slots of the accepted nodes the draft forwarded (ragged, as the target keeps its accepted nodes), so
-the next step's first pass feeds a row only what the draft has not seen: the bonus token and the accepted leaf,
-not the whole accepted block again.
+The batch form of `ModelTreeDrafter` (whose shape levels it reuses), on the lockstep draft (`batch_draft.py`: a
+cache ragged like the target's). Each step first feeds every row the tokens its draft cache lacks, which gives each
+root's logits; then each level's nodes of every row go through one pass, seeing the row's committed columns and the
+level's forwarded ancestors (the same slots in every row: the shape is shared, the tokens are each row's). After
+the verdicts each row keeps the slots of the accepted nodes the draft forwarded (ragged, as the target keeps its
+accepted nodes), so the next step's first pass feeds a row only what the draft has not seen: the bonus token and the
+accepted leaf, not the whole accepted block again.
 
 With `threshold` (a chain's `confidence_threshold`), Transformers' confidence stop is taken for the batch as a
 whole (`batch_goes_on`): a row's chain is still going where its own single-sequence stop would not have stopped it
@@ -26,23 +25,18 @@ from __future__ import annotations
 import math
 
 import torch
-from transformers import DynamicCache, LogitsProcessorList, PreTrainedModel
+from transformers import LogitsProcessorList, PreTrainedModel
 
-from ..accept.ragged import RaggedRows
-from ..core.model_inputs import explicit_parameters
-from ..core.releases import cache_arg
-from ..core.tree import HostTree, TokenTree, additive_mask
+from ..core.tree import HostTree, TokenTree
 from ..logits.child_selection import select_children
 from ..logits.processing import process_tree_scores
 from ..plan.guard import PlainGuard
-from ..runtime.attention import AttentionLayout
-from ..runtime.devices import PassClock, execution_device
-from ..runtime.model_info import embeddable, fit_vocabulary
+from .batch_draft import LockstepDraft
 from .draft_model import forwarded_prefix
 from .shaped_tree import ModelTreeDrafter, read_with_tokens
 
 
-class LockstepShapeDrafter:
+class LockstepShapeDrafter(LockstepDraft):
     """`shape` (a parents list, BFS order) drafted for every row of a batch, one draft pass per level."""
 
     guard: PlainGuard | None = None  # the measured guard of the batch's whole steps (`batch_sized`: when sized)
@@ -58,92 +52,37 @@ class LockstepShapeDrafter:
         vocab: int | None = None,
         threshold: float | None = None,
     ) -> None:
+        super().__init__(draft_model, rows, vocab)
         self.plan = ModelTreeDrafter(draft_model, shape, None, child_selection, generator, vocab)  # shape + levels
-        self.model, self.vocab = draft_model, vocab
         # one list per row (`core.processing.row_processors`: a row's padding, its batch id), or one for all
         shared = logits_processor is None or isinstance(logits_processor, LogitsProcessorList)
         self.processors = [logits_processor] * rows if shared else list(logits_processor)
         self.child_selection, self.generator = child_selection, generator
-        self.device = execution_device(draft_model)
-        self.layout = AttentionLayout.of(draft_model)
-        self.input_rows = getattr(draft_model.get_input_embeddings(), "num_embeddings", None)
-        self.keeps_logits = "logits_to_keep" in explicit_parameters(draft_model)  # else the columns are sliced here
-        self.cache = DynamicCache()
-        self.rows = RaggedRows(torch.zeros(rows, 0, dtype=torch.bool, device=self.device))
-        self.committed = [0] * rows  # per batch row: how many of its tokens the draft cache holds
-        self.origin = list(range(rows))  # per batch row: its row in the call's batch (rows that finish leave)
-        self.node_slots = 0  # cache columns the last step's level passes appended after the committed ones
-        self.kept_slots: list[list[int]] = [[] for _ in range(rows)]  # per batch row: of those, its accepted ones
         self._nodes: list[list[int] | None] = [None] * rows  # per batch row: the shape node of each tree node
         self.log_threshold = math.log(threshold) if threshold else None  # None: every level, every step
         self.levels_run = 0  # levels drafted in the last step: nodes deeper than that were never forwarded
         self.forwarded_slots: list[int] = []  # per shape node, its draft-cache slot in the last step (-1: none)
-        self.clock = PassClock(self.device)
-        self.forward_count = 0
-        self.prefill_seconds = 0.0  # of the draft passes, the first: it reads every row's prompt (the call's setup)
 
     def use_shape(self, shape: list[int]) -> None:
         """Draft `shape` for every row from the next step on (a batch sized every step switches between shapes)."""
         self.plan.use_shape(shape)
 
-    @property
-    def forward_time(self) -> float:
-        return self.clock.total
-
-    def _forward(self, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor,
-                 columns: list[int] | None = None) -> torch.Tensor:
-        """float32 logits `(B, n, vocab)` of one pass over `tokens` `(B, n)`, appended to the cache; with `columns`,
-        only those columns' `(B, len(columns), vocab)`: the output layer then runs over them alone (the root pass
-        needs one column per row, and the first one feeds whole prompts, where the output layer over every prompt
-        token would cost a third of the pass)."""
-        self.clock.start()
-        kept = {}
-        if columns is not None and self.keeps_logits:
-            kept = {"logits_to_keep": torch.tensor(columns, dtype=torch.long, device=self.device)}
-        with torch.no_grad():
-            out = self.model(input_ids=embeddable(tokens, self.input_rows),
-                             position_ids=self.layout.model_positions(positions), attention_mask=mask,
-                             **cache_arg(self.cache), use_cache=True, **kept)
-        logits = out.logits if columns is None or kept else out.logits[:, columns]
-        logits = fit_vocabulary(logits.float(), self.vocab)
-        self.clock.stop()
-        self.forward_count += 1
-        return logits
-
     def propose(self, ids: list[list[int]], prefixes: list[torch.Tensor], unpadded=None) -> list[TokenTree]:
         """The trees of every row: `ids[r]` the row's tokens (its root last), `prefixes[r]` `(1, L)` what the call's
         processors see before row r's root."""
         plan, batch, device = self.plan, len(ids), self.device
-        if self.node_slots:  # each row keeps the accepted nodes the last step forwarded; the other slots go
-            self.rows.keep(self.cache, self.kept_slots)
-            self.committed = [done + len(slots) for done, slots in zip(self.committed, self.kept_slots)]
-        self.node_slots, self.kept_slots = 0, [[] for _ in range(batch)]
         shape, n = plan.shape, len(plan.shape)
         self._nodes = [None] * batch
-        if n == 1:  # a root-only plan: no draft pass at all (the target decodes plainly)
+        if n == 1:  # a root-only plan: no draft pass at all (the target decodes plainly); it catches up next step
+            self.keep_accepted(batch)
             return [TokenTree.from_parents([row[-1]], [-1]) for row in ids]
-        fresh = [row[done:] for row, done in zip(ids, self.committed)]
-        chains = [TokenTree.from_parents(tokens, list(range(-1, len(tokens) - 1))) for tokens in fresh]
-        tokens_in, positions, mask = self.rows.tree_inputs(chains, self.model.dtype)
-        ends = [len(row_tokens) - 1 for row_tokens in fresh]  # each row's root: the last token it feeds
-        columns = sorted(set(ends))
-        prefill, before = not any(self.committed), self.clock.total
-        logits = self._forward(tokens_in, positions, mask, columns)
-        if prefill:  # a one-off cost of the call, which no step's cost model or guard should be charged with
-            self.prefill_seconds += self.clock.total - before
-        root_logits = logits[torch.arange(batch, device=device),
-                             torch.tensor([columns.index(end) for end in ends], device=device)]
-        self.rows.keep(self.cache, [list(range(len(f))) for f in fresh])
-        self.committed = [len(row) for row in ids]
-        committed = self.rows.length
+        root_logits = self.catch_up(ids)
         roots = torch.tensor([row[-1] for row in ids], dtype=torch.long, device=device)
         tokens = roots[:, None].repeat(1, n)
         tokens[:, 1:] = -1
         sampling = self.child_selection != "top_k"
         draft_probs = torch.zeros(batch, n, root_logits.shape[-1], device=device) if sampling else None
-        root_positions = self.rows.valid.sum(dim=1, keepdim=True) - 1
         going = torch.ones(batch, dtype=torch.bool, device=device)  # rows whose own stop has not stopped them
-        forwarded = 0
         for index, level in enumerate(plan.levels):
             self.levels_run = index + 1
             if level.parent_list[0] == 0:
@@ -151,15 +90,12 @@ class LockstepShapeDrafter:
             else:
                 p = len(level.parent_list)
                 sees = level.sees.to(device, copy=True)  # the level is shared by every call: never written
-                sees[:, forwarded:] |= torch.eye(p, dtype=torch.bool, device=device)
-                allowed = torch.cat([self.rows.valid[:, None, :].expand(batch, p, committed),
-                                     sees[None].expand(batch, -1, -1)], dim=2)
+                sees[:, self.node_slots :] |= torch.eye(p, dtype=torch.bool, device=device)
                 before = self.clock.total
-                positions = root_positions + level.depths.to(device)
-                level_logits = self._forward(tokens[:, level.parents].clamp(min=0), positions,
-                                             additive_mask(allowed, self.model.dtype)[0, 0][:, None])
+                level_depths = level.depths[None].expand(batch, -1)
+                level_logits = self.node_pass(tokens[:, level.parents].clamp(min=0), level_depths,
+                                              sees[None].expand(batch, -1, -1))
                 self._level_timed(p, self.clock.total - before)
-                forwarded += p
             scores = self._scores(tokens, level.parent_list, level_logits, prefixes)
             probs = scores.softmax(-1) if sampling else scores
             if sampling:
@@ -179,7 +115,6 @@ class LockstepShapeDrafter:
                     break
         else:
             token_lists = tokens.tolist()  # the step's one read of the drafted tokens
-        self.node_slots = forwarded  # kept past the verdicts: `accept` says which each row keeps
         depths = plan.host_shape.depths()  # a node of a level not run was drafted, never forwarded: no slot
         self.forwarded_slots = [slot if depth < self.levels_run else -1 for slot, depth in zip(plan.slot_of, depths)]
         trees = []
@@ -222,17 +157,9 @@ class LockstepShapeDrafter:
         fixed shape is not sized by them."""
 
     def drop(self, keep: list[int]) -> None:
-        """Keep only batch rows `keep` (rows that finished leave)."""
-        self.rows.select(self.cache, keep)
-        self.committed = [self.committed[index] for index in keep]
+        super().drop(keep)
         self.processors = [self.processors[index] for index in keep]
-        self.origin = [self.origin[index] for index in keep]
-        self.kept_slots = [self.kept_slots[index] for index in keep]
         self._nodes = [self._nodes[index] for index in keep]
-
-    def counts(self, row: int) -> tuple[int, float]:
-        """Draft passes and their seconds, shared by every row."""
-        return self.forward_count, self.forward_time
 
     def shrunk_steps(self, row: int) -> int:
         """Steps whose tree for the call's row `row` was cut below the full shape (a fixed shape: none)."""

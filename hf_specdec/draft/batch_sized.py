@@ -14,7 +14,6 @@ drafted every step, behind the guard alone.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 
 import torch
@@ -55,9 +54,6 @@ class SizedLockstepDrafter(LockstepShapeDrafter):
         self.shrunk = [0] * rows  # per row of the call: steps whose tree was cut below the full shape
         self.probed = [0] * rows  # per row of the call: its steps that were the chooser's size probes
         self.choices: list[tuple[int, int]] = []  # every step's (rows, nodes of its shape); 1 node: plain batched
-        self._started: float | None = None  # when the last step began (a step runs until the next proposal)
-        # the last step's (plain, tokens of every row, rows, draft seconds and draft prefill seconds when it began)
-        self._step = (False, 0, 0, 0.0, 0.0)
 
     def batch_profile(self, rows: int) -> HardwareProfile:
         if rows not in self._profiles:
@@ -65,14 +61,7 @@ class SizedLockstepDrafter(LockstepShapeDrafter):
         return self._profiles[rows]
 
     def propose(self, ids: list[list[int]], prefixes: list[torch.Tensor], unpadded=None) -> list[TokenTree]:
-        now = time.perf_counter()
-        plain, tokens, rows, draft_before, prefill_before = self._step
-        if self.guard is not None and self._started is not None and tokens:
-            setup = self.prefill_seconds - prefill_before  # the draft's prefill (first step): not a step's cost
-            self.guard.observe(now - self._started - setup, tokens, plain, self.forward_time - draft_before - setup,
-                               rows=rows)
-        self._started = now
-        if self.guard is not None and self.guard.plain_next(len(ids)):
+        if self.guard_says_plain(len(ids)):
             choice = 0
         elif self.sizer is None:
             choice = max(range(len(self.menu.shapes)), key=lambda index: len(self.menu.shapes[index]))
@@ -85,7 +74,7 @@ class SizedLockstepDrafter(LockstepShapeDrafter):
         shape = self.menu.shapes[choice]
         self.use_shape(shape)
         self.choices.append((len(ids), len(shape)))
-        self._step = (choice == 0, 0, len(ids), self.forward_time, self.prefill_seconds)
+        self.step_kind(choice == 0, len(ids))
         trees = super().propose(ids, prefixes, unpadded)
         for row, tree in zip(self.origin, trees):
             self.shrunk[row] += 1 < len(tree) < self.chooser.full_size
@@ -98,8 +87,7 @@ class SizedLockstepDrafter(LockstepShapeDrafter):
     def observe_step(self, sizes: list[int], seconds: float, emitted: list[int]) -> None:
         if self.sizer is not None:
             self.sizer.observe_target(max(sizes), seconds)  # one pass, every row padded to the largest tree
-        plain, _, rows, *before = self._step
-        self._step = (plain, sum(emitted), rows, *before)
+        self.step_emitted(emitted)
 
     def accept(self, index: int, input_ids: torch.Tensor, tree: TokenTree, verdict) -> None:
         super().accept(index, input_ids, tree, verdict)

@@ -97,12 +97,13 @@ class GuardedDrafter(Drafter):
     def propose(self, input_ids: torch.LongTensor) -> TokenTree:
         now, graphs = time.perf_counter(), counters["stats"]["unique_graphs"]
         if self._started is not None and self._last is not None and graphs == self._graphs and not self._first:
-            # a step that compiled a graph (a compiled forward meeting a new tree size) is not judged on its time,
-            # nor the call's first (its draft pass reads the whole prompt)
+            # a step that compiled a graph (a compiled forward meeting a new tree size) is not judged on its time
             self.guard.observe(now - self._started, self._last[1], self._last[0], self.forward_time - self._draft_time)
         elif self._first and self._last is not None and not self._last[0] and graphs == self._graphs:
-            # the call's first step speculated: its draft passes read the prompt (the guard prices calls with it)
-            self.guard.observe_prompt(self.forward_time - self._draft_time, self._prompt)
+            # the call's first step speculated: its draft passes read the prompt (the guard prices calls with it),
+            # the rest is judged as any step's
+            self.guard.observe_first(now - self._started, self._last[1], self.forward_time - self._draft_time,
+                                     self._prompt)
         if self._started is None:
             self._prompt = input_ids.shape[1] if self._window is None else min(input_ids.shape[1], self._window)
         self._first = self._started is None

@@ -6,8 +6,10 @@ batch where the call has latency curves and the guard is on (`draft.batch_sized`
 largest a step drafts, smaller versions of it are chosen as the batch grows or acceptance falls, down to plain
 batched steps. A call that no tree is predicted to repay (the draft's prompt pass included, its slowest row priced
 by what earlier calls of its batch size measured) decodes with Transformers' own loop, as do the next calls of a
-batch size after one measured slower than plain batched decoding (`PlainGuard.observe_call`). A method drafting
-row by row (specexec, staged) is priced before its call the same way, its rows' draft passes summed.
+batch size after one measured slower than plain batched decoding (`PlainGuard.observe_call`). `specexec` grows
+every row's best-first tree in lockstep too (`methods.specexec.lockstep`: each round's draft pass forwards every
+row's frontier); `staged` drafts row by row; both are priced before their call the same way (staged's rows' draft
+passes summed).
 Curves come with the method's plan (tree, sequoia), or are looked up for the batch (chain, a shape given).
 
 What a batch refuses (a user cache, static caches, per-token output records, streamers, ...) is checked up front
@@ -33,6 +35,8 @@ from ..draft.batch_sized import SizedLockstepDrafter
 from ..draft.row_drafters import RowDrafters
 from ..logits.processing import row_processors
 from ..methods.sequoia.sizing import sequoia_menu
+from ..methods.specexec import SpecExecConfig
+from ..methods.specexec.lockstep import LockstepBestFirstDrafter, lockstep_drafter
 from ..methods.static_shape import StaticShapeConfig
 from ..methods.step_sized import PLAN_BUDGET, StepSizedConfig, online_sizer
 from ..plan.call_pricing import PRICING_MARGIN, SLOWEST_ROW_SHARE, call_pays, saving_per_token
@@ -83,11 +87,11 @@ class BatchCall:
         sequence. Predicted with the curves as the rows see them and the plan's acceptance for every row, the
         slowest row adding `slowest_share` of what it predicts (`call_pricing.SLOWEST_ROW_SHARE`).
 
-        A method drafting row by row with curves (specexec, staged sized every step) is priced as the DP's best
-        trees for the plan's acceptance would be (its own trees are not known before they are drafted), every row's
-        draft passes and prompt pass run one after another (`sizing.row_by_row`). Staged's lower stages make its
-        drafting cheaper than that: it is priced on the safe side. Other methods (prompt lookup, a fixed budget)
-        are unpriced."""
+        A best-first method with curves (specexec, staged sized every step) is priced as the DP's best trees for
+        the plan's acceptance would be (its own trees are not known before they are drafted): `specexec`'s rows in
+        lockstep (`sizing.for_batch`), `staged`'s every row's draft passes and prompt pass run one after another
+        (`sizing.row_by_row`; its lower stages make its drafting cheaper than that: priced on the safe side). Other
+        methods (prompt lookup, a fixed budget) are unpriced."""
         config, rows = self.config, self.rows
         if isinstance(config, StaticShapeConfig):
             sizing = batch_sizing(config, self.plan)
@@ -96,7 +100,8 @@ class BatchCall:
             menu, acceptance, profile, batched = config.shape_menu(), sizing.acceptance, sizing.profile, for_batch
         elif isinstance(config, StepSizedConfig) and config.profile is not None and config.acceptance is not None:
             menu = sequoia_menu(config.acceptance, PLAN_BUDGET, config.max_depth)
-            acceptance, profile, batched = config.acceptance, config.profile, row_by_row
+            acceptance, profile = config.acceptance, config.profile
+            batched = for_batch if isinstance(config, SpecExecConfig) else row_by_row  # specexec: in lockstep
         else:
             return True
         sizer = online_sizer(profile, self.model, self.call.assistant_model, self.logits_processor)
@@ -107,11 +112,11 @@ class BatchCall:
         # the draft's first pass feeds every row its prompt: prompt tokens per row on the curves the batch sees
         return call_pays(per_token, rows * new_tokens, float(sizer.draft_seconds(prompt)))
 
-    def drafter(self) -> RowDrafters | LockstepShapeDrafter:
+    def drafter(self) -> RowDrafters | LockstepShapeDrafter | LockstepBestFirstDrafter:
         """A fixed shape (chain, tree, sequoia) is drafted for all rows in lockstep, one draft pass per level: sized
-        every step for the batch where it has curves (`batch_sizing`), else the shape whole every step; any other
-        method drafts row by row with a drafter per row, behind one guard for the batch's whole steps
-        (`RowDrafters`)."""
+        every step for the batch where it has curves (`batch_sizing`), else the shape whole every step; `specexec`
+        grows every row's tree in lockstep; any other method drafts row by row with a drafter per row
+        (`RowDrafters`); each behind one guard for the batch's whole steps."""
         model, rows, config, draft = self.model, self.rows, self.config, self.call.assistant_model
         selection, generator = self.verifier.child_selection, self.call.generator
         processors = [row_processors(self.logits_processor, row, rows) for row in range(rows)]
@@ -130,9 +135,11 @@ class BatchCall:
                                         generator, vocab_size(model),
                                         batch_guard(model, self.call, self.logits_processor, rows),
                                         config.stop_below())
+        guard = batch_guard(model, self.call, self.logits_processor, rows) if config.guard else None
+        if isinstance(config, SpecExecConfig):  # every row's best-first tree, one draft pass a round for all rows
+            return lockstep_drafter(config, model, draft, processors, vocab_size(model), guard)
         drafters = [config.make_drafter(model, draft, processors[row], selection, generator)  # each its own state
                     for row in range(rows)]
-        guard = batch_guard(model, self.call, self.logits_processor, rows) if config.guard else None
         return RowDrafters(drafters, guard)
 
     def decode(self, input_ids: torch.LongTensor, stopping_criteria: StoppingCriteriaList,

@@ -144,9 +144,12 @@ def broad_rows_here(model: torch.nn.Module, rows: Sequence[int] = BROAD_ROWS, re
             total += count * statistics.median(times)
         return total
 
-    broad = [seconds(1, n) for n in rows]
-    int8 = [seconds(0, n) for n in rows]
-    return faster_prefix(rows[::-1], broad[::-1], int8[::-1])  # read from the widest down: the narrowest that wins
+    return faster_suffix(rows, [seconds(1, n) for n in rows], [seconds(0, n) for n in rows])
+
+
+def faster_suffix(rows: Sequence[int], candidate: Sequence[float], baseline: Sequence[float]) -> int:
+    """The smallest row count from which `candidate` is faster than `baseline` at every measured count (0: none)."""
+    return faster_prefix(rows[::-1], candidate[::-1], baseline[::-1])
 
 
 def faster_prefix(rows: Sequence[int], candidate: Sequence[float], baseline: Sequence[float]) -> int:

@@ -16,7 +16,12 @@ was never measured again (one step at 0.26 s a token judged 14 calls of `sequoia
 the running seconds per token of speculative steps exceed the plain rate by more than timing noise, the next
 `backoff` steps run plain (judged after `patience` steps, or after `quick_patience` where they cost `clear_loss`
 times plain's time per token: on the 760-token retrieved-context chat, a 48-token `chain` call ran 14 speculative
-steps of its 32, judged four at a time, and lost to plain); then speculation resumes as a probe (its rate measured
+steps of its 32, judged four at a time, and lost to plain), once a plain step measured in the same call says so
+(`call_rates`): a loss judged against an earlier call's rate (or the estimate) first measures one plain step and is
+judged again against it. The machine's speed moves between calls: on a 2-core Xeon, four methods' calls over the
+retrieved context ran 46 of their 48 steps plain, at 0.6 s a one-token target pass, judged against the rate earlier
+calls had measured (plain's calls on the other prompts ran 0.15-0.24 s a token, prompt pass included), and lost to
+plain 0.44-0.49x. Then speculation resumes as a probe (its rate measured
 afresh), and `backoff` doubles each time the probe loses again and resets once it wins: acceptance that returns is
 found within a bounded number of steps. A probe that lost much waits longer than `backoff`: enough plain steps (at
 most `max_wait`) that what the probe lost is at most `probe_share` of their time, so where a speculative step costs
@@ -105,6 +110,8 @@ class PlainGuard:
     probe_tokens: int = 0
     catching_up: bool = False  # the next speculative step follows a wait: its draft reads the waited tokens
     measured: set[int] = field(default_factory=set)  # row counts whose plain step this call has measured
+    call_rates: dict[int, float] = field(default_factory=dict)  # rows -> this call's own plain rate (mean over it)
+    confirming: bool = False  # a loss was judged against another call's rate: measure a plain step before acting
     call_spec_steps: int = 0  # speculative steps this call has run over `rows` rows
     first_call_wait: int = 2  # whole calls decoded plainly after a batch call lost; doubles after each lost probe
     max_call_wait: int = 32
@@ -117,12 +124,12 @@ class PlainGuard:
     def new_call(self) -> None:
         """A call begins: the judgement so far carries over (a wait under way goes on); the step counts restart."""
         self.plain_steps = 0
-        self.measured, self.call_spec_steps = set(), 0
+        self.measured, self.call_spec_steps, self.call_rates, self.confirming = set(), 0, {}, False
         self.calls_since = {rows: calls + 1 for rows, calls in self.calls_since.items()}
 
     def plain_next(self, rows: int = 1) -> bool:
         """Whether the next step, over `rows` rows, should be a plain one: asked once per step, as it is issued. A
-        wait's plain steps are counted here, so steps never observed (a call's first and last) still shorten it."""
+        wait's plain steps are counted here, so steps never observed (a call's last) still shorten it."""
         if self.waiting > 0:
             self.waiting -= 1
             self.plain_steps += 1
@@ -130,6 +137,10 @@ class PlainGuard:
                 self.spec_seconds = self.spec_tokens = self.probe_seconds = 0.0
                 self.spec_steps = self.probe_tokens = 0
                 self.catching_up = True
+            return True
+        if self.confirming:  # a loss judged against a rate this call has not measured: measure it now
+            self.confirming = False
+            self.plain_steps += 1
             return True
         if not (self.measure_plain and rows == self.rows and self.spec_steps >= self.patience):
             return False
@@ -141,9 +152,9 @@ class PlainGuard:
         return rows not in self.measured and self.call_spec_steps >= self.patience and (unsure or stale)
 
     def reference(self) -> float | None:
-        """Seconds per token of plain decoding over the judged steps' rows: measured, else estimated from the
-        target's passes."""
-        return self.plain_rates.get(self.rows, self.undrafted)
+        """Seconds per token of plain decoding over the judged steps' rows: measured in this call, else in earlier
+        calls, else estimated from the target's passes."""
+        return self.call_rates.get(self.rows, self.plain_rates.get(self.rows, self.undrafted))
 
     def observe(self, seconds: float, tokens: int, plain: bool, draft_seconds: float = 0.0, rows: int = 1) -> None:
         """A step took `seconds` (`draft_seconds` of them in draft passes) and emitted `tokens`; `plain`: it verified
@@ -153,6 +164,8 @@ class PlainGuard:
             self.calls_since[rows] = 0
             rate = seconds / max(tokens, 1)
             self.plain_rates[rows] = self._mean(self.plain_rates[rows], rate) if rows in self.plain_rates else rate
+            known = self.call_rates.get(rows)
+            self.call_rates[rows] = rate if known is None else self._mean(known, rate)
             return
         if rows != self.rows:  # rows finished (or a new call's batch): judged afresh against their own plain rate
             self.rows, self.spec_steps, self.call_spec_steps = rows, 0, 0
@@ -176,6 +189,9 @@ class PlainGuard:
         if self.spec_steps < self.patience and rate < self.clear_loss * reference:
             return  # this early only a clear loss is judged: a 48-token call cannot afford patience on one
         if rate >= self.margin * reference:
+            if self.measure_plain and rows not in self.call_rates:  # judged against another call's rate (or an
+                self.confirming = True  # estimate): the machine's speed moves between calls; measure plain first
+                return
             self._base_backoff = self._base_backoff or self.backoff
             self.waiting = max(self._base_backoff, self._repaying_wait(reference, rows))
             self._base_backoff = min(2 * self._base_backoff, self.max_backoff)
@@ -192,6 +208,18 @@ class PlainGuard:
             return
         rate = max(draft_seconds - (self.drafted or 0.0), 0.0) / tokens
         self.prompt_rate = rate if self.prompt_rate is None else self._mean(self.prompt_rate, rate)
+
+    def observe_first(self, seconds: float, tokens: int, draft_seconds: float, prompt_tokens: int) -> None:
+        """A call's first step, a speculative one, took `seconds` and emitted `tokens`, `draft_seconds` of it in draft
+        passes that read `prompt_tokens` prompt tokens first: the prompt's share is learnt (`observe_prompt`), and
+        once earlier calls measured what a step's draft passes cost (`drafted`), the rest is judged as a step that
+        drafted that much: a call whose steps lose turns plain a step sooner (48-token calls run 15-30 steps)."""
+        drafted = self.drafted
+        self.observe_prompt(draft_seconds, prompt_tokens)
+        if drafted is None or prompt_tokens <= 0:
+            return
+        prompt = max(draft_seconds - drafted, 0.0)
+        self.observe(seconds - prompt, tokens, False, draft_seconds - prompt)
 
     def price(self, new_tokens: int, prompt_tokens: int) -> tuple[bool, str]:
         """(whether this call speculates, why), before it drafts: `new_tokens` the most it may generate, the draft

@@ -81,10 +81,13 @@ def step_seconds(parents: Sequence[int], profile: HardwareProfile) -> float:
     return drafting + profile.target(len(parents)) + profile.step_overhead
 
 
-def for_batch(profile: HardwareProfile, rows: int) -> HardwareProfile:
+def for_batch(profile: HardwareProfile, rows: int, measured_only: bool = False) -> HardwareProfile:
     """`profile` as a batch of `rows` sequences sees it: a pass over n nodes per row is a pass over rows * n tokens,
-    for the target and for a draft that drafts every row in lockstep; `choose_plan` on it sizes one row's tree."""
-    return HardwareProfile(_rescaled(profile.target, rows), _rescaled(profile.draft, rows), dict(profile.placement),
+    for the target and for a draft that drafts every row in lockstep; `choose_plan` on it sizes one row's tree.
+    `measured_only`: only the sizes whose rows * n tokens the curves measured are kept (n = 1 at least), so that a
+    step sizer grows no row's tree past them (`StepSizer.max_nodes`, as `row_share` does)."""
+    return HardwareProfile(_rescaled(profile.target, rows, measured_only=measured_only),
+                           _rescaled(profile.draft, rows, measured_only=measured_only), dict(profile.placement),
                            profile.step_overhead)
 
 
@@ -96,10 +99,13 @@ def row_by_row(profile: HardwareProfile, rows: int) -> HardwareProfile:
                            dict(profile.placement), profile.step_overhead)
 
 
-def _rescaled(curve: LatencyCurve, rows: int, times: int = 1) -> LatencyCurve:
-    """`curve` over n tokens per row of `rows` rows: `times` its time over rows * n tokens."""
-    return LatencyCurve(curve.sizes, tuple(times * float(curve(rows * size)) for size in curve.sizes),
-                        curve.past_length)
+def _rescaled(curve: LatencyCurve, rows: int, times: int = 1, measured_only: bool = False) -> LatencyCurve:
+    """`curve` over n tokens per row of `rows` rows: `times` its time over rows * n tokens (`measured_only`: at the
+    sizes whose rows * n tokens it measured, at least n = 1)."""
+    sizes = curve.sizes
+    if measured_only:
+        sizes = tuple(size for size in sizes if rows * size <= curve.sizes[-1]) or (1,)
+    return LatencyCurve(sizes, tuple(times * float(curve(rows * size)) for size in sizes), curve.past_length)
 
 
 def row_share(profile: HardwareProfile, rows: int) -> HardwareProfile:

@@ -135,12 +135,173 @@ def default_beams(budget: int) -> int:
     return max(4, budget // 8)
 
 
+def _lower_keys(lower: dict[int, LowerAt]) -> list[tuple[int, int]]:
+    """(lower tree, node) of every forwarded lower node but the roots, in `lower`'s order: how `picks` orders them."""
+    return [(id(place.lower), c) for place in lower.values() for c in range(1, len(place.lower.host.parents))]
+
+
+class Grower:
+    """How one sequence's best-first tree grows, pass after pass, whoever runs the draft's passes (one sequence's
+    `BestFirstDrafter`, or a batch's rows in lockstep, `lockstep.LockstepBestFirstDrafter`): which nodes the next
+    pass forwards, the children each forwarded node adds once it has logits, the pruning to `budget`, and, with a
+    `sizer`, when to stop and which prefix the target verifies. No model, no cache: the passes are the caller's."""
+
+    def __init__(
+        self,
+        budget: int,
+        max_depth: int = 12,
+        width: int = 8,
+        beams: int | None = None,
+        logits_processor: LogitsProcessorList | None = None,
+        max_passes: int | None = None,
+        min_prob: float = 0.0,
+        sizer: StepSizer | None = None,
+    ) -> None:
+        self.sizer = sizer  # None: grow to `budget`; else size every step by its cost model (`budget` is a cap)
+        self.budget, self.max_depth, self.width = budget, max_depth, width
+        self.beams = beams or default_beams(budget)
+        self.logits_processor = logits_processor
+        self.max_passes = max_passes  # None: until nothing can grow
+        self.min_log_rank = math.log(min_prob) if min_prob > 0 else float("-inf")
+
+    def frontier(self, growth: Growth, passes: int, seconds: float) -> list[int]:
+        """The nodes the next pass forwards, after `passes` passes and `seconds` of drafting this step; [] to stop:
+        nothing can grow, the best open node is less likely than `min_prob`, `max_passes` were run, or the cost model
+        predicts no pass lowers the time per token."""
+        pool = growth.open_nodes(self.budget, self.max_depth)
+        if not pool or growth.nodes[pool[0]].log_rank < self.min_log_rank:
+            return []
+        if self.max_passes is not None and passes >= self.max_passes:
+            return []
+        beams = self.beams
+        if self.sizer is not None:  # another pass only if the cost model predicts it pays, and over how many
+            open_values = [math.exp(growth.nodes[i].log_rank) for i in pool]
+            beams = min(beams, self.sizer.next_frontier(growth.values(), open_values, seconds))
+        return pool[:beams]
+
+    def finish(self, growth: Growth, seconds: float) -> None:
+        """The step's drafting took `seconds`: with a sizer, keep the prefix that minimises the predicted time per
+        token."""
+        if self.sizer is not None:
+            size, _ = self.sizer.best_size(growth.values(), seconds)
+            growth.prune(size)
+
+    def output(self, growth: Growth, device: torch.device) -> tuple[TokenTree, list[int], list[float]]:
+        """The kept nodes as a TokenTree on `device`, breadth first, with each node's draft-cache slot and draft
+        log-probability."""
+        order = growth.breadth_first()
+        place = {node: i for i, node in enumerate(order)}
+        nodes = [growth.nodes[i] for i in order]
+        parents = [place[n.parent] if n.parent >= 0 else -1 for n in nodes]
+        tokens = [n.token for n in nodes]
+        tree = TokenTree(tokens=torch.tensor(tokens).to(device), parents=torch.tensor(parents).to(device),
+                         _host=HostTree(parents=parents, tokens=tokens))
+        return tree, [n.slot for n in nodes], [n.logq for n in nodes]
+
+    def learn(self, tree: TokenTree, verdict: Verdict, logq: list[float]) -> None:
+        """With a sizer, learn how often the target kept a child against the draft's probability of it (`logq`: of
+        each node of `tree`)."""
+        if self.sizer is not None and len(tree) > 1:
+            reached = set(verdict.path)
+            parents = tree.host().parents
+            children = [node for node in range(1, len(tree)) if parents[node] in reached]
+            self.sizer.acceptance.update([logq[c] for c in children], [c in reached for c in children])
+
+    def grow(self, growth: Growth, ready: list[int], logits: torch.Tensor, lower: dict[int, LowerAt]) -> None:
+        """Expand every node that has logits (`ready`, whose rows `logits` holds, then the forwarded lower nodes'),
+        with one read of their picked children (`picks`, then `grow_from`)."""
+        self.grow_from(growth, ready, self.picks(growth, ready, logits, lower).tolist(), lower)  # the read
+
+    def grow_from(self, growth: Growth, ready: list[int], picked: list[list[float]], lower: dict[int, LowerAt]
+                  ) -> None:
+        """Expand every node that has logits with its children `picked` (`picks`' rows, read); a child matching a
+        forwarded lower node takes over its logits and slot (it is confirmed) and is expanded in the next round,
+        down the lower tree (the children of every forwarded lower node were picked up front with those of the
+        pass's nodes). Then the tree is pruned to the budget."""
+        rows = list(ready)
+        by_node, below = dict(zip(rows, picked)), dict(zip(_lower_keys(lower), picked[len(rows) :]))
+        w = self.width
+        while rows:
+            if self.sizer is not None:
+                parents = [math.exp(growth.nodes[p].log_rank) for p in rows]
+                self.sizer.observe_expansion(math.fsum(parents), math.fsum(
+                    v * math.exp(r) for v, p in zip(parents, rows) for r in by_node[p][w : 2 * w]))
+            confirmed = []
+            for parent in rows:
+                row = by_node[parent]
+                confirmed += self._add_children(growth, parent, row[:w], row[w : 2 * w], [int(t) for t in row[2 * w :]],
+                                                lower)
+            for node in confirmed:  # their rows were picked with the pass's
+                by_node[node] = below[id(lower[node].lower), lower[node].at]
+            rows = confirmed
+        growth.prune(self.budget)
+
+    def picks(self, growth: Growth, ready: list[int], logits: torch.Tensor, lower: dict[int, LowerAt]
+              ) -> torch.Tensor:
+        """The `width` best children of every node with logits (`ready`) and of every forwarded lower node, one row
+        each (the ready nodes', then the lower nodes' in `lower`'s order, as `logits` holds them): the children's
+        log-probabilities, their ranks and their tokens, float64 on the draft's device; nothing is read here."""
+        parents, tokens = [n.parent for n in growth.nodes], [n.token for n in growth.nodes]
+        at: list[int] = list(ready)  # each row's node in the processors' tree (growth nodes, then the lower nodes)
+        for hang, place in lower.items():
+            host, first = place.lower.host, len(parents)
+            for c in range(1, len(host.parents)):
+                parents.append(hang if host.parents[c] == 0 else first + host.parents[c] - 1)
+                tokens.append(host.tokens[c])
+                at.append(first + c - 1)
+        tree = None
+        if self.logits_processor:
+            tree = TokenTree(tokens=torch.tensor(tokens).to(logits.device), parents=torch.tensor(parents).to(
+                logits.device), _host=HostTree(parents=parents, tokens=tokens))
+        sparse = draft_top_scores(self.logits_processor, growth.prefix, tree, logits, at) if tree is not None else None
+        if sparse is not None and sparse[0].shape[1] >= self.width:  # after a top-k: its k columns are the row
+            values, columns = sparse
+            logq, tokens_at = values.log_softmax(-1)[:, : self.width], columns[:, : self.width]
+        else:
+            scores = process_tree_scores(self.logits_processor, growth.prefix, tree, logits, at, any_tie_order=True)
+            tokens_at = row_topk(scores, self.width)[1]  # the same columns as the log-softmax's (it keeps the order)
+            logq = scores.log_softmax(-1).gather(1, tokens_at)
+        # rank by the draft's own probability, or by the calibrated chance the target keeps the node
+        rank = logq if self.sizer is None else self.sizer.acceptance(logq)
+        return torch.cat([logq.double(), rank.double(), tokens_at.double()], dim=1)
+
+    def _add_children(
+        self, growth: Growth, parent: int, logq: list[float], rank: list[float], tokens: list[int],
+        lower: dict[int, LowerAt],
+    ) -> list[int]:
+        """Add `parent`'s children (most probable first); returns the confirmed ones that can grow."""
+        node = growth.nodes[parent]
+        node.expanded = True
+        first = len(growth.nodes)
+        for token, q, r in zip(tokens, logq, rank):
+            growth.nodes.append(Node(token=token, parent=parent, depth=node.depth + 1, log_rank=node.log_rank + r,
+                                     logq=q))
+        place = lower.get(parent)
+        if place is None:
+            return []
+        host = place.lower.host
+        kids = {host.tokens[c]: c for c in host.children()[place.at]}
+        confirmed = []
+        for j, (token, q) in enumerate(zip(tokens, logq)):
+            c = kids.get(token)
+            if c is None or not math.isfinite(q):
+                continue
+            child = growth.nodes[first + j]
+            child.slot = place.lower.first_slot + c - 1
+            lower[first + j] = LowerAt(place.lower, at=c)
+            if child.depth < self.max_depth:
+                confirmed.append(first + j)
+        return confirmed
+
+
+
 class BestFirstDrafter(DraftModelCounts, Drafter):
     """Best-first trees from a draft model (SpecExec); several levels per pass when a `lower` stage guesses right.
 
     `lower` is any drafter (n-gram lookup, an n-gram model, another `BestFirstDrafter` over a smaller model) or
     None; its trees are never verified by the target, so its `accept` is never called. Deterministic: verify with
-    greedy or target sampling. `vocab`: the target's output rows (see `DraftModelRunner`).
+    greedy or target sampling. `vocab`: the target's output rows (see `DraftModelRunner`). How the tree grows is
+    the `grower`'s (`Grower`); this runs its passes on the draft's own cache.
     """
 
     def __init__(
@@ -159,17 +320,16 @@ class BestFirstDrafter(DraftModelCounts, Drafter):
         vocab: int | None = None,
     ) -> None:
         self.runner = DraftModelRunner(draft_model, vocab)
-        self.sizer = sizer  # None: grow to `budget`; else size every step by its cost model (`budget` is a cap)
+        self.grower = Grower(budget, max_depth, width, beams, logits_processor, max_passes, min_prob, sizer)
         self._single_profile = None  # the sizer's latency profile for one sequence, once a batch shares it
-        self.budget, self.max_depth, self.width = budget, max_depth, width
-        self.beams = beams or default_beams(budget)
-        self.logits_processor = logits_processor
         self.lower, self.lower_leaves = lower, lower_leaves
-        self.max_passes = max_passes  # None: until nothing can grow
-        self.min_log_rank = math.log(min_prob) if min_prob > 0 else float("-inf")
         self.sequence = HostSequence()
         self._slots: list[int] = []  # draft-cache slot of each node of the last proposed tree (-1: not forwarded)
         self._logq: list[float] = []  # the draft's log-probability of each node of the last proposed tree
+
+    @property
+    def sizer(self) -> StepSizer | None:
+        return self.grower.sizer
 
     def use_window(self, tokens: int | None) -> None:
         """The draft, and every model stage below it, reads only the prompt's last `tokens` tokens (None: all)."""
@@ -188,7 +348,7 @@ class BestFirstDrafter(DraftModelCounts, Drafter):
 
     @property
     def num_drafting_tokens(self) -> int:
-        return self.max_depth
+        return self.grower.max_depth
 
     def propose(self, input_ids: torch.LongTensor) -> TokenTree:
         start = time.perf_counter()
@@ -199,44 +359,21 @@ class BestFirstDrafter(DraftModelCounts, Drafter):
         while True:
             ready, logits, lower = self._pass(growth, frontier, hangs, first=passes == 0)
             passes += 1
-            self._grow(growth, ready, logits, lower)
-            growth.prune(self.budget)
-            pool = growth.open_nodes(self.budget, self.max_depth)
-            if not pool or growth.nodes[pool[0]].log_rank < self.min_log_rank:
-                break  # nothing can grow, or not likely enough to be worth a draft pass
-            if self.max_passes is not None and passes >= self.max_passes:
+            self.grower.grow(growth, ready, logits, lower)
+            frontier = self.grower.frontier(growth, passes, time.perf_counter() - start)
+            if not frontier:
                 break
-            beams = self.beams
-            if self.sizer is not None:  # another pass only if the cost model predicts it pays, and over how many
-                open_values = [math.exp(growth.nodes[i].log_rank) for i in pool]
-                beams = min(beams, self.sizer.next_frontier(growth.values(), open_values, time.perf_counter() - start))
-                if beams == 0:
-                    break
-            frontier = pool[:beams]
             hangs = frontier[: self.lower_leaves]
-        if self.sizer is not None:  # hand the target the prefix that minimises the predicted time per token
-            size, _ = self.sizer.best_size(growth.values(), time.perf_counter() - start)
-            growth.prune(size)
-        return self._output(growth)
-
-    def _output(self, growth: Growth) -> TokenTree:
-        """The kept nodes as a TokenTree, breadth first; remembers their slots and draft log-probabilities."""
-        order = growth.breadth_first()
-        place = {node: i for i, node in enumerate(order)}
-        nodes = [growth.nodes[i] for i in order]
-        parents = [place[n.parent] if n.parent >= 0 else -1 for n in nodes]
-        tokens = [n.token for n in nodes]
-        self._slots, self._logq = [n.slot for n in nodes], [n.logq for n in nodes]
-        device = self.runner.device
-        return TokenTree(tokens=torch.tensor(tokens).to(device), parents=torch.tensor(parents).to(device),
-                         _host=HostTree(parents=parents, tokens=tokens))
+        self.grower.finish(growth, time.perf_counter() - start)  # the prefix the target verifies
+        tree, self._slots, self._logq = self.grower.output(growth, self.runner.device)
+        return tree
 
     def _lower_tree(self, growth: Growth, hang: int) -> TokenTree | None:
         """The lower stage's continuations after the path to `hang`, cut to the nodes whose logits can be used."""
         if self.lower is None:
             return None
         tree = self.lower.propose_ids(growth.ids + growth.path_tokens(hang))
-        room = self.max_depth - growth.nodes[hang].depth
+        room = self.grower.max_depth - growth.nodes[hang].depth
         depths = tree.host().depths()
         keep = [node for node, depth in enumerate(depths) if depth < room]
         return tree if len(keep) == len(tree) else tree.select(keep)
@@ -290,87 +427,6 @@ class BestFirstDrafter(DraftModelCounts, Drafter):
             lower[hang] = LowerAt(LowerTree(tree, tree.host(), old + at), at=0)
         return ready, logits, lower
 
-    def _grow(self, growth: Growth, ready: list[int], logits: torch.Tensor, lower: dict[int, LowerAt]) -> None:
-        """Expand every node that has logits; a child matching a forwarded lower node takes over its logits and slot
-        (it is confirmed) and is expanded in the next round, down the lower tree. The children of every forwarded
-        lower node are chosen up front with those of the pass's nodes: one batch, one read per pass."""
-        rows, picked, below = self._pick(growth, ready, logits, lower)
-        w = self.width
-        while rows:
-            if self.sizer is not None:
-                parents = [math.exp(growth.nodes[p].log_rank) for p in rows]
-                self.sizer.observe_expansion(math.fsum(parents), math.fsum(
-                    v * math.exp(r) for v, p in zip(parents, rows) for r in picked[p][w : 2 * w]))
-            confirmed = []
-            for parent in rows:
-                row = picked[parent]
-                confirmed += self._add_children(growth, parent, row[:w], row[w : 2 * w], [int(t) for t in row[2 * w :]],
-                                                lower)
-            for node in confirmed:  # their rows were picked with the pass's
-                picked[node] = below[id(lower[node].lower), lower[node].at]
-            rows = confirmed
-
-    def _pick(self, growth: Growth, ready: list[int], logits: torch.Tensor, lower: dict[int, LowerAt]):
-        """The `width` best children of every node with logits (`ready`) and of every forwarded lower node, in one
-        read: (the ready nodes, their rows by node, the lower nodes' rows by (lower tree, node)). A row holds the
-        children's log-probabilities, their ranks and their tokens. `logits`: the ready nodes' rows, then the lower
-        nodes', in `lower`'s order."""
-        rows = list(ready)
-        parents, tokens = [n.parent for n in growth.nodes], [n.token for n in growth.nodes]
-        at: list[int] = list(rows)  # each row's node in the processors' tree (growth nodes, then the lower nodes)
-        keys: list[tuple[int, int]] = []
-        for hang, place in lower.items():
-            host, first = place.lower.host, len(parents)
-            for c in range(1, len(host.parents)):
-                parents.append(hang if host.parents[c] == 0 else first + host.parents[c] - 1)
-                tokens.append(host.tokens[c])
-                at.append(first + c - 1)
-                keys.append((id(place.lower), c))
-        tree = None
-        if self.logits_processor:
-            tree = TokenTree(tokens=torch.tensor(tokens).to(logits.device), parents=torch.tensor(parents).to(
-                logits.device), _host=HostTree(parents=parents, tokens=tokens))
-        sparse = draft_top_scores(self.logits_processor, growth.prefix, tree, logits, at) if tree is not None else None
-        if sparse is not None and sparse[0].shape[1] >= self.width:  # after a top-k: its k columns are the row
-            values, columns = sparse
-            logq, tokens_at = values.log_softmax(-1)[:, : self.width], columns[:, : self.width]
-        else:
-            scores = process_tree_scores(self.logits_processor, growth.prefix, tree, logits, at, any_tie_order=True)
-            tokens_at = row_topk(scores, self.width)[1]  # the same columns as the log-softmax's (it keeps the order)
-            logq = scores.log_softmax(-1).gather(1, tokens_at)
-        # rank by the draft's own probability, or by the calibrated chance the target keeps the node
-        rank = logq if self.sizer is None else self.sizer.acceptance(logq)
-        picked = torch.cat([logq.double(), rank.double(), tokens_at.double()], dim=1).tolist()  # the read
-        return rows, dict(zip(rows, picked)), dict(zip(keys, picked[len(rows) :]))
-
-    def _add_children(
-        self, growth: Growth, parent: int, logq: list[float], rank: list[float], tokens: list[int],
-        lower: dict[int, LowerAt],
-    ) -> list[int]:
-        """Add `parent`'s children (most probable first); returns the confirmed ones that can grow."""
-        node = growth.nodes[parent]
-        node.expanded = True
-        first = len(growth.nodes)
-        for token, q, r in zip(tokens, logq, rank):
-            growth.nodes.append(Node(token=token, parent=parent, depth=node.depth + 1, log_rank=node.log_rank + r,
-                                     logq=q))
-        place = lower.get(parent)
-        if place is None:
-            return []
-        host = place.lower.host
-        kids = {host.tokens[c]: c for c in host.children()[place.at]}
-        confirmed = []
-        for j, (token, q) in enumerate(zip(tokens, logq)):
-            c = kids.get(token)
-            if c is None or not math.isfinite(q):
-                continue
-            child = growth.nodes[first + j]
-            child.slot = place.lower.first_slot + c - 1
-            lower[first + j] = LowerAt(place.lower, at=c)
-            if child.depth < self.max_depth:
-                confirmed.append(first + j)
-        return confirmed
-
     def observe_target_pass(self, tree_size: int, seconds: float) -> None:
         if self.sizer is not None:
             self.sizer.observe_target(tree_size, seconds)
@@ -381,11 +437,7 @@ class BestFirstDrafter(DraftModelCounts, Drafter):
         self.sequence.extend(input_ids, emitted_tokens(tree, verdict))
         slots = forwarded_prefix([self._slots[node] for node in verdict.path[1:]])
         self.runner.commit(self.sequence.read(input_ids), slots)
-        if self.sizer is not None and len(tree) > 1:
-            reached = set(verdict.path)
-            parents = tree.host().parents
-            children = [node for node in range(1, len(tree)) if parents[node] in reached]
-            self.sizer.acceptance.update([self._logq[c] for c in children], [c in reached for c in children])
+        self.grower.learn(tree, verdict, self._logq)
 
 
 def step_memory_bound(

@@ -42,8 +42,14 @@ class SpecExecConfig(StepSizedConfig):
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)!r}.")
 
     def make_drafter(self, target, assistant_model, logits_processor, child_selection, generator) -> BestFirstDrafter:
+        return BestFirstDrafter(assistant_model, **self.growth(target, assistant_model, logits_processor),
+                                vocab=vocab_size(target))
+
+    def growth(self, target, assistant_model, logits_processor) -> dict:
+        """How a tree grows for one sequence (or one row of a batch): `Grower`'s settings, its cost model included
+        (None with a fixed budget)."""
         sizer = self.make_sizer(target, assistant_model, logits_processor)
         budget = self.max_budget if sizer is not None else int(self.budget)
         beams = self.beams or (max(FRONTIER_SIZES) if sizer is not None else None)
-        return BestFirstDrafter(assistant_model, budget, self.max_depth, self.width, beams, logits_processor,
-                                sizer=sizer, vocab=vocab_size(target))
+        return dict(budget=budget, max_depth=self.max_depth, width=self.width, beams=beams,
+                    logits_processor=logits_processor, sizer=sizer)
