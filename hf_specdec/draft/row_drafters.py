@@ -1,6 +1,7 @@
 """A batch's rows drafted row by row: one `Drafter` per row (any method's), behind one measured guard for the batch's
 whole steps. The batch drafter `decoding.batch_loop` takes for methods that draft a tree of their own per row
-(specexec, staged, prompt lookup); a fixed shape is drafted for every row at once instead (`batch_shaped.py`)."""
+(staged, prompt lookup); a fixed shape is drafted for every row at once instead (`batch_shaped.py`), and so are
+`specexec`'s best-first trees (`methods.specexec.lockstep`)."""
 
 from __future__ import annotations
 
