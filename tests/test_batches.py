@@ -295,38 +295,49 @@ def test_a_batch_of_one_prompt_repeated_stops_its_chain_where_the_single_sequenc
 @pytest.mark.parametrize("config", [{"budget": 12, "beams": 3}, {}], ids=["budget", "sized"])
 def test_a_batch_of_one_prompt_repeated_grows_the_single_sequences_specexec_trees_in_its_passes(near_pair, config):
     """`specexec` in a batch grows every row's best-first tree in lockstep: each round's draft pass forwards every
-    row's frontier. Rows that are all the same prompt grow, step by step, the single sequence's trees in as many draft
-    passes as it (drafted row by row: three times as many), and emit what it emits. Sized every step too, where each
-    row's cost model prices the batch's passes: the same trees for every row, plain's tokens."""
+    row's frontier. Rows that are all the same prompt grow the same tree in every row, each step in one draft pass
+    for all rows plus one a round (drafted row by row: three times as many), and emit what the single sequence emits.
+    With a fixed budget the trees are the single sequence's own, pass for pass; sized every step, each row's cost
+    model prices the batch's passes on timings of its own (on the tiny pair often the roots' children alone), so only
+    the per-step pass count is compared."""
     from hf_specdec.methods.specexec.lockstep import LockstepBestFirstDrafter
 
     target, draft = near_pair
     ids, _ = padded_batch(6, [0])
     call = dict(max_new_tokens=NEW, assistant_model=draft, speculation="specexec", return_dict_in_generate=True,
                 speculation_config={**config, "guard": False}, do_sample=False)
-    trees, propose = [], LockstepBestFirstDrafter.propose
+    trees, steps, passes, rounds = [], [], [], []
+    propose, frontier_pass = LockstepBestFirstDrafter.propose, LockstepBestFirstDrafter._frontier_pass
 
     def seen(self, *args):
+        before, rounds[:] = len(passes), []
         proposed = propose(self, *args)
+        steps.append((len(passes) - before, len(rounds)))
         trees.append([(tree.host(tokens=True).parents, tree.host().tokens) for tree in proposed])
         return proposed
 
-    passes = []
+    def counted(self, *args):
+        rounds.append(1)
+        return frontier_pass(self, *args)
+
     hook = draft.register_forward_hook(lambda *_: passes.append(1))
     try:
         single = target.generate(ids, **call)
         single_passes, passes[:] = len(passes), []
-        LockstepBestFirstDrafter.propose = seen
+        LockstepBestFirstDrafter.propose, LockstepBestFirstDrafter._frontier_pass = seen, counted
         batch = target.generate(ids.repeat(3, 1), attention_mask=torch.ones(3, ids.shape[1], dtype=torch.long),
                                 **call)
     finally:
-        LockstepBestFirstDrafter.propose = propose
+        LockstepBestFirstDrafter.propose, LockstepBestFirstDrafter._frontier_pass = propose, frontier_pass
         hook.remove()
     assert torch.equal(batch.sequences, single.sequences.repeat(3, 1))
-    assert len(passes) <= single_passes + 2  # one pass a round for all three rows (row by row: three times as many)
     assert trees and all(step[0] == row for step in trees for row in step)  # every row the same tree
     assert max(len(step[0][0]) for step in trees) > 2  # trees, not chains of one token
+    # each step: one pass feeding every row its emitted tokens, then one pass a round for all three rows
+    assert steps and all(made == 1 + grown for made, grown in steps)
     if config:  # a fixed budget: the single sequence's own trees, pass for pass
+        assert max(grown for _, grown in steps) > 1  # rounds past the roots' children
+        assert len(passes) <= single_passes + 2
         stats = single.speculation_stats
         assert [(row.draft_forwards, row.target_forwards) for row in batch.speculation_stats] == [
             (stats.draft_forwards, stats.target_forwards)] * 3
