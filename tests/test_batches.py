@@ -495,7 +495,7 @@ def test_a_bigger_batch_drafts_shorter_chains_and_each_row_counts_them(monkeypat
         ids, mask = padded_batch(rows, [0, 2, 4, 1][:rows])
         call = dict(attention_mask=mask, max_new_tokens=NEW, do_sample=False)
         out = target.generate(ids, **call, assistant_model=draft, speculation="chain",
-                              speculation_config={"num_draft_tokens": 3, "confidence_threshold": None},
+                              speculation_config={"num_draft_tokens": 3, "confidence_threshold": 0},
                               return_dict_in_generate=True)
         assert torch.equal(out.sequences, target.generate(ids, **call))
         nodes[rows] = {size for active, size in drafters[-1].choices if active == rows}

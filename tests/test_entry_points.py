@@ -118,7 +118,7 @@ def _plain(model, ids):
 @pytest.mark.parametrize(
     "setting",
     ["tree", {"method": "tree", "widths": [3, 2]},
-     {"method": "chain", "num_draft_tokens": 3, "confidence_threshold": None}],
+     {"method": "chain", "num_draft_tokens": 3, "confidence_threshold": 0}],
 )
 def test_generation_config_round_trip(tmp_path, setting):
     """`model.generation_config.speculation = ...`, saved and reloaded: generate(assistant_model=...) speculates."""
@@ -227,7 +227,7 @@ def test_custom_generate_hub_folder(models_, hub_requirements_met, monkeypatch, 
     counter.take()
     # a whole chain: the tiny models are never sure enough of a token for the default stop to draft a second one
     extra = {} if speculation is None else {"speculation": speculation,
-                                            "speculation_config": {"confidence_threshold": None}}
+                                            "speculation_config": {"confidence_threshold": 0}}
     out = target.generate(
         ids,
         custom_generate=str(HUB),

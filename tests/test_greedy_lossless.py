@@ -76,7 +76,7 @@ def test_draft_equal_to_target_accepts_whole_blocks(tiny_pair):
     """Speculation really happens: a perfect draft makes one target pass per depth + 1 tokens."""
     target, _ = tiny_pair
     ids = random_prompt(torch.Generator().manual_seed(1), 7)
-    whole_chain = ChainConfig(num_draft_tokens=4, confidence_threshold=None)
+    whole_chain = ChainConfig(num_draft_tokens=4, confidence_threshold=0)
     for config, depth in [(whole_chain, 4), (TreeConfig(widths=[2, 2, 1]), 3)]:
         new = 37
         out = _spec(target, target, ids, config, max_new_tokens=new, return_dict_in_generate=True)

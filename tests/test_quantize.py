@@ -24,7 +24,7 @@ def test_quantized_draft_is_lossless_and_still_accepted(method):
     assert is_quantized(draft) and not is_quantized(target)
     assert type(draft.model.layers[0].mlp.up_proj).__module__.startswith("torch.ao.nn.quantized")
     assert target.model.layers[0].mlp.up_proj.weight.dtype == torch.float32  # the original is untouched
-    settings = {"budget": 16} if method == "specexec" else {"confidence_threshold": None} if method == "chain" else None
+    settings = {"budget": 16} if method == "specexec" else {"confidence_threshold": 0} if method == "chain" else None
     for seed in range(3):
         ids = random_prompt(torch.Generator().manual_seed(seed), 6)
         expected = target.generate(ids, max_new_tokens=24, do_sample=False)
@@ -85,7 +85,7 @@ def test_weight_only_drafts_are_lossless(scheme):
     kind = {"int4": Int4Linear, "int8-weight-only": Int8Linear, "mixed": RowDispatchLinear}[scheme]
     assert isinstance(draft.model.layers[0].mlp.up_proj, kind) and quantization(draft) == scheme
     assert type(target.model.layers[0].mlp.up_proj) is torch.nn.Linear  # the original is untouched
-    for method, settings in (("chain", None), ("specexec", {"budget": 16, "guard": False})):
+    for method, settings in (("chain", {"confidence_threshold": 0.4}), ("specexec", {"budget": 16, "guard": False})):
         ids = random_prompt(torch.Generator().manual_seed(3), 6)
         expected = target.generate(ids, max_new_tokens=24, do_sample=False)
         out = target.generate(ids, assistant_model=draft, speculation=method, speculation_config=settings,

@@ -26,7 +26,7 @@ pytest.importorskip("torchao", reason="torchao is a test requirement (pyproject 
 
 TESTED_ROUTES = tuple(ROUTES)
 METHODS = {
-    "chain": {"num_draft_tokens": 4},
+    "chain": {"num_draft_tokens": 4, "confidence_threshold": 0.4},  # Transformers' stop: sizing follows timings
     "tree": {},
     "sequoia": {"plan": plan_tree([0.7, 0.15, 0.05], 16, 6)},
     "specexec": {"budget": 16, "max_depth": 6},

@@ -24,8 +24,8 @@ from tests.conftest import random_prompt
 from tests.helpers.methods import GREEDY
 from tests.roundtrips import count_round_trips
 
-#: per-step sizing on: sequoia's looked-up plan (made online here) and specexec at its defaults
-SIZED = {"sequoia": SequoiaConfig(), "specexec": SpecExecConfig()}
+#: per-step sizing on: sequoia's looked-up plan (made online here), specexec and chain at their defaults
+SIZED = {"sequoia": SequoiaConfig(), "specexec": SpecExecConfig(), "chain": ChainConfig()}
 
 
 @pytest.mark.parametrize("name", sorted(GREEDY))
@@ -76,7 +76,7 @@ def check_greedy(target, draft, config, name, per_emitted: bool = False):
 GREEDY_DEPTH_LIMIT = 13  # the deepest accepted block above + its bonus token: the stopping step's token-by-token checks
 
 SAMPLED = {
-    "chain": ChainConfig(num_draft_tokens=4),
+    "chain": ChainConfig(num_draft_tokens=4, confidence_threshold=0.4),
     "tree": TreeConfig(widths=[3, 2]),
     "sequoia": SequoiaConfig(plan=plan_tree([0.6, 0.2, 0.1, 0.05], 32, 6)),
     # verified by target sampling, a walk on the device (verify/sampling.py, TargetWalk)
@@ -217,7 +217,7 @@ def test_sampled_batch_step_reads_once_per_row_plus_two(tiny_pair, name, rows, o
 
 #: fixed-shape trees of several levels: what a captured step drafts (issue 72)
 FIXED_SHAPES = {
-    "chain": ChainConfig(num_draft_tokens=4, confidence_threshold=None),
+    "chain": ChainConfig(num_draft_tokens=4, confidence_threshold=0),
     "tree": TreeConfig(widths=[3, 2]),
     "sequoia": SequoiaConfig(plan=plan_tree([0.6, 0.2, 0.1, 0.05], 16, 6)),
 }

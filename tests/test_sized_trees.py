@@ -16,6 +16,7 @@ import torch
 
 import hf_specdec.draft.guarded as guarded
 import hf_specdec.integration.generate as integration
+import hf_specdec.methods.chain.config as chain_config
 import hf_specdec.methods.sequoia.config as sequoia_config
 import hf_specdec.methods.tree.config as tree_config
 from hf_specdec import ChainConfig, SequoiaConfig, TreeConfig
@@ -41,6 +42,10 @@ _real_sequence_guard = guarded.sequence_guard  # before the suite's fixture swap
 
 SIZES = (1, 2, 4, 8, 16, 32, 64, 128)
 PRIOR = [0.7, 0.1, 0.05]
+
+
+#: a chain stopped by Transformers' rule, not sized: it speculates whatever the tiny models' timings say
+RULED_CHAIN = ChainConfig(confidence_threshold=0.4)
 
 
 def profile(target_ms: float, draft_ms: float) -> HardwareProfile:
@@ -262,9 +267,9 @@ def test_the_next_call_goes_on_where_a_losing_call_left(monkeypatch):
     target = tiny_model("llama", 0)
     ids = random_prompt(torch.Generator().manual_seed(5), 6)
     plain = target.generate(ids, do_sample=False, max_new_tokens=24)
-    first = _generate(target, target, ids, "chain", new=24)
-    second = _generate(target, target, ids, "chain", new=24)
-    other = _generate(target, target, ids, ChainConfig(num_draft_tokens=3), new=24)
+    first = _generate(target, target, ids, RULED_CHAIN, new=24)
+    second = _generate(target, target, ids, RULED_CHAIN, new=24)
+    other = _generate(target, target, ids, ChainConfig(num_draft_tokens=3, confidence_threshold=0.4), new=24)
     for out in (first, second, other):
         assert torch.equal(out.sequences, plain)
     judged = first.speculation_stats
@@ -300,7 +305,7 @@ def test_a_call_priced_plain_decodes_as_plain_generate_and_says_why(monkeypatch)
     draft = copy.deepcopy(target)  # agrees with the target: every step accepts its chain
     ids = random_prompt(torch.Generator().manual_seed(7), 12)
     plain = target.generate(ids, do_sample=False, max_new_tokens=16)
-    first = _generate(target, draft, ids, "chain", new=16).speculation_stats
+    first = _generate(target, draft, ids, RULED_CHAIN, new=16).speculation_stats
     assert first.call_price.startswith("not priced") and first.target_forwards < 16
     (guard,) = guard_module._REMEMBERED[target]["by draft"][draft].values()
     assert guard.prompt_rate is not None  # the first call measured the draft's pass over its prompt
@@ -309,7 +314,7 @@ def test_a_call_priced_plain_decodes_as_plain_generate_and_says_why(monkeypatch)
     guard.prompt_rate = 10.0  # and the draft's pass over these 12 prompt tokens costs 120 s
     passes = []
     hook = draft.register_forward_pre_hook(lambda *args: passes.append(1))
-    priced = _generate(target, draft, ids, "chain", new=16)
+    priced = _generate(target, draft, ids, RULED_CHAIN, new=16)
     hook.remove()
     assert torch.equal(priced.sequences, plain) and not passes  # the draft never ran
     stats = priced.speculation_stats
@@ -317,7 +322,7 @@ def test_a_call_priced_plain_decodes_as_plain_generate_and_says_why(monkeypatch)
     assert stats.as_dict()["call_price"] == stats.call_price  # what benchmarks record
     assert stats.target_forwards == 16 and stats.tokens_per_step == [1] * 16
     guard.prompt_rate = 1e-6
-    again = _generate(target, draft, ids, "chain", new=16)
+    again = _generate(target, draft, ids, RULED_CHAIN, new=16)
     assert torch.equal(again.sequences, plain) and again.speculation_stats.call_price.endswith("speculates")
 
 
@@ -346,6 +351,7 @@ def given_curves(monkeypatch):
     monkeypatch.setattr(integration, "plan_for_call", plan_for_call)
     monkeypatch.setattr(sequoia_config, "online_sizer", online_sizer)
     monkeypatch.setattr(tree_config, "online_sizer", online_sizer)
+    monkeypatch.setattr(chain_config, "online_sizer", online_sizer)
     monkeypatch.setattr(guarded, "PlainGuard", functools.partial(PlainGuard, margin=float("inf")))
     return state
 
@@ -364,7 +370,7 @@ def _generate(target, draft, ids, config, new=40, **kwargs):
                            return_dict_in_generate=True, do_sample=False, **kwargs)
 
 
-@pytest.mark.parametrize("method", ["sequoia", "tree"])
+@pytest.mark.parametrize("method", ["sequoia", "tree", "chain"])
 def test_a_perfect_draft_grows_deep_trees_and_output_stays_identical(given_curves, method):
     target = tiny_model("llama", 0)
     ids = random_prompt(torch.Generator().manual_seed(3), 9)
@@ -374,7 +380,7 @@ def test_a_perfect_draft_grows_deep_trees_and_output_stays_identical(given_curve
     assert stats.mean_tokens_per_step >= 3.5 and stats.plain_steps == 0
 
 
-@pytest.mark.parametrize("method", ["sequoia", "tree"])
+@pytest.mark.parametrize("method", ["sequoia", "tree", "chain"])
 def test_the_same_draft_runs_plain_steps_when_costly_and_speculates_when_cheap(given_curves, method):
     """A perfect draft whose passes cost more than the target's never pays: plain steps (probes aside); the same
     draft at a tenth of the target's cost grows trees. The output is plain's either way."""
@@ -391,7 +397,7 @@ def test_the_same_draft_runs_plain_steps_when_costly_and_speculates_when_cheap(g
     assert cheap.plain_steps == 0 and cheap.mean_tokens_per_step >= 3.5
 
 
-@pytest.mark.parametrize("method", ["sequoia", "tree"])
+@pytest.mark.parametrize("method", ["sequoia", "tree", "chain"])
 def test_a_useless_draft_falls_to_plain_steps_and_output_stays_identical(given_curves, method):
     given_curves["curves"] = profile(100.0, 40.0)
     target, draft = tiny_model("llama", 0), _useless_draft("llama")
@@ -402,6 +408,51 @@ def test_a_useless_draft_falls_to_plain_steps_and_output_stays_identical(given_c
     assert stats.plain_steps > stats.target_forwards // 2  # most steps plain, counted
     assert stats.drafted_tokens > 0  # probes still draft now and then
     assert stats.as_dict()["plain_steps"] == stats.plain_steps
+
+
+def _sure_and_wrong_draft(arch: str) -> torch.nn.Module:
+    """Another random model with its output layer scaled up: near one-hot probabilities, rarely the target's token."""
+    draft = tiny_model(arch, 1)
+    with torch.no_grad():
+        draft.lm_head.weight.mul_(200.0)
+    return draft
+
+
+def test_a_sized_chain_stops_a_draft_sure_of_tokens_the_target_rejects(given_curves):
+    """A draft that is sure (p near 1) and wrong: Transformers' rule (stop below 0.4) drafts on to the chain's end
+    every step; the chain sized every step learns how rarely such tokens are kept and drafts short chains or plain
+    steps. Plain's output either way; every sized step a chain (one node per level)."""
+    given_curves["curves"] = profile(100.0, 40.0)
+    target, draft = tiny_model("llama", 0), _sure_and_wrong_draft("llama")
+    ids = random_prompt(torch.Generator().manual_seed(4), 9)
+    plain = target.generate(ids, do_sample=False, max_new_tokens=48)
+    shapes = []
+    propose = SizedShapeDrafter.propose
+
+    def seen(self, input_ids):
+        tree = propose(self, input_ids)
+        shapes.append(tree.host().parents)
+        return tree
+
+    ruled = _generate(target, draft, ids, ChainConfig(num_draft_tokens=8, confidence_threshold=0.4), new=48)
+    SizedShapeDrafter.propose = seen
+    try:
+        sized = _generate(target, draft, ids, ChainConfig(num_draft_tokens=8), new=48)
+    finally:
+        SizedShapeDrafter.propose = propose
+    assert torch.equal(ruled.sequences, plain) and torch.equal(sized.sequences, plain)
+    assert shapes and all(parents == list(range(-1, len(parents) - 1)) for parents in shapes)  # chains only
+    ruled, sized = ruled.speculation_stats, sized.speculation_stats
+    assert "chain sized every step" in sized.plan_source and "sized" not in (ruled.plan_source or "")
+    assert ruled.drafted_tokens >= 7 * ruled.target_forwards  # sure: the rule drafts (nearly) the whole chain
+    assert sized.drafted_tokens <= 0.25 * ruled.drafted_tokens
+
+
+def test_a_chain_sized_every_step_refuses_a_threshold_to_learn():
+    with pytest.raises(ValueError, match="give a confidence_threshold to start from"):
+        ChainConfig(adapt_threshold=True).validate()
+    ChainConfig(adapt_threshold=True, confidence_threshold=0.4).validate()
+    ChainConfig(adapt_threshold=True, per_step=False).validate()
 
 
 def test_sampling_with_sized_trees_runs_sequoias_verifier(given_curves):
@@ -508,7 +559,7 @@ def test_guard_false_keeps_every_step_speculative(monkeypatch):
     ids = random_prompt(torch.Generator().manual_seed(5), 9)
     plain = target.generate(ids, do_sample=False, max_new_tokens=32)
     guarded_out = _generate(target, target, ids, "chain", new=32)
-    free = _generate(target, target, ids, ChainConfig(num_draft_tokens=4, confidence_threshold=None, guard=False),
+    free = _generate(target, target, ids, ChainConfig(num_draft_tokens=4, confidence_threshold=0, guard=False),
                      new=32)
     assert torch.equal(guarded_out.sequences, plain) and torch.equal(free.sequences, plain)
     assert guarded_out.speculation_stats.plain_steps > 0
@@ -617,7 +668,7 @@ def test_a_sequences_first_call_measures_one_plain_step_and_stays_identical(monk
     draft = copy.deepcopy(target)  # every chain accepted: 3 tokens a step
     ids = random_prompt(torch.Generator().manual_seed(4), 7)
     plain = target.generate(ids, do_sample=False, max_new_tokens=24)
-    out = _generate(target, draft, ids, ChainConfig(num_draft_tokens=2, confidence_threshold=None), new=24)
+    out = _generate(target, draft, ids, ChainConfig(num_draft_tokens=2, confidence_threshold=0), new=24)
     assert torch.equal(out.sequences, plain)
     stats = out.speculation_stats
     assert stats.plain_steps == 1 and stats.tokens_per_step[5] == 1  # the step after the first four judged ones

@@ -29,7 +29,7 @@ from tests.roundtrips import count_round_trips
 
 # Plain full attention, one sliding-window mask, full + sliding layers (a dict of masks), a learned position table.
 FAMILIES = ["Llama", "Mistral (sliding window)", "Gemma 3 (text)", "GPT-2"]
-ALL_METHODS = {"chain": {"confidence_threshold": None}, **METHODS}  # a fixed chain: its passes padded to fixed sizes
+ALL_METHODS = {"chain": {"confidence_threshold": 0}, **METHODS}  # a fixed chain: its passes padded to fixed sizes
 
 
 def plain_static(target, ids, n, **kwargs):

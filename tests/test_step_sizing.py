@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
 from hf_specdec.plan.latency import LatencyCurve
 from hf_specdec.plan.sizing import HardwareProfile
-from hf_specdec.plan.step_sizing import OnlineAcceptance, StepSizer
+from hf_specdec.plan.step_sizing import OnlineAcceptance, StepSizer, non_decreasing
 
 SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 
@@ -25,14 +26,39 @@ def test_acceptance_curve_starts_at_q_and_learns_what_the_target_keeps():
     q = torch.tensor([0.02, 0.3, 0.9]).log()
     start = curve(q).exp()
     assert torch.allclose(start, torch.tensor([0.02, 0.3, 0.9]), rtol=0.6)  # the prior: a calibrated draft
-    for _ in range(200):  # the target keeps every token the draft gives 0.3, none of those it gives 0.9
-        curve.update([math.log(0.3), math.log(0.9)], [True, False])
+    for _ in range(200):  # the target keeps every token the draft gives 0.3 or 0.9, none of those it gives 0.02
+        curve.update([math.log(0.02), math.log(0.3), math.log(0.9)], [False, True, True])
     learned = curve(q).exp()
-    assert learned[1] > 0.9
-    assert learned[2] >= learned[1]  # read as non-decreasing in q: a likelier token never rates lower
+    assert learned[0] < 0.01 and learned[1] > 0.9 and learned[2] >= learned[1]
     assert curve(torch.tensor([-math.inf])).item() == -math.inf  # a banned token stays impossible
     host = [math.log(0.02), math.log(0.3), math.log(0.9), -math.inf, 0.5]  # the host reading bins the same way
     assert curve.log_rates(host) == curve(torch.tensor(host, dtype=torch.float64)).tolist()
+
+
+def test_acceptance_curve_out_of_order_pools_neighbours_by_their_trials():
+    """Read as non-decreasing in q (a likelier token never rates lower), but by pooling: a bin the target contradicts
+    200 times is not lifted to the prior of a neighbour never visited (a draft sure of tokens the target rejects
+    would rate near 1 and draft on), and two visited bins out of order meet at their pooled rate."""
+    curve = OnlineAcceptance()
+    for _ in range(200):  # the draft gives 0.999 and is always wrong
+        curve.update([math.log(0.999)], [False])
+    sure = curve(torch.tensor([math.log(0.999)])).exp().item()
+    assert sure < 0.15
+    rates = curve.rates()
+    assert all(rates[1:] >= rates[:-1])
+    curve = OnlineAcceptance(prior_weight=1e-9)
+    for _ in range(100):  # kept at 0.3, never at 0.9: both rate as their pooled trials
+        curve.update([math.log(0.3), math.log(0.9)], [True, False])
+    assert curve(torch.tensor([0.3, 0.9]).log()).exp().tolist() == pytest.approx([0.5, 0.5], abs=1e-6)
+
+
+def test_non_decreasing_is_weighted_isotonic_regression():
+    from scipy.optimize import isotonic_regression  # a test dependency: the reference implementation
+
+    generator = np.random.default_rng(0)
+    for _ in range(50):
+        values, weights = generator.random(21), generator.random(21) * 10 + 0.1
+        assert np.allclose(non_decreasing(values, weights), isotonic_regression(values, weights=weights).x)
 
 
 def test_acceptance_curve_tells_confident_tokens_apart():

@@ -69,8 +69,11 @@ class OnlineAcceptance:
         return np.searchsorted(self.edges, np.minimum(np.asarray(logq, dtype=np.float32), 0.0))
 
     def rates(self) -> np.ndarray:
-        """Acceptance rate of each bin, made non-decreasing from the lowest q up."""
-        return np.maximum.accumulate(self.hits / self.trials)
+        """Acceptance rate of each bin, made non-decreasing from the lowest q up by pooling neighbours that disagree,
+        weighted by their trials (`non_decreasing`). A running maximum would let the prior of a bin never visited
+        outrank what hundreds of verdicts said of the bin above it: a draft sure (q near 1) of tokens the target
+        rejects kept a rate near 1 and drafted on."""
+        return non_decreasing(self.hits / self.trials, self.trials)
 
     def __call__(self, logq: torch.Tensor) -> torch.Tensor:
         """log f(q) for draft log-probabilities `logq` (any shape, any device; no read); -inf stays -inf."""
@@ -89,6 +92,18 @@ class OnlineAcceptance:
         np.add.at(self.trials, bins, 1.0)
         np.add.at(self.hits, bins, np.asarray(accepted, dtype=np.float64))
         self.observations += len(bins)
+
+
+def non_decreasing(values: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """The weighted least-squares non-decreasing fit of `values` (isotonic regression, pool adjacent violators):
+    each run of neighbours out of order becomes their weighted mean."""
+    blocks: list[list[float]] = []  # [weighted mean, weight, length]
+    for value, weight in zip(values.tolist(), weights.tolist()):
+        blocks.append([value, weight, 1])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            (high, w_high, n_high), (low, w_low, n_low) = blocks[-2], blocks.pop()
+            blocks[-1] = [(high * w_high + low * w_low) / (w_high + w_low), w_high + w_low, n_high + n_low]
+    return np.repeat([block[0] for block in blocks], [block[2] for block in blocks])
 
 
 _LEARNED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()

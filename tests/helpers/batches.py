@@ -16,7 +16,7 @@ from tests.conftest import VOCAB
 NEW = 20
 
 
-WHOLE_CHAIN_3 = {"num_draft_tokens": 3, "confidence_threshold": None, "guard": False}  # 3 tokens, every step
+WHOLE_CHAIN_3 = {"num_draft_tokens": 3, "confidence_threshold": 0, "guard": False}  # 3 tokens, every step
 
 
 def near_draft(target, noise: float = 0.2, seed: int = 1):

@@ -6,7 +6,7 @@ from hf_specdec import ChainConfig, SequoiaConfig, SpecExecConfig, StagedConfig,
 from hf_specdec.methods.sequoia.dp import plan_tree
 
 GREEDY = {
-    "chain": ChainConfig(num_draft_tokens=4),
+    "chain": ChainConfig(num_draft_tokens=4, confidence_threshold=0.4),  # Transformers' stop, not sized
     "tree": TreeConfig(widths=[3, 2]),
     "sequoia": SequoiaConfig(plan=plan_tree([0.6, 0.2, 0.1, 0.05], 32, 6)),
     "specexec": SpecExecConfig(budget=32, max_depth=6, width=4),

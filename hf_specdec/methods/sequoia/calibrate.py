@@ -25,7 +25,7 @@ from ...plan.latency import DEFAULT_SIZES, STOP_RATIO, measure_latency
 from ...plan.sizing import HardwareProfile, step_seconds
 from ...runtime.attention import AttentionLayout
 from ...runtime.devices import execution_device
-from ...runtime.model_info import vocab_size
+from ...runtime.model_info import embeddable, vocab_size
 from .acceptance import estimate_acceptance
 from .dp import TreePlanner
 from .plan_file import SequoiaPlan, environment, model_record, pair_placement
@@ -104,16 +104,19 @@ def draft_sequences(
     draft: PreTrainedModel, prompts: Sequence[torch.Tensor], max_new_tokens: int, vocab: int | None = None
 ) -> list[tuple[torch.Tensor, int]]:
     """Cheap stand-in continuations from the draft alone (greedy), for the short online calibration; with `vocab`
-    (the target's rows), never a token past them (a draft padded to more rows than the target)."""
+    (the target's rows), never a token past them (a draft padded to more rows than the target). A prompt token past
+    the draft's input rows (a draft with fewer rows than the target) reaches the draft as its last row, as it does
+    while drafting (`embeddable`); the sequence keeps the prompt as given."""
     out = []
     beyond = list(range(vocab, vocab_size(draft))) if vocab is not None else []
+    rows = getattr(draft.get_input_embeddings(), "num_embeddings", None)
     for ids in prompts:
         ids = ids.reshape(1, -1).to(execution_device(draft))
         pad = draft.generation_config.pad_token_id or draft.generation_config.eos_token_id
-        generated = draft.generate(ids, max_new_tokens=room(draft, ids, max_new_tokens), do_sample=False,
-                                   attention_mask=torch.ones_like(ids), pad_token_id=pad,
+        generated = draft.generate(embeddable(ids, rows), max_new_tokens=room(draft, ids, max_new_tokens),
+                                   do_sample=False, attention_mask=torch.ones_like(ids), pad_token_id=pad,
                                    suppress_tokens=beyond or None)
-        out.append((generated[0].cpu(), ids.shape[1]))
+        out.append((torch.cat([ids[0], generated[0, ids.shape[1]:]]).cpu(), ids.shape[1]))
     return out
 
 

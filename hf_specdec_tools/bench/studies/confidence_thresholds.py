@@ -1,8 +1,9 @@
 """Chains stopped where the draft is unsure, with the threshold fixed or learned during the call: Transformers'
 assisted generation with scikit-learn hidden (its `assistant_confidence_threshold` stays 0.4) and installed (it is
 re-fitted every step on the ROC of the draft's probabilities against the verdicts), our `chain` with
-`adapt_threshold` True and False (the default), and `specexec`; the embedded pair, greedy, one HumanEval prompt
-after another, every variant right after plain on the same prompt.
+`adapt_threshold` True and False (from 0.4), our `chain` at its default (sized every step by the cost model), and
+`specexec`; the embedded pair, greedy, one HumanEval prompt after another, every variant right after plain on the
+same prompt.
 
     .venv/bin/pip install scikit-learn   # what Transformers needs to learn its threshold (not a dependency here)
     .venv/bin/python -m hf_specdec_tools.bench.studies.confidence_thresholds --prompts 4 \
@@ -40,8 +41,10 @@ def variants(draft) -> dict[str, tuple[bool, dict]]:
         "plain": (True, {}),
         "hf-assisted, threshold fixed (no scikit-learn)": (False, dict(assistant_model=draft)),
         "hf-assisted, threshold learned (scikit-learn)": (True, dict(assistant_model=draft)),
-        "chain, threshold learned": (True, {**chain, "speculation_config": {"adapt_threshold": True}}),
-        "chain, threshold fixed (default)": (True, chain),
+        "chain, threshold learned": (True, {**chain, "speculation_config": {"confidence_threshold": 0.4,
+                                                                            "adapt_threshold": True}}),
+        "chain, threshold fixed": (True, {**chain, "speculation_config": {"confidence_threshold": 0.4}}),
+        "chain, sized every step (default)": (True, chain),
         "specexec": (True, dict(assistant_model=draft, speculation="specexec")),
     }
 

@@ -103,7 +103,7 @@ def methods(draft: torch.nn.Module, defaults: bool = False) -> dict[str, dict]:
     return {
         "plain": {},
         "assisted (Transformers)": {"assistant_model": draft},
-        "chain": {"assistant_model": draft, "speculation": ChainConfig(num_draft_tokens=4, confidence_threshold=None)},
+        "chain": {"assistant_model": draft, "speculation": ChainConfig(num_draft_tokens=4, confidence_threshold=0)},
         "sequoia": {"assistant_model": draft, "speculation": sequoia},
         "specexec": {"assistant_model": draft, "speculation": SpecExecConfig(budget=32)},
         "staged": {"assistant_model": draft, "speculation": StagedConfig(budget=32)},

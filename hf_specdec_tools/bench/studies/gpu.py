@@ -75,7 +75,7 @@ from .engine_overhead import ACCEPTANCE, SAMPLING, peaky_model  # noqa: E402
 
 def fixed_chain(length: int, **settings) -> ChainConfig:
     """A chain of `length` tokens every step (no confidence stop): the same passes whatever the draft proposes."""
-    return ChainConfig(num_draft_tokens=length, confidence_threshold=None, **settings)
+    return ChainConfig(num_draft_tokens=length, confidence_threshold=0, **settings)
 
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}

@@ -39,7 +39,7 @@ from hf_specdec_tools.models import load_default_pair
 from hf_specdec_tools.prompts import humaneval_prompts
 
 METHODS = {
-    "chain": {"num_draft_tokens": 4, "confidence_threshold": None},  # a fixed shape: one graph per pass size
+    "chain": {"num_draft_tokens": 4, "confidence_threshold": 0},  # a fixed shape: one graph per pass size
     "sequoia": {"plan": plan_tree([0.75, 0.1, 0.05, 0.02], budget=16, max_depth=6)},
     "specexec": {"budget": 16, "max_depth": 8},
     "tree": {},  # the default shape, sized every step
