@@ -297,6 +297,23 @@ def test_a_call_is_priced_with_the_drafts_pass_over_its_prompt():
     assert guard.price(48, 3000)[0]
 
 
+def test_calls_priced_plain_in_a_row_are_followed_by_one_that_measures_again():
+    """A call priced plain measures nothing: the rates that priced it would price every later call the same way. After
+    `refresh_calls` calls priced plain in a row the next speculates (and says why); a call that speculates on its
+    price starts the count again."""
+    guard = PlainGuard(refresh_calls=3)
+    guard.observe(0.4, 2, plain=True)
+    for _ in range(4):
+        guard.observe(0.4, 4, plain=False, draft_seconds=0.1)
+    guard.observe_prompt(0.1 + 2.0, 1000)
+    verdicts = [guard.price(48, 3000) for _ in range(8)]  # 4.8 s + 6.0 s against 9.6 s plain: each priced plain
+    assert [pays for pays, _ in verdicts] == [False, False, False, True, False, False, False, True]
+    assert verdicts[3][1].endswith("speculates to measure again, after 3 calls priced plain")
+    guard.price(48, 3000)
+    assert guard.price(48, 100)[0] and guard.priced_plain == 0  # a short prompt pays: the count starts again
+    assert [guard.price(48, 3000)[0] for _ in range(4)] == [False, False, False, True]
+
+
 def test_a_call_priced_plain_decodes_as_plain_generate_and_says_why(monkeypatch):
     from hf_specdec.plan import guard as guard_module
 

@@ -34,6 +34,10 @@ not at every call's start. A single sequence's call is also priced before it dra
 pass reads the whole prompt (its window), which the steps must repay over the tokens the call may generate. From
 what earlier calls measured (the draft's seconds per prompt token, the speculative and plain rates), a call whose
 steps win but cannot repay that pass (a long retrieved context and a short answer) decodes plainly from the start.
+A call priced plain measures nothing, so the rates that priced it would price every later call alike: after
+`refresh_calls` calls priced plain in a row, the next speculates and measures again. On a 2-core Xeon one sampled
+`staged` call whose steps ran level with plain (the machine slow in its minute) priced the next six plain, prompts
+of 56 tokens included, where `staged` had run 1.46x plain in an earlier run of the same set.
 
 A batch drafting for all its rows at once is guarded as a whole: a step's tokens are every row's, and a plain step
 (every row's root alone) is plain batched decoding's step, which emits one token per row. There a target pass over
@@ -104,6 +108,7 @@ class PlainGuard:
     #: ... but a rate measured this many calls ago is measured again, sure win or not (every call's: 1)
     refresh_calls: int = 3
     calls_since: dict[int, int] = field(default_factory=dict)  # rows -> calls begun since their plain rate's step
+    priced_plain: int = 0  # calls priced plain in a row (`price`): after `refresh_calls` of them one speculates
     waiting: int = 0  # plain steps left before the next probe
     plain_steps: int = 0  # steps this guard turned plain in the current call (stats)
     probe_seconds: float = 0.0  # totals over speculative steps since the last judgement that did not lose
@@ -234,6 +239,9 @@ class PlainGuard:
         prompt, plain = self.prompt_rate * prompt_tokens, new_tokens * reference
         pays = not (steps < self.margin * plain <= steps + prompt)
         verdict = "speculates" if pays else "decodes plainly"
+        if not pays and self.priced_plain >= self.refresh_calls:  # the rates are as old as the last call that drafted
+            pays, verdict = True, f"speculates to measure again, after {self.priced_plain} calls priced plain"
+        self.priced_plain = 0 if pays else self.priced_plain + 1
         return pays, (f"priced: {new_tokens} tokens predicted {steps:.2f} s speculating, plus {prompt:.2f} s for the "
                       f"draft's pass over {prompt_tokens} prompt tokens, against {plain:.2f} s plain: {verdict}")
 
