@@ -46,6 +46,8 @@ def _config(method: str, verifier: str | None):
     settings = {"verifier": verifier} if verifier else {}
     if method == "sequoia":  # an explicit plan: no calibration inside a frequency test
         settings["plan"] = plan_tree([0.6, 0.2, 0.1], budget=8, max_depth=3)
+    if method == "chain":  # Transformers' stop: sized by the clock, the chain would rightly turn steps plain
+        settings["confidence_threshold"] = 0.4
     if method in ("specexec", "staged"):  # a fixed budget: sized by the clock, a draft as costly as this target's
         settings["budget"] = 8  # would rightly stop drafting on a busy machine, and the test needs speculation
     if method in ("prompt_lookup", "ngram"):  # whole trees: the sizing, which learns how rarely a tiny model's

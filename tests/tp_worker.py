@@ -52,9 +52,9 @@ def decode(target: torch.nn.Module, draft: torch.nn.Module, ids: torch.Tensor, m
     generator = torch.Generator().manual_seed(100 + repeat) if mode == "sampled" else None
     torch.manual_seed(200 + repeat)
     helper = {} if method == "prompt_lookup" else {"assistant_model": draft}  # prompt lookup drafts from the prompt
-    # fixed shapes are compared draw for draw with the unsharded model: the timing-driven guard and tree's per-step
-    # sizing stay off for them (both follow each run's own clock); the other methods run at their defaults
-    fixed = {"guard": False, **({"per_step": False} if method == "tree" else {})}
+    # fixed shapes are compared draw for draw with the unsharded model: the timing-driven guard and tree's and chain's
+    # per-step sizing stay off for them (both follow each run's own clock); the other methods run at their defaults
+    fixed = {"guard": False, **({"per_step": False} if method in ("tree", "chain") else {})}
     settings = {"speculation_config": fixed} if method in FIXED_SHAPES else {}
     out = target.generate(ids, speculation=method, max_new_tokens=NEW_TOKENS, speculation_generator=generator,
                           **helper, **sampling, **settings)

@@ -36,7 +36,7 @@ from ..decoding.outputs import SpeculativeDecoderOnlyOutput, TokenRecords
 from ..decoding.stats import SpeculationStats
 from ..draft.guarded import GuardedDrafter
 from ..methods.sequoia.lookup import call_temperature, plan_for_call
-from ..runtime.attention import tree_attention_kernels
+from ..runtime.attention import keeps_state, tree_attention_kernels
 from ..runtime.devices import execution_device
 from ..runtime.faster_call import FasterCall
 from ..runtime.ranks import Ranks
@@ -254,6 +254,11 @@ def call_plan(config: SpeculationConfig, batch: int, model: PreTrainedModel, cal
     for_batch = request is None and batch > 1
     request = batch_plan_request(config) if for_batch else request
     if request is None:
+        return config, None, 0.0
+    if any(m is not None and keeps_state(m) for m in (model, call.assistant_model)):  # a chain (nothing else runs)
+        config = dataclasses.replace(config)
+        config.plan_source = ("no plan: a model keeps a recurrent state, and a plan's latency curves are measured "
+                              "with tree passes it cannot run; the chain stops on the draft's confidence")
         return config, None, 0.0
     start = time.perf_counter()
     try:
