@@ -807,3 +807,30 @@ def test_cli_report_and_errors(run, tmp_path, capsys):
     err = capsys.readouterr().err
     assert "Known strategies" in err and "--offload" in err and "No results file" in err
     assert "--max-minutes must be positive" in err
+
+
+def test_bracketed_plain_runs_first_and_last_and_ratios_divide_by_its_calls_mean(llama_pair, monkeypatch):
+    """Plain's first call of each round takes 1 fake second and its last 3, `ngram`'s 1: the ratio is 2, the mean of
+    plain's two calls over `ngram`'s, where one plain call alone would have made it 1 or 3."""
+    from hf_specdec_tools.bench import runner
+
+    order, real = [], runner.measure_call
+
+    def timed(target, draft, counters, strategy, *args, **kwargs):
+        record, output = real(target, draft, counters, strategy, *args, **kwargs)
+        plain_calls = sum(label == "plain" for label in order)
+        order.append(strategy.label)
+        record["seconds"] = (1.0 if plain_calls % 2 == 0 else 3.0) if strategy.label == "plain" else 1.0
+        return record, output
+
+    monkeypatch.setattr(runner, "measure_call", timed)
+    prompts = [torch.tensor([[5, 6, 7]]), torch.tensor([[8, 9]])]
+    strategies = resolve_strategies(["ngram", "chain"])
+    results = run_benchmark(*llama_pair, prompts, strategies, BenchSettings(max_new_tokens=3, warmup=0,
+                                                                            bracket_plain=True), progress=False)
+    plain, ngram, chain = (strategy.label for strategy in strategies)
+    assert order == [plain, ngram, chain, plain, plain, chain, ngram, plain]
+    rows = {row["strategy"]: row for row in results["summary"]}
+    assert rows[ngram]["speedups"] == pytest.approx([2.0, 2.0])
+    assert all(call["identical"] for call in results["calls"])
+    assert "plain run first and last on every prompt" in settings_line(results)

@@ -115,6 +115,10 @@ def register_cli(subparsers: argparse._SubParsersAction) -> argparse.ArgumentPar
                         "run after the other rows; the target is packed back afterwards.")
     parser.add_argument("--repeats", type=int, default=1,
                         help="Measured calls per prompt and strategy; their median counts (default 1).")
+    parser.add_argument("--bracket-plain", action="store_true",
+                        help="Run plain first and last on every prompt (and repeat), the other strategies between; "
+                        "ratios divide by the mean of plain's two calls, which a machine whose speed drifts within a "
+                        "set needs (one plain call's minute otherwise decides a prompt's ratio).")
     parser.add_argument("--warmup", type=int, default=1, help="Unmeasured short calls per strategy first (default 1).")
     parser.add_argument("--max-minutes", type=float, default=None,
                         help="Start no prompt that would end past this many minutes (warm-up included); the "
@@ -199,6 +203,7 @@ def run(args: argparse.Namespace) -> int:
         warmup=args.warmup,
         seed=args.seed,
         max_seconds=None if max_minutes is None else max_minutes * 60,
+        bracket_plain=args.bracket_plain,
     )
     prompt_spec = args.prompts or (QUICK_PROMPTS if args.quick else DEFAULT_PROMPTS)
     try:

@@ -92,7 +92,9 @@ def settings_line(results: dict[str, Any]) -> str:
         f"{', quantized ' + models['draft_quantization'] if models.get('draft_quantization') else ''}, "
         f"{models.get('dtype', '?')}{offload_text}; {count} prompts ({prompts}) × {settings.get('max_new_tokens')} "
         f"new tokens, {decoding}, {settings.get('repeats', 1)} repeat(s) after {settings.get('warmup', 0)} "
-        "warm-up call(s) per strategy, interleaved per prompt."
+        "warm-up call(s) per strategy, interleaved per prompt"
+        + ("; plain run first and last on every prompt, ratios against the mean of its two calls."
+           if settings.get("bracket_plain") else ".")
         + (" **Interrupted:** only the prompts every strategy finished are reported." if results.get("interrupted")
            else "")
         + _time_limited_text(results.get("time_limited"))

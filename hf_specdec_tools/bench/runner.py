@@ -2,7 +2,9 @@
 
 Interleaving (all strategies on prompt 1, then all on prompt 2, ...) exposes every strategy to the same machine
 state, which matters on a shared CPU; the order rotates by one strategy per prompt and repeat so no strategy
-always runs first. Every figure is later divided by `plain`'s on the same prompt.
+always runs first. Every figure is later divided by `plain`'s on the same prompt. With `bracket_plain`, plain runs
+first and last in every round and the ratios divide by the mean of its two calls: on a 2-core Xeon plain's own
+seconds a token moved 0.16-0.34 within one set, and one plain call's minute decided whether a method "lost" a prompt.
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ class BenchSettings:
     warmup_tokens: int = 8  # new tokens of each warm-up call
     seed: int = 0  # torch.manual_seed(seed + prompt index) before every call
     max_seconds: float | None = None  # no new prompt starts when the run would pass this (warm-up included)
+    bracket_plain: bool = False  # plain runs first and last in every round; ratios divide by its calls' median
 
     @property
     def sampling(self) -> bool:
@@ -217,8 +220,8 @@ def run_benchmark(
     start = run_clock()
     try:
         first_calls = _warm_up(target, draft, counters, strategies, prompts[0], settings, progress)
-        bar = tqdm(total=len(prompts) * settings.repeats * len(strategies), desc="bench", unit="call",
-                   disable=not progress)
+        bar = tqdm(total=len(prompts) * settings.repeats * (len(strategies) + settings.bracket_plain), desc="bench",
+                   unit="call", disable=not progress)
         with bar:
             rounds_start = run_clock()
             for index, input_ids in enumerate(prompts):
@@ -226,9 +229,9 @@ def run_benchmark(
                     stopped_at = index
                     break
                 for repeat in range(settings.repeats):
-                    shift = (index + repeat) % len(strategies)
+                    order = _round_order(strategies, index + repeat, settings.bracket_plain)
                     outputs: dict[str, torch.LongTensor] = {}
-                    for strategy in strategies[shift:] + strategies[:shift]:
+                    for strategy in order:
                         bar.set_postfix_str(f"prompt {index + 1}/{len(prompts)} {strategy.label}")
                         record, outputs[strategy.label] = measure_call(
                             target, draft, counters, strategy, input_ids, settings, settings.seed + index
@@ -236,7 +239,7 @@ def run_benchmark(
                         calls.append({"prompt": index, "repeat": repeat, **record})
                         bar.update()
                     if not settings.sampling:  # greedy: every strategy must reproduce plain token for token
-                        for call in calls[-len(strategies) :]:
+                        for call in calls[-len(order) :]:
                             call["identical"] = bool(torch.equal(outputs[call["strategy"]].cpu(),
                                                                  outputs[PLAIN].cpu()))
                             if not call["identical"]:
@@ -245,7 +248,8 @@ def run_benchmark(
     except KeyboardInterrupt:  # keep what was measured: a long run stopped early still reports its prompts
         interrupted = True
         rounds = Counter((c["prompt"], c["repeat"]) for c in calls)
-        calls = [c for c in calls if rounds[c["prompt"], c["repeat"]] == len(strategies)]
+        whole = len(strategies) + settings.bracket_plain
+        calls = [c for c in calls if rounds[c["prompt"], c["repeat"]] == whole]
     finally:
         for counter in counters.values():
             counter.remove()
@@ -259,6 +263,17 @@ def run_benchmark(
         "calls": calls,
         "summary": summarize(calls, [s.to_dict() for s in strategies], sampling=settings.sampling),
     }
+
+
+def _round_order(strategies: list[Strategy], shift: int, bracket_plain: bool) -> list[Strategy]:
+    """One round's calls: the strategies rotated by `shift`; with `bracket_plain`, plain (`strategies[0]`) first and
+    last and the others rotated between, so each method's call lies between two of plain's."""
+    if not bracket_plain:
+        shift %= len(strategies)
+        return strategies[shift:] + strategies[:shift]
+    others = strategies[1:]
+    shift %= max(len(others), 1)
+    return [strategies[0], *others[shift:], *others[:shift], strategies[0]]
 
 
 def _out_of_time(max_seconds: float | None, start: float, seconds_per_prompt: float) -> bool:
