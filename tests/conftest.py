@@ -144,7 +144,8 @@ def guard_never_fires(monkeypatch):
 
 @pytest.fixture(autouse=True)
 def tree_sizing_sees_a_cheap_draft(monkeypatch):
-    """`tree` at its default shape, and a batch's fixed shapes (chain, tree, sequoia: `draft.batch_sized`), are sized
+    """The methods sized every step by shape (`tree` at its default shape, `chain` and `sequoia` at theirs:
+    `StaticShapeConfig.sized_drafter`), and a batch's fixed shapes (`draft.batch_sized`), are sized
     every step with the pair's latency curves, and a batch call is priced with them before it starts. The suite's
     tiny drafts cost what their targets do, and curves measured on a busy machine are noise, so there the sizing
     would (rightly, or by chance) run plain steps. Tests that check a method really speculates assume hardware where
@@ -159,12 +160,12 @@ def tree_sizing_sees_a_cheap_draft(monkeypatch):
     import dataclasses
 
     from hf_specdec.integration import batch
+    from hf_specdec.methods import static_shape
     from hf_specdec.methods.sequoia.sizing import sequoia_menu
-    from hf_specdec.methods.tree import config as tree_config
     from hf_specdec.plan.latency import LatencyCurve
     from hf_specdec.plan.shape_sizing import RankAcceptance
 
-    measured = tree_config.online_sizer
+    measured = static_shape.online_sizer
 
     def cheap_draft(profile, target, draft, processors):
         sizer = measured(profile, target, draft, processors)
@@ -174,7 +175,7 @@ def tree_sizing_sees_a_cheap_draft(monkeypatch):
         return sizer
 
     prior = [0.8, 0.1, 0.05]
-    for module in (tree_config, batch):  # a batch's fixed shapes are sized every step with the same model
+    for module in (static_shape, batch):  # a batch's fixed shapes are sized every step with the same model
         monkeypatch.setattr(module, "online_sizer", cheap_draft)
         monkeypatch.setattr(module, "RankAcceptance", lambda vector, ranks: RankAcceptance(prior, ranks))
     monkeypatch.setattr(batch, "sequoia_menu", lambda vector, budget, depth: sequoia_menu(prior, budget, depth))

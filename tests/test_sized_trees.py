@@ -16,9 +16,7 @@ import torch
 
 import hf_specdec.draft.guarded as guarded
 import hf_specdec.integration.generate as integration
-import hf_specdec.methods.chain.config as chain_config
-import hf_specdec.methods.sequoia.config as sequoia_config
-import hf_specdec.methods.tree.config as tree_config
+import hf_specdec.methods.static_shape as static_shape
 from hf_specdec import ChainConfig, SequoiaConfig, TreeConfig
 from hf_specdec.draft.shaped_tree import ModelTreeDrafter
 from hf_specdec.draft.sized_shape import SizedShapeDrafter
@@ -366,9 +364,7 @@ def given_curves(monkeypatch):
         return StepSizer(curves, OnlineAcceptance(), timing_memory=1.0)
 
     monkeypatch.setattr(integration, "plan_for_call", plan_for_call)
-    monkeypatch.setattr(sequoia_config, "online_sizer", online_sizer)
-    monkeypatch.setattr(tree_config, "online_sizer", online_sizer)
-    monkeypatch.setattr(chain_config, "online_sizer", online_sizer)
+    monkeypatch.setattr(static_shape, "online_sizer", online_sizer)
     monkeypatch.setattr(guarded, "PlainGuard", functools.partial(PlainGuard, margin=float("inf")))
     return state
 

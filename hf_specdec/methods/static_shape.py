@@ -3,14 +3,18 @@ model (`draft/shaped_tree.py`'s `ModelTreeDrafter`); the three differ only in wh
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from transformers import LogitsProcessorList, PreTrainedModel
 
 from ..core.config import ModelDraftConfig
 from ..draft.shaped_tree import ModelTreeDrafter
+from ..draft.sized_shape import SizedShapeDrafter
 from ..logits.child_selection import CHILD_SELECTIONS
-from ..plan.shape_sizing import ShapeMenu, level_cuts_menu
+from ..plan.shape_sizing import RankAcceptance, ShapeMenu, level_cuts_menu
 from ..runtime.model_info import vocab_size
+from .step_sized import online_sizer
 
 
 class StaticShapeConfig(ModelDraftConfig):
@@ -46,3 +50,21 @@ class StaticShapeConfig(ModelDraftConfig):
     ) -> ModelTreeDrafter:
         return ModelTreeDrafter(assistant_model, self.shape(), logits_processor, child_selection, generator,
                                 vocab_size(target))
+
+    def sized_drafter(
+        self,
+        plan: Any,
+        menu: ShapeMenu,
+        target: PreTrainedModel,
+        assistant_model: PreTrainedModel,
+        logits_processor: LogitsProcessorList,
+        child_selection: str,
+        generator: torch.Generator | None,
+    ) -> SizedShapeDrafter:
+        """The drafter of a method sized every step: each step drafts the shape of `menu` the cost model picks,
+        with `plan`'s latency curves and acceptance vector (its ranks' prior) and what this pair has learned since;
+        levels below the configured shape's depth only where a sure draft grows them."""
+        return SizedShapeDrafter(assistant_model, menu, online_sizer(plan.profile, target, assistant_model,
+                                                                     logits_processor),
+                                 RankAcceptance(plan.acceptance, menu.width), len(self.shape()), logits_processor,
+                                 child_selection, generator, vocab_size(target))

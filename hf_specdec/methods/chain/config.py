@@ -12,12 +12,11 @@ from transformers import LogitsProcessorList, PreTrainedModel
 from ...core.config import PlanRequest, register_speculation, set_by_with_plan
 from ...draft.confident_chain import ConfidentChainDrafter
 from ...draft.shaped_tree import ModelTreeDrafter
-from ...draft.sized_shape import SizedShapeDrafter
-from ...plan.shape_sizing import RankAcceptance, level_cuts_menu
+from ...plan.shape_sizing import level_cuts_menu
 from ...plan.shapes import chain_parents
 from ...runtime.model_info import vocab_size
 from ..static_shape import StaticShapeConfig
-from ..step_sized import PLAN_BUDGET, online_sizer
+from ..step_sized import PLAN_BUDGET
 
 #: Transformers' `assistant_confidence_threshold` default: the stop where no cost model sizes the chain
 TRANSFORMERS_THRESHOLD = 0.4
@@ -112,11 +111,8 @@ class ChainConfig(StaticShapeConfig):
         generator: torch.Generator | None,
     ) -> ModelTreeDrafter:
         if self.plan is not None:  # sized every step (`with_plan` found latency curves)
-            menu = self.shape_menu()
-            return SizedShapeDrafter(assistant_model, menu, online_sizer(self.plan.profile, target, assistant_model,
-                                                                         logits_processor),
-                                     RankAcceptance(self.plan.acceptance, menu.width), len(self.shape()),
-                                     logits_processor, child_selection, generator, vocab_size(target))
+            return self.sized_drafter(self.plan, self.shape_menu(), target, assistant_model, logits_processor,
+                                      child_selection, generator)
         if self.stop_below() is None:  # the whole chain every step
             return super().make_drafter(target, assistant_model, logits_processor, child_selection, generator)
         return ConfidentChainDrafter(assistant_model, self.shape(), self.stop_below(), logits_processor,

@@ -12,11 +12,8 @@ from transformers.utils import logging
 
 from ...core.config import PlanRequest, register_speculation, set_by_with_plan
 from ...draft.shaped_tree import ModelTreeDrafter
-from ...draft.sized_shape import SizedShapeDrafter
-from ...plan.shape_sizing import RankAcceptance, ShapeMenu
-from ...runtime.model_info import vocab_size
+from ...plan.shape_sizing import ShapeMenu
 from ..static_shape import StaticShapeConfig
-from ..step_sized import online_sizer
 from .dp import TreePlan
 from .plan_file import SequoiaPlan
 from .sizing import sequoia_menu
@@ -94,11 +91,8 @@ class SequoiaConfig(StaticShapeConfig):
     def make_drafter(self, target, assistant_model, logits_processor, child_selection, generator) -> ModelTreeDrafter:
         if not self.sized:
             return super().make_drafter(target, assistant_model, logits_processor, child_selection, generator)
-        menu = sequoia_menu(self.plan.acceptance, self.max_budget, self.max_depth)
-        return SizedShapeDrafter(assistant_model, menu, online_sizer(self.plan.profile, target, assistant_model,
-                                                                     logits_processor),
-                                 RankAcceptance(self.plan.acceptance, menu.width), len(self.plan.parents),
-                                 logits_processor, child_selection, generator, vocab_size(target))
+        return self.sized_drafter(self.plan, self.shape_menu(), target, assistant_model, logits_processor,
+                                  child_selection, generator)
 
     def shape_menu(self) -> ShapeMenu:
         """A plan looked up and sized every step: the DP's best tree for every size and depth, as one sequence sizes

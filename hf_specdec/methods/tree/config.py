@@ -8,12 +8,10 @@ from typing import Any
 
 from ...core.config import PlanRequest, register_speculation, set_by_with_plan
 from ...draft.shaped_tree import ModelTreeDrafter
-from ...draft.sized_shape import SizedShapeDrafter
-from ...plan.shape_sizing import RankAcceptance, ShapeMenu, sub_shapes_menu
+from ...plan.shape_sizing import ShapeMenu, sub_shapes_menu
 from ...plan.shapes import validate_parents, widths_parents
-from ...runtime.model_info import vocab_size
 from ..static_shape import StaticShapeConfig
-from ..step_sized import PLAN_BUDGET, online_sizer
+from ..step_sized import PLAN_BUDGET
 
 # Wide and shallow: on a 2-core CPU a 32-node target pass costs < 2 single-token passes, while each
 # extra level costs a whole draft pass (docs/cpu-kernels-and-quantization.md, "What this hardware rewards").
@@ -68,11 +66,8 @@ class TreeConfig(StaticShapeConfig):
         plan = self.plan
         if plan is None:
             return super().make_drafter(target, assistant_model, logits_processor, child_selection, generator)
-        menu = sub_shapes_menu(DEFAULT_TREE_WIDTHS)
-        return SizedShapeDrafter(assistant_model, menu, online_sizer(plan.profile, target, assistant_model,
-                                                                     logits_processor),
-                                 RankAcceptance(plan.acceptance, menu.width), len(self.shape()),
-                                 logits_processor, child_selection, generator, vocab_size(target))
+        return self.sized_drafter(plan, sub_shapes_menu(DEFAULT_TREE_WIDTHS), target, assistant_model,
+                                  logits_processor, child_selection, generator)
 
     def shape_menu(self) -> ShapeMenu:
         """A shape given by its widths (or the default one): its smaller versions, fewer levels and fewer children,
