@@ -295,6 +295,28 @@ def test_a_call_is_priced_with_the_drafts_pass_over_its_prompt():
     assert guard.price(48, 3000)[0]
 
 
+def test_a_call_is_priced_at_earlier_calls_whole_rates_not_their_last_steps():
+    """A call whose steps ran 0.1 s a token and whose last eight ran 0.16 (plain: 0.15): its steps' running means
+    (what the step guard judges by) say the next call barely wins and cannot repay its prompt pass; the call's whole
+    rate (0.129 s a token) says it wins by far, and prices the next call so. Before any call has ended the running
+    means price it, as before."""
+    guard = PlainGuard(margin=1.1, patience=100)  # nothing judged: this test prices only
+    guard.observe(0.15, 1, plain=True)
+    for seconds, tokens in [(0.3, 3)] * 6 + [(0.32, 2)] * 8:
+        guard.observe(seconds, tokens, plain=False, draft_seconds=0.1)
+    guard.observe_prompt(0.1 + 0.8, 100)  # the draft's pass over a 100-token prompt: 0.8 s
+    step_rate = guard.spec_seconds / guard.spec_tokens
+    assert 0.15 < step_rate < 0.165  # the last steps' running means: a win within the margin
+    pays, why = guard.price(64, 100)  # 64 x 0.155 = 9.9 s + 0.8 s against 9.6 s plain x 1.1 = 10.56 s
+    assert not pays and why.endswith("decodes plainly")
+    guard.new_call()  # the call ended: its 35 tokens in 4.51 s join the calls' rate
+    assert guard.call_rate == pytest.approx((0.15 + 6 * 0.3 + 8 * 0.32) / (1 + 18 + 16))
+    pays, why = guard.price(64, 100)  # 64 x 0.129 = 8.25 s + 0.8 s against 9.6 s
+    assert pays and "predicted 8.25 s speculating" in why
+    guard.new_call()  # a call priced plain ran no step: the rate stands
+    assert guard.call_rate == pytest.approx(4.51 / 35)
+
+
 def test_calls_priced_plain_in_a_row_are_followed_by_one_that_measures_again():
     """A call priced plain measures nothing: the rates that priced it would price every later call the same way. After
     `refresh_calls` calls priced plain in a row the next speculates (and says why); a call that speculates on its
