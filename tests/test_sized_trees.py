@@ -310,11 +310,11 @@ def test_a_call_is_priced_at_earlier_calls_whole_rates_not_their_last_steps():
     pays, why = guard.price(64, 100)  # 64 x 0.155 = 9.9 s + 0.8 s against 9.6 s plain x 1.1 = 10.56 s
     assert not pays and why.endswith("decodes plainly")
     guard.new_call()  # the call ended: its 35 tokens in 4.51 s join the calls' rate
-    assert guard.call_rate == pytest.approx((0.15 + 6 * 0.3 + 8 * 0.32) / (1 + 18 + 16))
+    assert guard.past_rate == pytest.approx((0.15 + 6 * 0.3 + 8 * 0.32) / (1 + 18 + 16))
     pays, why = guard.price(64, 100)  # 64 x 0.129 = 8.25 s + 0.8 s against 9.6 s
     assert pays and "predicted 8.25 s speculating" in why
     guard.new_call()  # a call priced plain ran no step: the rate stands
-    assert guard.call_rate == pytest.approx(4.51 / 35)
+    assert guard.past_rate == pytest.approx(4.51 / 35)
 
 
 def test_calls_priced_plain_in_a_row_are_followed_by_one_that_measures_again():

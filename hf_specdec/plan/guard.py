@@ -107,8 +107,8 @@ class PlainGuard:
     undrafted: float | None = None  # seconds of speculative steps outside draft passes (running mean)
     drafted: float | None = None  # seconds of a speculative step's draft passes (running mean)
     prompt_rate: float | None = None  # seconds per prompt token of the draft's pass over a call's prompt (running mean)
-    call_rate: float | None = None  # seconds per token of earlier calls' steps, each call's whole (running mean)
-    call_seconds: float = 0.0  # this call's steps so far (the first without the draft's prompt pass), for `call_rate`
+    past_rate: float | None = None  # seconds per token of earlier calls' steps, each call's whole (running mean)
+    call_seconds: float = 0.0  # this call's steps so far (the first without the draft's prompt pass), for `past_rate`
     call_tokens: int = 0
     measure_plain: bool = False  # run one plain step to measure plain decoding, rather than estimate it
     #: once a plain rate is measured, a call whose speculative steps beat it this many times over measures no plain
@@ -137,10 +137,10 @@ class PlainGuard:
 
     def new_call(self) -> None:
         """A call begins: the judgement so far carries over (a wait under way goes on); the step counts restart, and
-        the last call's steps join `call_rate`."""
+        the last call's steps join `past_rate`."""
         if self.call_tokens > 0:
             rate = self.call_seconds / self.call_tokens
-            self.call_rate = rate if self.call_rate is None else self._mean(self.call_rate, rate)
+            self.past_rate = rate if self.past_rate is None else self._mean(self.past_rate, rate)
         self.call_seconds, self.call_tokens = 0.0, 0
         self.plain_steps = 0
         self.measured, self.call_spec_steps, self.call_rates, self.confirming = set(), 0, {}, False
@@ -245,14 +245,14 @@ class PlainGuard:
     def price(self, new_tokens: int, prompt_tokens: int) -> tuple[bool, str]:
         """(whether this call speculates, why), before it drafts: `new_tokens` the most it may generate, the draft
         reading `prompt_tokens` of its prompt first. From the rates earlier calls with these settings measured (their
-        whole steps' seconds per token, `call_rate`; before a call has ended, the running means of its steps): a
+        whole steps' seconds per token, `past_rate`; before a call has ended, the running means of its steps): a
         call speculates unless its steps are predicted to win (within `margin`, as a step is judged) but not by
         enough to repay the draft's pass over the prompt. Steps predicted to lose are left to the step guard (a
         prompt of another kind may draft better); a call with nothing measured yet speculates, and measures."""
         reference = self.reference()
         if reference is None or self.prompt_rate is None or self.spec_steps == 0 or new_tokens <= 0:
             return True, "not priced (no earlier call with these settings measured the draft's prompt pass)"
-        rate = self.call_rate if self.call_rate is not None else self.spec_seconds / max(self.spec_tokens, 1e-9)
+        rate = self.past_rate if self.past_rate is not None else self.spec_seconds / max(self.spec_tokens, 1e-9)
         steps = new_tokens * rate
         prompt, plain = self.prompt_rate * prompt_tokens, new_tokens * reference
         pays = not (steps < self.margin * plain <= steps + prompt)
