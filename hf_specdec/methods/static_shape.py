@@ -54,16 +54,16 @@ class StaticShapeConfig(ModelDraftConfig):
     def sized_drafter(
         self,
         plan: Any,
-        menu: ShapeMenu,
         target: PreTrainedModel,
         assistant_model: PreTrainedModel,
         logits_processor: LogitsProcessorList,
         child_selection: str,
         generator: torch.Generator | None,
     ) -> SizedShapeDrafter:
-        """The drafter of a method sized every step: each step drafts the shape of `menu` the cost model picks,
+        """The drafter of a method sized every step: each step drafts the shape of `shape_menu()` the cost model picks,
         with `plan`'s latency curves and acceptance vector (its ranks' prior) and what this pair has learned since;
         levels below the configured shape's depth only where a sure draft grows them."""
+        menu = self.shape_menu()
         return SizedShapeDrafter(assistant_model, menu, online_sizer(plan.profile, target, assistant_model,
                                                                      logits_processor),
                                  RankAcceptance(plan.acceptance, menu.width), len(self.shape()), logits_processor,

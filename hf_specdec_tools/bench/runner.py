@@ -52,7 +52,7 @@ class BenchSettings:
     warmup_tokens: int = 8  # new tokens of each warm-up call
     seed: int = 0  # torch.manual_seed(seed + prompt index) before every call
     max_seconds: float | None = None  # no new prompt starts when the run would pass this (warm-up included)
-    bracket_plain: bool = False  # plain runs first and last in every round; ratios divide by its calls' median
+    bracket_plain: bool = False  # plain runs first and last in every round; ratios divide by its two calls' mean
 
     @property
     def sampling(self) -> bool:

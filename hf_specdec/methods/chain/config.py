@@ -111,7 +111,7 @@ class ChainConfig(StaticShapeConfig):
         generator: torch.Generator | None,
     ) -> ModelTreeDrafter:
         if self.plan is not None:  # sized every step (`with_plan` found latency curves)
-            return self.sized_drafter(self.plan, self.shape_menu(), target, assistant_model, logits_processor,
+            return self.sized_drafter(self.plan, target, assistant_model, logits_processor,
                                       child_selection, generator)
         if self.stop_below() is None:  # the whole chain every step
             return super().make_drafter(target, assistant_model, logits_processor, child_selection, generator)

@@ -91,7 +91,7 @@ class SequoiaConfig(StaticShapeConfig):
     def make_drafter(self, target, assistant_model, logits_processor, child_selection, generator) -> ModelTreeDrafter:
         if not self.sized:
             return super().make_drafter(target, assistant_model, logits_processor, child_selection, generator)
-        return self.sized_drafter(self.plan, self.shape_menu(), target, assistant_model, logits_processor,
+        return self.sized_drafter(self.plan, target, assistant_model, logits_processor,
                                   child_selection, generator)
 
     def shape_menu(self) -> ShapeMenu:

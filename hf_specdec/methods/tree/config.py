@@ -66,7 +66,7 @@ class TreeConfig(StaticShapeConfig):
         plan = self.plan
         if plan is None:
             return super().make_drafter(target, assistant_model, logits_processor, child_selection, generator)
-        return self.sized_drafter(plan, sub_shapes_menu(DEFAULT_TREE_WIDTHS), target, assistant_model,
+        return self.sized_drafter(plan, target, assistant_model,
                                   logits_processor, child_selection, generator)
 
     def shape_menu(self) -> ShapeMenu:
