@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+import hf_specdec.decoding.captured as captured
 import hf_specdec.integration.batch as batch_integration
 import hf_specdec.integration.generate as integration
 
@@ -59,8 +60,8 @@ def batch_draft_passes(drafter) -> int:
 
 @contextmanager
 def count_round_trips(*models: torch.nn.Module):
-    """Count reads during the speculative loop's steps of every `generate` inside (the single-sequence loop's and a
-    batch's, whose step is every row's); yields a `RoundTrips`."""
+    """Count reads during the speculative loop's steps of every `generate` inside (the single-sequence loop's, a
+    batch's, whose step is every row's, and captured steps'); yields a `RoundTrips`."""
     counts = RoundTrips()
     originals = {name: getattr(torch.Tensor, name) for name in READS}
 
@@ -142,14 +143,47 @@ def count_round_trips(*models: torch.nn.Module):
         counts.draft_passes += batch_draft_passes(drafter)
         return result
 
+    captured_loop, captured_step = integration.captured_loop, captured.CapturedStep.step
+
+    def counted_captured_loop(target, input_ids, drafter, *args, **kwargs):
+        """A captured step: from one call of the step function to the next (its draft passes: the shape's)."""
+        last = [0]
+        passes = []
+
+        def close_step():
+            if counts.active:
+                counts.steps.append(Step(counts.reads - last[0], passes[-1]))
+
+        def counted_step(self, shape):
+            close_step()
+            counts.active = True
+            last[0] = counts.reads
+            passes.append(shape.draft_passes)
+            return captured_step(self, shape)
+
+        captured.CapturedStep.step = counted_step
+        try:
+            result = captured_loop(target, input_ids, drafter, *args, **kwargs)
+            close_step()
+        finally:
+            counts.active = False
+            captured.CapturedStep.step = captured_step
+        for step, emitted in zip(counts.steps[len(counts.steps) - len(passes) :], result.stats.tokens_per_step):
+            step.emitted = emitted
+        counts.target_passes += result.stats.target_forwards
+        counts.draft_passes += result.stats.draft_forwards
+        return result
+
     for name in READS:
         setattr(torch.Tensor, name, counting(name))
     integration.speculative_loop = counted_loop
+    integration.captured_loop = counted_captured_loop
     batch_integration.batch_speculative_loop = counted_batch_loop
     try:
         yield counts
     finally:
         integration.speculative_loop = loop
+        integration.captured_loop = captured_loop
         batch_integration.batch_speculative_loop = batch_loop
         for name, original in originals.items():
             setattr(torch.Tensor, name, original)

@@ -127,6 +127,23 @@ def test_static_cache_with_cuda_graphs_identical_to_plain_static(name):
         assert stats.compiled and stats.draft_pass_sizes, stats  # compiled target, draft on its static cache
 
 
+@pytest.mark.parametrize("name", ["chain", "tree", "sequoia"])
+def test_a_captured_step_compiled_whole_is_plain_static_generate(name):
+    """`captured=True` on a GPU with a static cache: the step compiled whole with the call's compile config
+    (mode="reduce-overhead": CUDA graphs, one per shape), replayed by a second call; plain static generate's tokens."""
+    from tests.test_captured import SHAPES
+
+    target, draft = cuda_pair()
+    ids = random_prompt(torch.Generator().manual_seed(4), 12).cuda()
+    plain = target.generate(ids, do_sample=False, max_new_tokens=32, cache_implementation="static")
+    for _ in range(2):
+        out = target.generate(ids, assistant_model=draft, speculation=name, do_sample=False, max_new_tokens=32,
+                              speculation_config={**SHAPES[name], "captured": True, "guard": False},
+                              cache_implementation="static", return_dict_in_generate=True)
+        assert torch.equal(out.sequences, plain), name
+        assert out.speculation_stats.compiled and out.speculation_stats.graphs_compiled >= 1
+
+
 @pytest.mark.parametrize("name", ["tree", "sequoia", "specexec"])
 def test_first_child_paths_kept_in_place_on_the_gpu(name, monkeypatch):
     """On a GPU the target gets its tree depth first (`core.pass_shapes.depth_first`): with the target as its own

@@ -155,3 +155,35 @@ def test_int8_quantized_real_target_is_lossless(real_pair_fp32):
                           max_new_tokens=24, do_sample=False, return_dict_in_generate=True)
     assert torch.equal(out.sequences, expected)
     assert out.speculation_stats.target_forwards < 24 / 2
+
+
+@pytest.fixture(scope="module")
+def plain_static_outputs(real_pair_fp32):
+    target, _, tokenizer = real_pair_fp32
+    outputs = []
+    for prompt in PROMPTS:
+        ids = tokenizer(prompt, return_tensors="pt").input_ids
+        outputs.append((ids, target.generate(ids, max_new_tokens=NEW_TOKENS, do_sample=False,
+                                             cache_implementation="static")))
+    return outputs
+
+
+@pytest.mark.parametrize(
+    "speculation, config",
+    [("sequoia", {"plan": plan_tree([0.75, 0.1, 0.05, 0.02], budget=24, max_depth=7)}),
+     ("chain", {"num_draft_tokens": 6, "confidence_threshold": 0, "per_step": False, "draft_window": 32})],
+    ids=["sequoia-fixed-plan", "chain-6-window-32"],
+)
+def test_captured_steps_identical_to_plain_static_generate(real_pair_fp32, plain_static_outputs, speculation, config):
+    """`captured=True` (decoding/captured.py): each step one function of device work, read once; plain static-cache
+    generate's tokens on the real pair, the draft reading the prompt whole or its last 32 tokens."""
+    target, draft, _ = real_pair_fp32
+    steps = 0
+    for ids, expected in plain_static_outputs:
+        out = target.generate(ids, assistant_model=draft, speculation=speculation, do_sample=False,
+                              speculation_config={**config, "captured": True, "guard": False},
+                              max_new_tokens=NEW_TOKENS, cache_implementation="static", return_dict_in_generate=True)
+        assert torch.equal(out.sequences, expected)
+        assert out.speculation_stats.captured
+        steps += out.speculation_stats.target_forwards
+    assert steps < len(PROMPTS) * NEW_TOKENS / 2

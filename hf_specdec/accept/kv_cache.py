@@ -157,6 +157,21 @@ def keep_positions(cache: Cache, start: int, kept: torch.Tensor | list[int]) -> 
         layer.values = layer.values[:, :, :end]
 
 
+def keep_rows(cache: Cache, source: torch.Tensor, destination: torch.Tensor) -> None:
+    """`keep_positions` decided on the device, for static layers: rows `source` are copied to rows `destination` (index
+    tensors of one fixed length, read before written: the two may overlap) in every layer, with no host read; the
+    write length is set apart (`set_length`). What a step captured whole compacts with (`decoding.captured`)."""
+    for layer in cache.layers:
+        for tensor in (layer.keys, layer.values):
+            tensor.index_copy_(2, destination, tensor.index_select(2, source))
+
+
+def set_length(cache: Cache, length: torch.Tensor) -> None:
+    """Every static layer's write length becomes `length` (a device scalar), in place: rows past it are stale."""
+    for layer in cache.layers:
+        layer.cumulative_length.copy_(length)
+
+
 def _roll_back(cache: Cache, start: int, kept: list[int]) -> None:
     """`keep_positions` on a cache of recurrent state: only a prefix can be kept, by Transformers' own rollback
     (`Cache.crop`, which also drops the states recorded so far: it runs after every pass, all kept or not)."""

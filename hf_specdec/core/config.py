@@ -214,8 +214,9 @@ def make_config(
             f"`speculation` must be a method name ({known_methods()}), a SpeculationConfig or a dict, "
             f"not {type(speculation).__name__}."
         )
-    if not isinstance(config.guard, bool):
-        raise ValueError(f"guard must be True or False, got {config.guard!r}.")
+    for name in ("guard", "captured"):
+        if not isinstance(getattr(config, name, False), bool):
+            raise ValueError(f"{name} must be True or False, got {getattr(config, name)!r}.")
     for name in ("lean_target", "depth_first"):
         if getattr(config, name) not in (None, True, False):
             raise ValueError(f"{name} must be True, False or None (the running device decides), got "

@@ -38,6 +38,9 @@ class SpeculationStats:
     sizes_kept_eager: set[int] = field(default_factory=set)  # tree sizes whose compiled pass measured no faster
     draft_sizes_kept_eager: set[int] = field(default_factory=set)  # the same for the draft's passes
     graphs_compiled: int = 0  # graphs torch.compile made during the call (dynamo's unique_graphs)
+    #: steps ran captured whole (`captured=True`, decoding/captured.py): each step is timed whole, in time_verifying;
+    #: its passes are not timed apart (time_target_forward, time_draft_forward stay 0, time_engine is None)
+    captured: bool = False
 
     @property
     def mean_tokens_per_step(self) -> float:
@@ -53,8 +56,11 @@ class SpeculationStats:
         return max(self.time_total - self.time_prefill - self.time_drafting - self.time_verifying, 0.0)
 
     @property
-    def time_engine(self) -> float:
-        """Seconds of Python/tensor bookkeeping outside any model pass: what the engine itself costs."""
+    def time_engine(self) -> float | None:
+        """Seconds of Python/tensor bookkeeping outside any model pass: what the engine itself costs (None for
+        captured steps, whose passes run inside one function, untimed apart)."""
+        if self.captured:
+            return None
         return max(self.time_total - self.time_prefill - self.time_target_forward - self.time_draft_forward, 0.0)
 
     def acceptance_by_rank(self) -> list[float]:
@@ -99,4 +105,5 @@ class SpeculationStats:
             "sizes_kept_eager": sorted(self.sizes_kept_eager),
             "draft_sizes_kept_eager": sorted(self.draft_sizes_kept_eager),
             "graphs_compiled": self.graphs_compiled,
+            "captured": self.captured,
         }

@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 from transformers import (
+    CompileConfig,
     GenerationConfig,
     LogitsProcessorList,
     PreTrainedModel,
@@ -31,6 +32,7 @@ from ..accept.kv_cache import full_length_cache, is_static, make_room, static_ca
 from ..core.config import ModelDraftConfig, SpeculationConfig, make_config
 from ..core.model_inputs import TokenInputs
 from ..core.releases import CACHE, cache_arg, with_cache_name
+from ..decoding.captured import captured_loop, captured_refusal
 from ..decoding.loop import speculative_loop
 from ..decoding.outputs import SpeculativeDecoderOnlyOutput, TokenRecords
 from ..decoding.stats import SpeculationStats
@@ -39,6 +41,7 @@ from ..methods.sequoia.lookup import call_temperature, plan_for_call
 from ..runtime.attention import keeps_state, tree_attention_kernels
 from ..runtime.devices import execution_device
 from ..runtime.faster_call import FasterCall
+from ..runtime.model_info import vocab_size
 from ..runtime.ranks import Ranks
 from ..verify import verifier_for
 from .batch import BatchCall, batch_plan_request
@@ -176,6 +179,15 @@ def speculative_generate(
     batch = input_ids.shape[0]
     config, batch_plan, plan_seconds = call_plan(config, batch, model, call, generation_config, input_ids,
                                                  model_kwargs, ranks)
+    records, token_inputs = TokenRecords.asked_by(generation_config), TokenInputs.of(model, input_ids, model_kwargs)
+    captured, drafter = getattr(config, "captured", False) and config.drafts(), None
+    if captured:  # refused before anything is decoded or streamed
+        drafter = config.make_drafter(model, call.assistant_model, logits_processor, verifier.child_selection,
+                                      call.generator)
+        refusal = captured_refusal(drafter, model_kwargs.get(CACHE), logits_processor, stopping_criteria, do_sample,
+                                   records, config.guard, bool(token_inputs.prompt), ranks.shared, batch)
+        if refusal is not None:
+            raise ValueError(f"speculation={config.method!r} with captured=True cannot decode this call: {refusal}.")
     plainly = "the plan is the root alone"  # why Transformers' own loop decodes the call, if it does
     if batch > 1 and config.drafts():
         batch_call = BatchCall(model, call, config, verifier, logits_processor, batch, batch_plan, plan_seconds)
@@ -195,6 +207,8 @@ def speculative_generate(
         return _decode_plainly(model, input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus,
                                call, config, verifier.name, model_kwargs, plainly if pays else price, price)
     cache = model_kwargs.get(CACHE)
+    drafter = drafter or config.make_drafter(model, call.assistant_model, logits_processor, verifier.child_selection,
+                                             call.generator)
     rows = max(generation_config.max_length - 1, generation_config.max_cache_len or 0)
     if is_static(cache) and not getattr(cache, "_is_user_defined", False) and generation_config.max_cache_len is None:
         # a static cache Transformers sized for plain decoding: room for the last trees too, on top of the rows it
@@ -205,8 +219,6 @@ def speculative_generate(
     cache = full_length_cache(cache, capacity=rows)
     compiled = compiled_forward(model, cache, generation_config)
     forward = None if compiled is None else FasterCall(model, compiled, execution_device(model))
-    drafter = config.make_drafter(model, call.assistant_model, logits_processor, verifier.child_selection,
-                                  call.generator)
     if isinstance(config, ModelDraftConfig):
         drafter.use_window(config.window_tokens())
     if config.guard:  # judged as the last call with these settings left it
@@ -219,19 +231,26 @@ def speculative_generate(
     # eager tree passes on CUDA run without cuDNN's SDPA (core.attention); compiled ones keep their traced kernels
     kernels = tree_attention_kernels(execution_device(model)) if forward is None else contextlib.nullcontext()
     with kernels:
-        result = speculative_loop(
-            model, input_ids, drafter, verifier, cache, logits_processor, stopping_criteria,
-            streamer=call.streamer,
-            generator=call.generator,
-            records=TokenRecords.asked_by(generation_config),
-            stats=stats,
-            model_kwargs={**model_kwargs, CACHE: cache},
-            token_inputs=TokenInputs.of(model, input_ids, model_kwargs),
-            ranks=ranks,
-            forward=forward,
-            lean=config.lean_target,
-            depth_first_order=config.depth_first,
-        )
+        if captured:  # compiled whole where the call compiles its forward, with the call's compile settings
+            step = (None if forward is None else
+                    lambda run: torch.compile(run, **(generation_config.compile_config or CompileConfig()).to_dict()))
+            result = captured_loop(model, input_ids, drafter, cache, stopping_criteria, vocab_size(model),
+                                   streamer=call.streamer, stats=stats, model_kwargs={**model_kwargs, CACHE: cache},
+                                   compile_step=step)
+        else:
+            result = speculative_loop(
+                model, input_ids, drafter, verifier, cache, logits_processor, stopping_criteria,
+                streamer=call.streamer,
+                generator=call.generator,
+                records=records,
+                stats=stats,
+                model_kwargs={**model_kwargs, CACHE: cache},
+                token_inputs=token_inputs,
+                ranks=ranks,
+                forward=forward,
+                lean=config.lean_target,
+                depth_first_order=config.depth_first,
+            )
     if not generation_config.return_dict_in_generate:
         return result.sequences
     return SpeculativeDecoderOnlyOutput(

@@ -3,6 +3,7 @@ model (`draft/shaped_tree.py`'s `ModelTreeDrafter`); the three differ only in wh
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -17,11 +18,19 @@ from ..runtime.model_info import vocab_size
 from .step_sized import online_sizer
 
 
+@dataclass
 class StaticShapeConfig(ModelDraftConfig):
     """A method whose every step drafts the same tree shape with the assistant model (`ModelTreeDrafter`)."""
 
     child_selections = CHILD_SELECTIONS
     default_sampling_verifier = "sequoia"
+    captured: bool = field(
+        default=False,
+        metadata={"help": "Run each step as one function of device work with fixed shapes, read once "
+                  "(decoding/captured.py), compiled whole where the call compiles its forward (a GPU with a static "
+                  "cache): a fixed shape, greedy, a static cache, no logits processors and guard=False; any other "
+                  "call is refused up front, saying why."},
+    )
 
     def shape(self) -> list[int]:
         """The tree to draft, as a parents list (breadth-first, siblings contiguous)."""

@@ -33,6 +33,11 @@ from .attention import SLIDING, AttentionLayout, Masks
 KEPT_TREES = 64
 
 
+def padded_size(nodes: int) -> int:
+    """The power of two holding `nodes` rows: what a pass on a static cache is padded to."""
+    return 1 << max(nodes - 1, 0).bit_length()
+
+
 @dataclass
 class PassShapes:
     """How one call shapes its tree passes: `width` is the static cache's rows (None: a dynamic cache, no padding);
@@ -53,7 +58,7 @@ class PassShapes:
         """The padded node count of a pass over `nodes` nodes: the smallest power of two holding them."""
         if self.width is None:
             return nodes
-        size = 1 << max(nodes - 1, 0).bit_length()
+        size = padded_size(nodes)
         self.sizes.add(size)
         return size
 

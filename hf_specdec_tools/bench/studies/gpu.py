@@ -40,6 +40,7 @@ import argparse
 import contextlib
 import copy
 import cProfile
+import dataclasses
 import io
 import json
 import os
@@ -71,6 +72,11 @@ from hf_specdec.runtime import attention  # noqa: E402
 from hf_specdec.runtime.attention import tree_attention_kernels  # noqa: E402
 
 from .engine_overhead import ACCEPTANCE, SAMPLING, peaky_model  # noqa: E402
+
+#: the fixed shapes the static phase runs through the loop and captured whole (decoding/captured.py)
+CAPTURED = {"chain 4": ChainConfig(num_draft_tokens=4, confidence_threshold=0, per_step=False),
+            "chain 8": ChainConfig(num_draft_tokens=8, confidence_threshold=0, per_step=False),
+            "sequoia plan 32": SequoiaConfig(plan=plan_tree(ACCEPTANCE, 32, 8))}
 
 
 def fixed_chain(length: int, **settings) -> ChainConfig:
@@ -643,7 +649,11 @@ def static_speed(run: Run, target, draft, prompts, new_tokens: int, rounds: int 
                 if ASSISTED_ON_STATIC_CACHE else {}),
              "chain (static)": {"assistant_model": draft, "speculation": "chain", **static},
              "chain 8 (static)": {"assistant_model": draft, "speculation": fixed_chain(8), **static},
-             "sequoia (static)": {"assistant_model": draft, "speculation": "sequoia", **static}}
+             "sequoia (static)": {"assistant_model": draft, "speculation": "sequoia", **static},
+             # fixed shapes every step (no guard), through the loop and as one captured step (compiled whole)
+             **{f"{name} (static{how})": {"assistant_model": draft, **static,
+                                          "speculation": dataclasses.replace(config, guard=False, captured=captured)}
+                for name, config in CAPTURED.items() for how, captured in ((", fixed", False), (", captured", True))}}
 
     def measure(name: str, kwargs: dict, ids) -> dict:
         out, seconds = run.timed(target, ids, new_tokens, kwargs)

@@ -1,0 +1,333 @@
+"""A speculative step captured whole: draft, verify and accept as device work of fixed shapes, read once (issue 72).
+
+Why: on a GPU the loop of `loop.py` pays Python and kernel launches between its passes (21-24% of a `sequoia` step
+on an H200, measured in `benchmarks/engine_launches.py`), which is what keeps it level with plain static-cache
+compiled decoding. For a tree of one shape on static caches nothing in a greedy step needs the host: positions and
+masks follow from the caches' write lengths (device scalars), the children from the draft's top-k, the verdict from
+the target's argmax, and the compaction is an index copy of depth + 1 rows. So the step is one function of device
+tensors (`CapturedStep`), which `torch.compile` can turn into one graph per shape (a CUDA graph with
+`mode="reduce-overhead"`), and the host reads one small tensor a step: the accepted count, the bonus token and the
+path's tokens, to emit, stream and stop (`captured_loop`).
+
+One step (gpt-fast's rollback by position: rows past a cache's write length are stale, later writes overwrite them):
+1. the draft catches up with the 1 or 2 committed tokens it has not read (the last step's unforwarded accepted leaf,
+   if any, and its bonus token), fed as two rows whatever the count; a lone bonus token's copy is dropped by the
+   write length;
+2. the draft's top children, level by level: one pass per level of nodes with children, padded to a power of two;
+3. the target's pass over the tree (padded), after the committed tokens;
+4. the greedy verdict: a node is kept when its token is its parent's argmax and its parent is kept (the top-k
+   children of a node are distinct, so at most one child of a kept node is); the deepest kept node ends the path
+   and its argmax is the bonus token;
+5. both caches keep the path's rows and move their write lengths; the next catch-up is the path's unforwarded leaf
+   and the bonus token.
+
+Greedy output is plain's: the verdict is the walk `verify/greedy.py` makes, and the first token is the prompt pass's
+argmax, as plain computes it. What the step cannot take is refused before decoding (`captured_refusal`).
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from transformers import Cache, LogitsProcessorList, PreTrainedModel, StoppingCriteriaList
+from transformers.generation.streamers import BaseStreamer
+
+from ..accept.emit import BlockStops, emit
+from ..accept.kv_cache import crop, is_static, keep_rows, set_length, static_capacity
+from ..core.releases import cache_arg
+from ..core.tree import HostTree
+from ..draft.draft_model import DraftModelRunner
+from ..draft.shaped_tree import ModelTreeDrafter, planned_shape
+from ..logits.wide_rows import row_argmax, row_topk
+from ..runtime.attention import AttentionLayout
+from ..runtime.devices import execution_device
+from ..runtime.model_info import embeddable, fit_vocabulary
+from ..runtime.pass_shapes import PaddedTree, padded_size
+from .loop import LoopResult
+from .outputs import TokenRecords
+from .stats import SpeculationStats
+from .step import prompt_pass
+
+CATCH_UP = 2  # rows of the draft's catch-up pass: the last step's unforwarded accepted leaf (if any) and its bonus
+
+
+@dataclass(frozen=True)
+class CapturedLevel:
+    """One level of the shape whose nodes have children: the draft pass over them (None for the root's level, whose
+    logits come with the catch-up) and where their top children go."""
+
+    parents: torch.Tensor  # (k,) shape nodes
+    rows: PaddedTree | None  # the draft pass's padded rows, after the node rows forwarded before
+    size: int  # padded rows of that pass
+    width: int  # the most children a parent has
+    wanted: torch.Tensor  # (k, width) bool: parent i wants child j
+    children: torch.Tensor  # shape nodes of the children, parent by parent
+    child_rows: torch.Tensor
+    child_cols: torch.Tensor
+
+
+@dataclass(frozen=True)
+class CapturedShape:
+    """A tree shape's fixed buffers on the devices of the two models: everything a step needs besides the caches."""
+
+    nodes: int
+    size: int  # the target pass's padded rows
+    depth: int  # the deepest node's depth
+    parents: torch.Tensor  # (n,) on the target's device, the root's 0 (its own parent, kept by construction)
+    depths: torch.Tensor  # (n,)
+    ancestors: torch.Tensor  # (n, n) bool, a node its own ancestor
+    target_rows: PaddedTree
+    levels: tuple[CapturedLevel, ...]
+    slots: torch.Tensor  # (n,) on the draft's device: each node's row among the forwarded ones (0 if never)
+    forwarded: torch.Tensor  # (n,) bool: the draft forwarded the node (it has children)
+
+    @classmethod
+    def of(cls, shape: list[int], target_device: torch.device, draft_device: torch.device) -> CapturedShape:
+        host, _, levels, slot_of = planned_shape(tuple(shape), torch.device(draft_device))
+        depths, ancestors = host.structure()
+        captured, earlier = [], torch.empty(0, dtype=torch.long)
+        for index, level in enumerate(levels):
+            k, width = len(level.parent_list), max(level.widths)
+            wanted = torch.arange(width)[None] < torch.tensor(level.widths)[:, None]
+            rows, size = None, 0
+            if index > 0:
+                size = padded_size(k)
+                rows = PaddedTree.level(level.depths, level.sees, earlier, size, draft_device)
+                earlier = torch.cat([earlier, level.depths])
+            captured.append(CapturedLevel(level.parents, rows, size, width, wanted.to(draft_device), level.children,
+                                          level.rows, level.cols))
+        target_tree = planned_shape(tuple(shape), torch.device(target_device))[1]
+        parents = torch.tensor([max(parent, 0) for parent in host.parents])
+        return cls(len(shape), padded_size(len(shape)), int(depths.max()), parents.to(target_device),
+                   depths.to(target_device), ancestors.to(target_device),
+                   PaddedTree.of(target_tree, padded_size(len(shape)), target_device), tuple(captured),
+                   torch.tensor([max(slot, 0) for slot in slot_of]).to(draft_device),
+                   torch.tensor([slot >= 0 for slot in slot_of]).to(draft_device))
+
+    @property
+    def draft_passes(self) -> int:
+        """Draft passes a step runs: the catch-up, then one per level below the root's."""
+        return 1 + sum(level.rows is not None for level in self.levels)
+
+
+class CapturedStep:
+    """Steps on the static caches of `target` and the draft `runner` (see the module's notes), of any shape.
+
+    `start` loads the first catch-up; `step(shape)` runs a step and returns its read `(depth + 2,)`: the accepted
+    count, the bonus token, then the path's drafted tokens (the first `count` of them accepted). State between steps
+    lives in device tensors updated in place, so a compiled step keeps its buffers; the shape is fixed per compiled
+    function (`fitting` cuts it to whole levels where the caches' rows or the position table run out)."""
+
+    def __init__(self, target: PreTrainedModel, cache: Cache, runner: DraftModelRunner, vocab: int | None) -> None:
+        self.target, self.cache, self.runner, self.vocab = target, cache, runner, vocab
+        self.draft, self.draft_cache = runner.model, runner.cache
+        self.target_device, self.draft_device = execution_device(target), runner.device
+        self.target_layout, self.draft_layout = AttentionLayout.of(target), runner.layout
+        self.target_width, self.draft_width = static_capacity(cache), static_capacity(self.draft_cache)
+        self.pending = torch.zeros(CATCH_UP, dtype=torch.long, device=self.draft_device)
+        self.count = torch.ones((), dtype=torch.long, device=self.draft_device)
+        self.first = torch.zeros((), dtype=torch.bool, device=self.target_device)  # the root's argmax is given
+        self.first_token = torch.zeros((), dtype=torch.long, device=self.target_device)
+        for state in (self.pending, self.count, self.first, self.first_token):  # mutated in place by the step: CUDA
+            torch._dynamo.mark_static_address(state)  # graphs keep their addresses, as Transformers' static caches
+        self._shapes: dict[tuple[int, ...], CapturedShape] = {}
+
+    def shape(self, parents: tuple[int, ...]) -> CapturedShape:
+        if parents not in self._shapes:
+            self._shapes[parents] = CapturedShape.of(list(parents), self.target_device, self.draft_device)
+        return self._shapes[parents]
+
+    def start(self, pending: list[int], first_token: torch.Tensor | None) -> None:
+        """The draft has yet to read `pending` (1 or 2 committed tokens, the root last); `first_token`: the root's
+        argmax as the prompt pass computed it (the call's first step), else None."""
+        padded = pending + pending[-1:] * (CATCH_UP - len(pending))
+        self.pending.copy_(torch.tensor(padded))
+        self.count.fill_(len(pending))
+        self.first.fill_(first_token is not None)
+        if first_token is not None:
+            self.first_token.copy_(first_token)
+
+    def fitting(self, parents: tuple[int, ...], committed: int) -> tuple[int, ...]:
+        """`parents` cut to whole levels (a prefix: the shape is breadth first) that both caches and the target's
+        position table hold after `committed` tokens; the root alone at least, else a ValueError."""
+        depths = HostTree(parents=list(parents)).depths()
+        deepest = self.target_layout.deepest_node(committed - 1)
+        limit = max(depths) if deepest is None else min(deepest, max(depths))
+        while limit >= 0:
+            nodes = sum(depth <= limit for depth in depths)
+            levels = sum(padded_size(sum(depth == d for depth in depths)) for d in range(1, limit))
+            if (committed - 1 + padded_size(nodes) <= self.target_width
+                    and committed + CATCH_UP + levels <= self.draft_width):
+                return parents[:nodes]
+            limit -= 1
+        raise ValueError(f"The static cache is full: no row is left for the next token after {committed} tokens. "
+                         "Pass a larger max_cache_len.")
+
+    @torch.no_grad()
+    def step(self, shape: CapturedShape) -> torch.Tensor:
+        tdev, ddev = self.target_device, self.draft_device
+        # 1. the draft reads the committed tokens it lacks; the root's logits are those of the last of them
+        before = self.draft_cache.layers[0].cumulative_length.clone()
+        positions = before + torch.arange(CATCH_UP, device=ddev)
+        columns = torch.arange(self.draft_width, device=ddev)
+        visible = columns[None] <= positions[:, None]
+        masks = self.draft_layout.masks(visible, positions, columns, self.draft.dtype, ddev)
+        logits = self._draft_pass(self.pending, positions, masks)
+        past = before + self.count  # the draft's committed rows, the root's included
+        set_length(self.draft_cache, past)
+        root = self.pending.gather(0, (self.count - 1)[None])
+        tokens = torch.full((shape.nodes,), -1, dtype=torch.long, device=ddev)
+        tokens[:1] = root
+        # 2. each level's top children (a level's pass appends its nodes' rows after the earlier levels')
+        level_logits = logits.index_select(0, (self.count - 1)[None])
+        for level in shape.levels:
+            if level.rows is not None:
+                fed = tokens[level.parents].clamp(min=0)
+                fed = torch.cat([fed, fed[:1].expand(level.size - len(fed))])
+                positions, masks = level.rows.inputs(past, self.draft_width, self.draft_layout, self.draft.dtype,
+                                                     origin=past - 1)
+                level_logits = self._draft_pass(fed, positions, masks)[: len(level.parents)]
+                for layer in self.draft_cache.layers:  # the padding rows are dropped
+                    layer.cumulative_length.sub_(level.size - len(level.parents))
+            values, picked = row_topk(level_logits, level.width)
+            kids = torch.where(level.wanted & (values > float("-inf")), picked, -1)
+            tokens[level.children] = kids[level.child_rows, level.child_cols]
+        # 3. the target's pass over the tree, after the committed tokens but the root
+        tokens = tokens.to(tdev)
+        target_past = self.cache.layers[0].cumulative_length.clone()
+        fed = torch.cat([tokens.clamp(min=0), tokens[:1].expand(shape.size - shape.nodes)])
+        positions, masks = shape.target_rows.inputs(target_past, self.target_width, self.target_layout,
+                                                    self.target.dtype)
+        output = self.target(input_ids=fed[None], attention_mask=masks, position_ids=positions[None],
+                             **cache_arg(self.cache), use_cache=True, return_dict=True)
+        best = row_argmax(output.logits[0, : shape.nodes].float())
+        best[0] = torch.where(self.first, self.first_token, best[0])
+        # 4. the verdict: kept nodes, the deepest of them, its argmax, the path to it
+        kept = tokens == best[shape.parents]
+        kept[0] = True
+        for _ in range(shape.depth):
+            kept = kept & kept[shape.parents]
+        leaf = torch.where(kept, shape.depths, -1).argmax()[None]  # indexed by tensors only: no host read
+        accepted, bonus = shape.depths.index_select(0, leaf), best.index_select(0, leaf)
+        levels = torch.arange(shape.depth + 1, device=tdev)
+        on_path = shape.ancestors.index_select(0, leaf) & (shape.depths[None] == levels[:, None])
+        path = on_path.int().argmax(-1)  # the path's node at each depth (the root past its end: never kept)
+        path_tokens = tokens.index_select(0, path)
+        # 5. the target keeps the path's rows (the root's and the accepted nodes'), the bonus token is the next root
+        keep_rows(self.cache, target_past + path, target_past + levels)
+        set_length(self.cache, target_past + accepted[0] + 1)
+        # ... the draft keeps the accepted nodes it forwarded, and reads the rest (one leaf at most) and the bonus next
+        drafted = path[1:].to(ddev)
+        forwarded = (shape.forwarded[drafted] & (levels[1:].to(ddev) <= accepted.to(ddev))).sum()  # a prefix
+        keep_rows(self.draft_cache, past + shape.slots[drafted], past + torch.arange(shape.depth, device=ddev))
+        set_length(self.draft_cache, past + forwarded)
+        leaf_token, bonus_draft = path_tokens.index_select(0, accepted).to(ddev), bonus.to(ddev)
+        unread = forwarded < accepted.to(ddev)[0]
+        self.pending.copy_(torch.cat([torch.where(unread, leaf_token, bonus_draft), bonus_draft]))
+        self.count.copy_(1 + unread.long())
+        self.first.fill_(False)
+        return torch.cat([accepted, bonus, path_tokens[1:]])
+
+    def _draft_pass(self, tokens: torch.Tensor, positions: torch.Tensor, masks) -> torch.Tensor:
+        """The draft's float32 logits over the target's vocabulary, every fed row."""
+        ids = embeddable(tokens, self.runner.input_rows)[None]
+        output = self.draft(input_ids=ids, position_ids=self.draft_layout.model_positions(positions)[None],
+                            attention_mask=masks, **cache_arg(self.draft_cache), use_cache=True, return_dict=True)
+        return fit_vocabulary(output.logits[0].float(), self.vocab)
+
+
+def captured_refusal(drafter: object, cache: Cache, processors: LogitsProcessorList, criteria: StoppingCriteriaList,
+                     do_sample: bool, records: TokenRecords, guard: bool, token_inputs: bool, shared: bool,
+                     batch: int = 1) -> str | None:
+    """Why this call's steps cannot be captured (a sentence naming the fix), or None."""
+    if batch > 1:
+        return f"it decodes a batch of {batch} sequences; captured steps decode one, or leave captured off"
+    if do_sample:
+        return "it samples; captured steps are greedy only (do_sample=False), or leave captured off"
+    if not is_static(cache):
+        return "the cache is not static; pass cache_implementation='static' to generate"
+    if type(drafter) is not ModelTreeDrafter:
+        return ("the tree is sized every step; give a fixed shape (sequoia's plan=, tree's widths with per_step=False, "
+                "chain's confidence_threshold=0 with per_step=False)")
+    if guard:
+        return "the guard turns steps plain, which a captured step does not; set guard=False"
+    if processors:
+        return (f"logits processors are on ({', '.join(type(p).__name__ for p in processors)}); captured steps take "
+                "the raw argmax, so unset them (e.g. repetition_penalty) or leave captured off")
+    if not BlockStops.of(criteria).on_host:
+        return "a stopping criterion reads the device (stop strings, custom criteria); leave captured off for them"
+    if records.wants_any:
+        return "output scores, logits, hidden states or attentions are asked for; captured steps keep none"
+    if token_inputs:
+        return "the model takes per-token inputs (token types); leave captured off"
+    if shared:
+        return "the target is sharded over ranks; leave captured off"
+    if drafter.runner.recurrent:
+        return "the draft keeps a recurrent state; leave captured off"
+    return None
+
+
+def captured_loop(
+    target: PreTrainedModel,
+    input_ids: torch.LongTensor,
+    drafter: ModelTreeDrafter,
+    cache: Cache,
+    stopping_criteria: StoppingCriteriaList,
+    vocab: int | None,
+    streamer: BaseStreamer | None = None,
+    stats: SpeculationStats | None = None,
+    model_kwargs: dict | None = None,
+    compile_step: Callable[[Callable], Callable] | None = None,
+) -> LoopResult:
+    """Decode one sequence greedily with captured steps of the drafter's shape (`captured_refusal` said yes), until a
+    stopping criterion fires. `compile_step` wraps the step (`torch.compile`), or None to run it eagerly."""
+    stats = stats or SpeculationStats()
+    stats.captured = True
+    start = time.perf_counter()
+    prefill = prompt_pass(target, input_ids, cache, model_kwargs or {}, False)
+    first_token = row_argmax(prefill.logits[0, -1:].float())[0]
+    runner = drafter.runner
+    ids = drafter.sequence.read(input_ids)
+    if len(ids) > 1:  # the draft reads the prompt but its last token in an eager pass, the root in the first step
+        runner.sync(ids[:-1])
+    step = CapturedStep(target, cache, runner, vocab)
+    step.start(ids[-1:], first_token)
+    full, runs = tuple(drafter.host_shape.parents), {}
+    stats.time_prefill = time.perf_counter() - start
+    stops = BlockStops.of(stopping_criteria)
+    finished = False
+    while not finished:
+        # one function per shape: the drafter's, cut to whole levels near the caches' or the position table's end
+        parents = step.fitting(full, input_ids.shape[1])
+        shape = step.shape(parents)
+        if parents not in runs:
+            runs[parents] = functools.partial(step.step, shape)
+            runs[parents] = runs[parents] if compile_step is None else compile_step(runs[parents])
+        t0 = time.perf_counter()
+        read = runs[parents]().tolist()  # the step's one read
+        accepted, bonus, path = read[0], read[1], read[2:]
+        block = path[:accepted] + [bonus]
+        t1 = time.perf_counter()
+        input_ids, emitted, finished = emit(input_ids, block, torch.empty(len(block), 0), stopping_criteria, stops)
+        if streamer is not None:
+            streamer.put(torch.tensor(block[:emitted]))
+        stats.target_forwards += 1
+        stats.draft_forwards += shape.draft_passes
+        stats.drafted_tokens += shape.nodes - 1
+        stats.new_tokens += emitted
+        stats.tokens_per_step.append(emitted)
+        stats.plain_steps += shape.nodes == 1
+        stats.tree_pass_sizes.add(shape.size)
+        stats.draft_pass_sizes.update({CATCH_UP} | {level.size for level in shape.levels if level.size})
+        stats.time_verifying += t1 - t0
+    if emitted < len(block):  # a stop inside the block: the cache holds the sequence but its last token, as plain's
+        crop(cache, input_ids.shape[1] - 1)
+    stats.graphs_compiled = len(runs) if compile_step is not None else 0
+    stats.time_total = time.perf_counter() - start
+    if streamer is not None:
+        streamer.end()
+    return LoopResult(sequences=input_ids, records=TokenRecords(), stats=stats)
