@@ -260,7 +260,8 @@ def test_a_guard_is_remembered_across_calls_by_target_and_key():
 
 def test_the_next_call_goes_on_where_a_losing_call_left(monkeypatch):
     """A draft whose speculation loses: the first call judges it and turns plain; the next call with the same
-    settings starts plain, without judging again, and a call with other settings judges afresh."""
+    settings, which the guard's wait covers, decodes plainly with Transformers' loop (no draft pass at all), without
+    judging again, and a call with other settings judges afresh."""
     monkeypatch.setattr(guarded, "PlainGuard", functools.partial(PlainGuard, margin=0.0, patience=2, backoff=1000))
     target = tiny_model("llama", 0)
     ids = random_prompt(torch.Generator().manual_seed(5), 6)
@@ -272,7 +273,8 @@ def test_the_next_call_goes_on_where_a_losing_call_left(monkeypatch):
         assert torch.equal(out.sequences, plain)
     judged = first.speculation_stats
     assert judged.plain_steps > 0 and judged.target_forwards > judged.plain_steps  # speculated, then turned plain
-    assert second.speculation_stats.plain_steps == second.speculation_stats.target_forwards  # every step plain
+    assert second.speculation_stats.call_price.startswith("the guard waits")
+    assert second.speculation_stats.draft_forwards == 0 and second.speculation_stats.target_forwards == 24
     assert other.speculation_stats.target_forwards > other.speculation_stats.plain_steps  # judged afresh
 
 
@@ -315,6 +317,25 @@ def test_a_call_is_priced_at_earlier_calls_whole_rates_not_their_last_steps():
     assert pays and "predicted 8.25 s speculating" in why
     guard.new_call()  # a call priced plain ran no step: the rate stands
     assert guard.past_rate == pytest.approx(4.51 / 35)
+
+
+def test_a_call_the_guards_wait_covers_decodes_plainly_and_counts_as_waited():
+    """A lost probe's wait asks for more plain steps than the next call may generate: that call decodes with
+    Transformers' own loop (no draft pass over its prompt, no loop of ours), its tokens counted as waited; a call
+    with fewer waited steps left than its tokens is priced as usual (its first steps plain in the loop); a wait that
+    ends on a call's tokens leaves the next call to probe, judged on fresh measurements."""
+    guard = PlainGuard()
+    for _ in range(6):
+        guard.observe(1.0, 1, plain=False, draft_seconds=0.5)  # losing steps, judged against nothing yet
+    guard.waiting = 100
+    pays, why = guard.price(48, 500)
+    assert not pays and why.startswith("the guard waits 100 plain steps") and guard.waiting == 52
+    assert not guard.price(48, 500)[0] and guard.waiting == 4
+    pays, why = guard.price(48, 500)
+    assert pays and why.startswith("not priced") and guard.waiting == 4  # the loop runs the last 4 plain
+    guard.waiting = 48
+    assert not guard.price(48, 500)[0] and guard.waiting == 0
+    assert guard.spec_steps == 0 and guard.spec_seconds == 0.0  # the probe after the wait starts afresh
 
 
 def test_calls_priced_plain_in_a_row_are_followed_by_one_that_measures_again():

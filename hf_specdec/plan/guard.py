@@ -34,8 +34,12 @@ not at every call's start. A single sequence's call is also priced before it dra
 pass reads the whole prompt (its window), which the steps must repay over the tokens the call may generate. From
 what earlier calls measured (the draft's seconds per prompt token, their steps' seconds per token, the plain rate), a
 call whose steps win but cannot repay that pass (a long retrieved context and a short answer) decodes plainly from the
-start. Its steps are priced at earlier calls' whole rates (every step a call ran, the plain ones the guard turned
-included, over its tokens; a running mean over calls), not at the running means the step guard judges by, which
+start. So does a call while the guard still waits for at least as many plain steps as the call may generate (a
+lost probe's wait reaching past its call): on a 2-core Xeon, after a probe slowed by another process, the next two
+48-token calls of `sequoia` ran every step plain through this loop, paying the draft's pass over the prompt and the
+loop's bookkeeping, at 1.04x and 0.91x plain; Transformers' own loop runs them as plain generate does, and they count
+as waited steps. Its steps are priced at earlier calls' whole rates (every step a call ran, the plain ones the guard
+turned included, over its tokens; a running mean over calls), not at the running means the step guard judges by, which
 follow a call's last few steps: on a 2-core Xeon they priced three sampled `chain` calls of code at 0.161 s a token
 after calls that had run 0.098 and 0.108 s a token (plain 0.147), and all three decoded plainly. Over 574 priced
 calls of ten benchmark sets, earlier calls' whole rates were off the call's own by 1.27x at the median (1.71x at the
@@ -153,8 +157,7 @@ class PlainGuard:
             self.waiting -= 1
             self.plain_steps += 1
             if self.waiting == 0:  # probe: speculate again, judged on fresh measurements
-                self.spec_seconds = self.spec_tokens = self.probe_seconds = 0.0
-                self.spec_steps = self.probe_tokens = 0
+                self._start_probe()
                 self.catching_up = True
             return True
         if self.confirming:  # a loss judged against a rate this call has not measured: measure it now
@@ -249,6 +252,12 @@ class PlainGuard:
         call speculates unless its steps are predicted to win (within `margin`, as a step is judged) but not by
         enough to repay the draft's pass over the prompt. Steps predicted to lose are left to the step guard (a
         prompt of another kind may draft better); a call with nothing measured yet speculates, and measures."""
+        if new_tokens > 0 and self.waiting >= new_tokens:  # every step would be plain: Transformers' own loop runs
+            self.waiting -= new_tokens  # them cheaper (no draft prompt pass, no loop of ours); they count as waited
+            if self.waiting == 0:
+                self._start_probe()  # the next call probes (its first step reads its prompt: judged as a first)
+            return False, (f"the guard waits {self.waiting + new_tokens} plain steps after speculation lost, at least "
+                           f"the call's {new_tokens} tokens: decodes plainly")
         reference = self.reference()
         if reference is None or self.prompt_rate is None or self.spec_steps == 0 or new_tokens <= 0:
             return True, "not priced (no earlier call with these settings measured the draft's prompt pass)"
@@ -289,6 +298,11 @@ class PlainGuard:
             self.calls_waiting = self._call_wait
         else:
             self._call_wait = 0
+
+    def _start_probe(self) -> None:
+        """A wait is over: speculation runs again, judged on fresh measurements."""
+        self.spec_seconds = self.spec_tokens = self.probe_seconds = 0.0
+        self.spec_steps = self.probe_tokens = 0
 
     def _repaying_wait(self, reference: float, rows: int) -> int:
         """Plain steps (one token per row each) over which the speculative steps since the last judgement that did

@@ -6,8 +6,9 @@ default, is bfloat16 where this CPU multiplies it natively, else float32).
 
 Part 1 times one target pass over a padded tree of each size on a StaticCache after a HumanEval prompt (median of
 `--repeats`), eagerly and through `target.get_compiled_call(config)`; the first compiled call's time is the compile.
-Part 2 runs whole calls (greedy, `--new-tokens` tokens) eager and compiled, plain first, in one process: each prompt
-eager then compiled back to back, `--call-repeats` rounds, after one compiling call per method (timed apart); it
+Part 2 runs whole calls (greedy, `--new-tokens` tokens) eager and compiled, plain first, in one process (a
+`-captured` method compiles its whole step, the draft's passes, the verdict and the compaction, as one graph): each
+prompt eager then compiled back to back, `--call-repeats` rounds, after one compiling call per method (timed apart); it
 reports tokens/s, the median compiled/eager ratio of the pairs, whether their outputs are identical, and the graphs
 dynamo compiled during each call. torch.compile on 2 shared cores is slow: each part is
 time-boxed by `--sizes` / `--methods`. Every figure is from this process; the machine is written next to them.
@@ -44,6 +45,10 @@ METHODS = {
     "specexec": {"budget": 16, "max_depth": 8},
     "tree": {},  # the default shape, sized every step
     "staged": {"budget": 16, "max_depth": 8},
+    # the same fixed shapes as steps captured whole (decoding/captured.py): compiled, one graph per shape
+    "chain-captured": {"num_draft_tokens": 4, "confidence_threshold": 0, "guard": False, "captured": True},
+    "sequoia-captured": {"plan": plan_tree([0.75, 0.1, 0.05, 0.02], budget=16, max_depth=6), "guard": False,
+                         "captured": True},
 }
 
 
@@ -111,7 +116,7 @@ def whole_calls(target, draft, prompts: list[torch.Tensor], new_tokens: int, met
     machine; the ratio is the median of the per-pair ratios."""
     results = {}
     for name in ["plain", *methods]:
-        spec = {} if name == "plain" else {"assistant_model": draft, "speculation": name,
+        spec = {} if name == "plain" else {"assistant_model": draft, "speculation": name.removesuffix("-captured"),
                                            "speculation_config": METHODS[name]}
         modes = {"eager": {"disable_compile": True}, "compiled": {"compile_config": config}}
         first = {mode: _call(target, prompts[0], new_tokens, spec, extra) for mode, extra in modes.items()}
