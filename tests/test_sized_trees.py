@@ -309,14 +309,26 @@ def test_a_call_is_priced_at_earlier_calls_whole_rates_not_their_last_steps():
     guard.observe_prompt(0.1 + 0.8, 100)  # the draft's pass over a 100-token prompt: 0.8 s
     step_rate = guard.spec_seconds / guard.spec_tokens
     assert 0.15 < step_rate < 0.165  # the last steps' running means: a win within the margin
-    pays, why = guard.price(64, 100)  # 64 x 0.155 = 9.9 s + 0.8 s against 9.6 s plain x 1.1 = 10.56 s
+    pays, why = guard.price(64, 200)  # 64 x 0.155 = 9.9 s + 1.6 s against 9.6 s plain x 1.1 = 10.56 s
     assert not pays and why.endswith("decodes plainly")
     guard.new_call()  # the call ended: its 35 tokens in 4.51 s join the calls' rate
     assert guard.past_rate == pytest.approx((0.15 + 6 * 0.3 + 8 * 0.32) / (1 + 18 + 16))
-    pays, why = guard.price(64, 100)  # 64 x 0.129 = 8.25 s + 0.8 s against 9.6 s
+    pays, why = guard.price(64, 200)  # 64 x 0.129 = 8.25 s + 1.6 s against 9.6 s
     assert pays and "predicted 8.25 s speculating" in why
     guard.new_call()  # a call priced plain ran no step: the rate stands
     assert guard.past_rate == pytest.approx(4.51 / 35)
+
+
+def test_a_prompt_pass_too_small_to_decide_leaves_the_call_to_speculate():
+    """Steps predicted to win by less than the margin: a prompt pass of a tenth of the call's plain time or more
+    prices the call plain; a smaller one is within the prediction's own error, and the call speculates."""
+    guard = PlainGuard()
+    guard.observe(0.2, 1, plain=True)  # plain: 0.2 s a token, 9.6 s for 48 tokens
+    for _ in range(4):
+        guard.observe(0.84, 4, plain=False, draft_seconds=0.1)  # 0.21 s a token: 10.08 s, a win within 1.1 x 9.6
+    guard.observe_prompt(0.1 + 1.0, 1000)  # 1 ms per prompt token
+    assert not guard.price(48, 1000)[0]  # 10.08 + 1.0 against 10.56, a pass of 10% of 9.6 s: plainly
+    assert guard.price(48, 900)[0]  # 0.9 s, 9.4%: speculates (the step guard judges)
 
 
 def test_a_call_the_guards_wait_covers_decodes_plainly_and_counts_as_waited():

@@ -29,25 +29,25 @@ ten plain ones (a draft as dear as the target) the probes cannot make decoding m
 first step feeds the draft every waited token: repaid, never judged.
 
 A call goes on where the last call with the same target, draft, settings, processors and batch size left off
-(`remembered_guard`): a pipeline over a dataset, or a benchmark's repeated calls, pays for judging speculation once,
-not at every call's start. A single sequence's call is also priced before it drafts (`price`): the draft's first
-pass reads the whole prompt (its window), which the steps must repay over the tokens the call may generate. From
-what earlier calls measured (the draft's seconds per prompt token, their steps' seconds per token, the plain rate), a
-call whose steps win but cannot repay that pass (a long retrieved context and a short answer) decodes plainly from the
-start. So does a call while the guard still waits for at least as many plain steps as the call may generate (a
-lost probe's wait reaching past its call): on a 2-core Xeon, after a probe slowed by another process, the next two
-48-token calls of `sequoia` ran every step plain through this loop, paying the draft's pass over the prompt and the
-loop's bookkeeping, at 1.04x and 0.91x plain; Transformers' own loop runs them as plain generate does, and they count
-as waited steps. Its steps are priced at earlier calls' whole rates (every step a call ran, the plain ones the guard
-turned included, over its tokens; a running mean over calls), not at the running means the step guard judges by, which
-follow a call's last few steps: on a 2-core Xeon they priced three sampled `chain` calls of code at 0.161 s a token
-after calls that had run 0.098 and 0.108 s a token (plain 0.147), and all three decoded plainly. Over 574 priced
-calls of ten benchmark sets, earlier calls' whole rates were off the call's own by 1.27x at the median (1.71x at the
-90th percentile), the last steps' running means by 1.34x (2.10x).
-A call priced plain measures nothing, so the rates that priced it would price every later call alike: after
-`refresh_calls` calls priced plain in a row, the next speculates and measures again. On a 2-core Xeon one sampled
-`staged` call whose steps ran level with plain (the machine slow in its minute) priced the next six plain, prompts
-of 56 tokens included, where `staged` had run 1.46x plain in an earlier run of the same set.
+(`remembered_guard`): a pipeline over a dataset, or a benchmark's repeated calls, pays for judging speculation once, not
+at every call's start. A single sequence's call is also priced before it drafts (`price`): the draft's first pass reads
+the whole prompt (its window), which the steps must repay over the tokens the call may generate. From what earlier calls
+measured (the draft's seconds per prompt token, their steps' seconds per token, the plain rate), a call whose steps win
+but cannot repay that pass (a long retrieved context and a short answer: a pass of at least `PROMPT_SHARE` of the call's
+plain time) decodes plainly from the start. So does a call while the guard still waits for at least as many plain steps
+as the call may generate (a lost probe's wait reaching past its call): on a 2-core Xeon, after a probe slowed by another
+process, the next two 48-token calls of `sequoia` ran every step plain through this loop, paying the draft's pass over
+the prompt and the loop's bookkeeping, at 1.04x and 0.91x plain; Transformers' own loop runs them as plain generate
+does, and they count as waited steps. Its steps are priced at earlier calls' whole rates (every step a call ran, the
+plain ones the guard turned included, over its tokens; a running mean over calls), not at the running means the step
+guard judges by, which follow a call's last few steps: on a 2-core Xeon they priced three sampled `chain` calls of code
+at 0.161 s a token after calls that had run 0.098 and 0.108 s a token (plain 0.147), and all three decoded plainly. Over
+574 priced calls of ten benchmark sets, earlier calls' whole rates were off the call's own by 1.27x at the median (1.71x
+at the 90th percentile), the last steps' running means by 1.34x (2.10x). A call priced plain measures nothing, so the
+rates that priced it would price every later call alike: after `refresh_calls` calls priced plain in a row, the next
+speculates and measures again. On a 2-core Xeon one sampled `staged` call whose steps ran level with plain (the machine
+slow in its minute) priced the next six plain, prompts of 56 tokens included, where `staged` had run 1.46x plain in an
+earlier run of the same set.
 
 A batch drafting for all its rows at once is guarded as a whole: a step's tokens are every row's, and a plain step
 (every row's root alone) is plain batched decoding's step, which emits one token per row. There a target pass over
@@ -80,6 +80,15 @@ from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 
 from .call_pricing import SLOWEST_ROW_SHARE, slowest_row_share
+
+#: a call is priced plain only where the draft's pass over its prompt costs at least this share of plain decoding's
+#: time for the call: a smaller pass decides nothing the prediction's own error does not (earlier calls' whole rates
+#: are off a call's own by 1.27x at the median). On a 2-core Zen 4, `chain`'s steps predicted at 6.20 s for 48 tokens
+#: against 5.71 s plain (a plain rate from one step, 0.119 s a token, where plain calls ran 0.15-0.18) priced three
+#: chat calls plain for prompt passes of 0.17-0.49 s (3-9% of the call); its calls on the other prompts ran 1.4-1.9x.
+#: Of 14 calls priced plain in 1,232 priced over this machine's and a Xeon's sets, 11 were decided by passes under a
+#: tenth; the retrieved-context calls that the price is for took 10-17%.
+PROMPT_SHARE = 0.1
 
 #: the margin a batch's guard judges with: none. A single sequence keeps speculating within 10% of plain (timing noise
 #: must not flip a step that wins); a batch, where speculation earns least and plain batched decoding is the rival,
@@ -264,7 +273,7 @@ class PlainGuard:
         rate = self.past_rate if self.past_rate is not None else self.spec_seconds / max(self.spec_tokens, 1e-9)
         steps = new_tokens * rate
         prompt, plain = self.prompt_rate * prompt_tokens, new_tokens * reference
-        pays = not (steps < self.margin * plain <= steps + prompt)
+        pays = not (steps < self.margin * plain <= steps + prompt and prompt >= PROMPT_SHARE * plain)
         verdict = "speculates" if pays else "decodes plainly"
         if not pays and self.priced_plain >= self.refresh_calls:  # the rates are as old as the last call that drafted
             pays, verdict = True, f"speculates to measure again, after {self.priced_plain} calls priced plain"
