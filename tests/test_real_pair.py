@@ -15,14 +15,16 @@ PROMPTS = humaneval_prompts(3)  # 3 x 48 tokens: the real-pair tests take most o
 NEW_TOKENS = 48
 
 
+def _plain(real_pair_fp32, **call) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(prompt ids, plain generate's output) for every prompt."""
+    target, _, tokenizer = real_pair_fp32
+    prompts = [tokenizer(prompt, return_tensors="pt").input_ids for prompt in PROMPTS]
+    return [(ids, target.generate(ids, max_new_tokens=NEW_TOKENS, do_sample=False, **call)) for ids in prompts]
+
+
 @pytest.fixture(scope="module")
 def plain_outputs(real_pair_fp32):
-    target, _, tokenizer = real_pair_fp32
-    outputs = []
-    for prompt in PROMPTS:
-        ids = tokenizer(prompt, return_tensors="pt").input_ids
-        outputs.append((ids, target.generate(ids, max_new_tokens=NEW_TOKENS, do_sample=False)))
-    return outputs
+    return _plain(real_pair_fp32)
 
 
 def _speculate(real_pair_fp32, ids, speculation, config=None):
@@ -159,13 +161,7 @@ def test_int8_quantized_real_target_is_lossless(real_pair_fp32):
 
 @pytest.fixture(scope="module")
 def plain_static_outputs(real_pair_fp32):
-    target, _, tokenizer = real_pair_fp32
-    outputs = []
-    for prompt in PROMPTS:
-        ids = tokenizer(prompt, return_tensors="pt").input_ids
-        outputs.append((ids, target.generate(ids, max_new_tokens=NEW_TOKENS, do_sample=False,
-                                             cache_implementation="static")))
-    return outputs
+    return _plain(real_pair_fp32, cache_implementation="static")
 
 
 @pytest.mark.parametrize(
