@@ -47,7 +47,7 @@ from ..runtime.attention import AttentionLayout
 from ..runtime.devices import execution_device
 from ..runtime.model_info import embeddable, fit_vocabulary
 from ..runtime.pass_shapes import PaddedTree, padded_size
-from .loop import LoopResult, _committed_on_error
+from .loop import LoopResult, committed_on_error
 from .outputs import TokenRecords
 from .stats import SpeculationStats
 from .step import prompt_pass
@@ -271,7 +271,7 @@ def captured_refusal(drafter: object, cache: Cache, processors: LogitsProcessorL
     return None
 
 
-@_committed_on_error  # an exception (a criterion, a streamer, an interrupt) leaves the committed tokens only
+@committed_on_error  # an exception (a criterion, a streamer, an interrupt) leaves the committed tokens only
 def captured_loop(
     target: PreTrainedModel,
     input_ids: torch.LongTensor,

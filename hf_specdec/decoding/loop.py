@@ -38,7 +38,7 @@ class LoopResult:
     stats: SpeculationStats
 
 
-def _committed_on_error(loop: Callable[..., LoopResult]) -> Callable[..., LoopResult]:
+def committed_on_error(loop: Callable[..., LoopResult]) -> Callable[..., LoopResult]:
     """Wrap the loop so that an exception anywhere in it (a processor, a stopping criterion, a streamer, an
     interrupt) leaves the caller's cache as plain `generate` would: the committed tokens only, never tree rows."""
     signature = inspect.signature(loop)
@@ -72,7 +72,7 @@ def keep_committed(cache: Cache, length: int, target: PreTrainedModel) -> None:
     crop(cache, min([length, *rows]))
 
 
-@_committed_on_error
+@committed_on_error
 def speculative_loop(
     target: PreTrainedModel,
     input_ids: torch.LongTensor,
