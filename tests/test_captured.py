@@ -1,15 +1,16 @@
 """A step captured whole (`captured=True`, decoding/captured.py): greedy output identical to plain static-cache
-`generate` for chain, tree and sequoia shapes over several families; one host read a step however many levels; a
-stop inside an accepted block and the returned cache as plain's; the step compiled whole; every call it cannot take
-refused before anything is decoded."""
+`generate` for chain, tree and sequoia shapes over several families; sampling exactly plain sampling's distribution;
+one host read a step however many levels, greedy and sampled; a stop inside an accepted block and the returned cache
+as plain's; the step compiled whole; every call it cannot take refused before anything is decoded."""
 
 from __future__ import annotations
 
 import copy
+from collections import Counter
 
 import pytest
 import torch
-from transformers import TextStreamer
+from transformers import LogitsProcessorList, TemperatureLogitsWarper, TextStreamer, TopKLogitsWarper, TopPLogitsWarper
 
 from hf_specdec.accept.kv_cache import cache_length
 from hf_specdec.core.releases import output_cache
@@ -17,7 +18,9 @@ from hf_specdec.decoding import captured
 from hf_specdec.methods.sequoia.dp import plan_tree
 from tests.conftest import random_prompt
 from tests.families import family
+from tests.helpers.exactness import chi_square_pvalue, total_variation
 from tests.helpers.family_cases import new_tokens, prompt, tiny
+from tests.helpers.sampling import PROMPT, SAMPLES, VOCAB, joint_of, sampling_pair
 from tests.roundtrips import count_round_trips
 
 #: fixed shapes, several levels each: what a captured step drafts
@@ -30,10 +33,20 @@ FAMILIES = ["Llama", "Mistral (sliding window)", "Gemma 3 (text)", "GPT-2"]
 
 
 def captured_call(target, draft, ids, n, method, **kwargs):
+    kwargs = {"do_sample": False, **kwargs}
     return target.generate(ids, assistant_model=draft, speculation=method,
                            speculation_config={**SHAPES[method], "captured": True, "guard": False},
-                           do_sample=False, max_new_tokens=n, cache_implementation="static",
-                           return_dict_in_generate=True, **kwargs)
+                           max_new_tokens=n, cache_implementation="static", return_dict_in_generate=True, **kwargs)
+
+
+#: what a captured sampled step processes rows with: the row-wise processors (`captured.ROW_WISE`)
+ROW_WISE_SAMPLING = {"do_sample": True, "temperature": 0.8, "top_k": 6, "top_p": 0.9}
+
+
+def _row_wise_processors() -> LogitsProcessorList:
+    return LogitsProcessorList([TemperatureLogitsWarper(ROW_WISE_SAMPLING["temperature"]),
+                                TopKLogitsWarper(ROW_WISE_SAMPLING["top_k"]),
+                                TopPLogitsWarper(ROW_WISE_SAMPLING["top_p"])])
 
 
 @pytest.mark.parametrize("method", sorted(SHAPES))
@@ -119,7 +132,7 @@ def test_a_stop_inside_an_accepted_block_lands_where_plains_does(qwen2_pair):
 def test_the_step_compiled_whole_gives_the_same_tokens(qwen2_pair, monkeypatch):
     """`torch.compile` over the whole step as one graph (`fullgraph=True` raises at any break; inductor on the CPU
     here, where a GPU call compiles it with the call's compile config, mode="reduce-overhead" by default): plain's
-    tokens, every step run by the compiled function."""
+    tokens, every step run by the compiled function; sampled steps too."""
     target = qwen2_pair[0]
     ids = random_prompt(torch.Generator().manual_seed(5), 8)
     expected = target.generate(ids, do_sample=False, max_new_tokens=20, cache_implementation="static")
@@ -137,10 +150,59 @@ def test_the_step_compiled_whole_gives_the_same_tokens(qwen2_pair, monkeypatch):
     out = captured_call(target, copy.deepcopy(target), ids, 20, "tree")
     assert torch.equal(out.sequences, expected)
     assert len(calls) == out.speculation_stats.target_forwards
+    # sampled: the draws, the processors and the walk compile into the same one graph; the target as its draft keeps
+    # the whole depth each step, as eagerly (inductor draws from its own random stream: not the eager tokens)
+    calls.clear()
+    torch._dynamo.reset()
+    out = captured_call(target, copy.deepcopy(target), ids, 20, "tree", do_sample=True, temperature=0.9, top_k=20)
+    steps = out.speculation_stats.tokens_per_step
+    assert out.sequences.shape[1] == ids.shape[1] + 20 and len(calls) == len(steps)
+    assert all(tokens == 3 for tokens in steps[:-1]), steps
+
+
+@pytest.mark.parametrize("method", sorted(SHAPES))
+def test_sampled_steps_sample_exactly_plain_samplings_distribution(method):
+    """Two sampled tokens over an 8-token vocabulary (both from the first step when its drafts are accepted): their
+    joint frequencies against the exact distribution plain sampling has (temperature, top-k, top-p, computed prefix
+    by prefix), by a chi-square test and the total variation; and steps did accept drafted tokens."""
+    target, draft = sampling_pair()
+    exact = joint_of(target, PROMPT, _row_wise_processors())
+    torch.manual_seed(1234)
+    counts, accepted_drafts = Counter(), 0
+    for _ in range(SAMPLES):
+        out = captured_call(target, draft, PROMPT, 2, method, **ROW_WISE_SAMPLING)
+        counts[tuple(out.sequences[0, PROMPT.shape[1]:].tolist())] += 1
+        accepted_drafts += out.speculation_stats.target_forwards == 1
+    assert chi_square_pvalue(counts, exact, SAMPLES) > 1e-3
+    assert total_variation({k: c / SAMPLES for k, c in counts.items()}, exact) < 0.2
+    assert accepted_drafts > SAMPLES // 10
+    assert max(max(k) for k in counts) < VOCAB
+
+
+@pytest.mark.parametrize("method", sorted(SHAPES))
+def test_a_sampled_step_with_the_target_as_its_draft_keeps_the_whole_depth_and_reads_once(qwen2_pair, method):
+    """A draft that is the target proposes from the target's own rows, so the walk accepts the first drawn child at
+    every level (p / q = 1): each step keeps the shape's deepest path, which only holds when every node's kept row is
+    the one its children were drawn from. One host read a step; a seed reproduces the call."""
+    target = qwen2_pair[0]
+    ids = random_prompt(torch.Generator().manual_seed(5), 8)
+    depth = {"chain": 4, "tree": 2, "sequoia": None}[method]
+    with count_round_trips(target, qwen2_pair[1]) as counts:
+        torch.manual_seed(7)
+        out = captured_call(target, copy.deepcopy(target), ids, 30, method, do_sample=True, temperature=0.9, top_k=20)
+    stats = out.speculation_stats
+    full = stats.tokens_per_step[0]
+    assert full > 2 and (depth is None or full == depth + 1)
+    assert all(tokens == full for tokens in stats.tokens_per_step[:-1]), stats.tokens_per_step
+    assert all(step.reads == 1 for step in counts.steps), [(s.reads, s.draft_passes) for s in counts.steps]
+    torch.manual_seed(7)
+    again = captured_call(target, copy.deepcopy(target), ids, 30, method, do_sample=True, temperature=0.9, top_k=20)
+    assert torch.equal(again.sequences, out.sequences)
 
 
 REFUSED = [
-    ({"do_sample": True}, {}, "greedy only"),
+    ({"do_sample": True}, {"verifier": "specinfer"}, "verifier='specinfer'"),
+    ({"do_sample": True, "repetition_penalty": 1.2}, {}, "read more than a row are on (RepetitionPenalty"),
     ({"cache_implementation": "dynamic"}, {}, "cache_implementation='static'"),
     ({}, {"guard": True}, "guard=False"),
     ({"repetition_penalty": 1.2}, {}, "RepetitionPenaltyLogitsProcessor"),

@@ -144,6 +144,23 @@ def test_a_captured_step_compiled_whole_is_plain_static_generate(name):
         assert out.speculation_stats.compiled and out.speculation_stats.graphs_compiled >= 1
 
 
+@pytest.mark.parametrize("name", ["chain", "tree", "sequoia"])
+def test_a_captured_sampled_step_compiled_whole_keeps_the_whole_depth_with_the_target_as_draft(name):
+    """Sampled, compiled whole on a GPU (the draws, processors and walk inside the CUDA graph): with the target as its
+    own draft every step keeps the shape's deepest path (p / q = 1 at every node), call after call."""
+    from tests.test_captured import SHAPES
+
+    target = cuda_pair()[0]
+    ids = random_prompt(torch.Generator().manual_seed(4), 12).cuda()
+    for _ in range(2):
+        out = target.generate(ids, assistant_model=target, speculation=name, do_sample=True, temperature=0.9,
+                              top_k=20, max_new_tokens=32, cache_implementation="static", return_dict_in_generate=True,
+                              speculation_config={**SHAPES[name], "captured": True, "guard": False})
+        steps = out.speculation_stats.tokens_per_step
+        assert out.sequences.shape[1] == ids.shape[1] + 32 and steps[0] > 2
+        assert all(tokens == steps[0] for tokens in steps[:-1]), (name, steps)
+
+
 @pytest.mark.parametrize("name", ["tree", "sequoia", "specexec"])
 def test_first_child_paths_kept_in_place_on_the_gpu(name, monkeypatch):
     """On a GPU the target gets its tree depth first (`core.pass_shapes.depth_first`): with the target as its own

@@ -13,16 +13,20 @@ One step (gpt-fast's rollback by position: rows past a cache's write length are 
 1. the draft catches up with the 1 or 2 committed tokens it has not read (the last step's unforwarded accepted leaf,
    if any, and its bonus token), fed as two rows whatever the count; a lone bonus token's copy is dropped by the
    write length;
-2. the draft's top children, level by level: one pass per level of nodes with children, padded to a power of two;
+2. the draft's children, level by level (its top ones; sampled, drawn without replacement from its processed rows):
+   one pass per level of nodes with children, padded to a power of two;
 3. the target's pass over the tree (padded), after the committed tokens;
-4. the greedy verdict: a node is kept when its token is its parent's argmax and its parent is kept (the top-k
+4. the verdict: greedy, a node is kept when its token is its parent's argmax and its parent is kept (the top-k
    children of a node are distinct, so at most one child of a kept node is); the deepest kept node ends the path
-   and its argmax is the bonus token;
+   and its argmax is the bonus token. Sampled, the `sequoia` verifier's walk (`verify/walk.py`) runs every level on
+   the device;
 5. both caches keep the path's rows and move their write lengths; the next catch-up is the path's unforwarded leaf
    and the bonus token.
 
 Greedy output is plain's: the verdict is the walk `verify/greedy.py` makes, and the first token is the prompt pass's
-argmax, as plain computes it. What the step cannot take is refused before decoding (`captured_refusal`).
+argmax, as plain computes it. Sampling is exact: the rows are processed as plain sampling processes them (the
+row-wise processors only: `ROW_WISE`), and the walk is the loop's. What the step cannot take is refused before
+decoding (`captured_refusal`).
 """
 
 from __future__ import annotations
@@ -33,26 +37,60 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-from transformers import Cache, LogitsProcessorList, PreTrainedModel, StoppingCriteriaList
+from transformers import (
+    Cache,
+    LogitsProcessorList,
+    MinPLogitsWarper,
+    PreTrainedModel,
+    StoppingCriteriaList,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+)
 from transformers.generation.streamers import BaseStreamer
 
 from ..accept.emit import BlockStops, emit
 from ..accept.kv_cache import crop, is_static, keep_rows, set_length, static_capacity
 from ..core.releases import cache_arg
-from ..core.tree import HostTree
+from ..core.tree import HostTree, TokenTree
 from ..draft.draft_model import DraftModelRunner
 from ..draft.shaped_tree import ModelTreeDrafter, planned_shape
+from ..logits.child_selection import select_children
 from ..logits.wide_rows import row_argmax, row_topk
 from ..runtime.attention import AttentionLayout
 from ..runtime.devices import execution_device
 from ..runtime.model_info import embeddable, fit_vocabulary
 from ..runtime.pass_shapes import PaddedTree, padded_size
+from ..verify.random_source import TorchRandom
+from ..verify.walk import ResidualWalk
 from .loop import LoopResult, committed_on_error
 from .outputs import TokenRecords
 from .stats import SpeculationStats
 from .step import prompt_pass
 
 CATCH_UP = 2  # rows of the draft's catch-up pass: the last step's unforwarded accepted leaf (if any) and its bonus
+#: the processors a sampled step applies to all its rows at once: each reads its row alone, never the tokens before it
+#: (a repetition penalty or a minimum length would need each node's own prefix)
+ROW_WISE = (TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper, MinPLogitsWarper)
+
+
+@dataclass(frozen=True)
+class CapturedSampling:
+    """How a sampled step draws: the call's processors (`ROW_WISE` only) and its generator (None: torch's global RNG,
+    as plain sampling draws)."""
+
+    processors: LogitsProcessorList
+    generator: torch.Generator | None = None
+
+    def scores(self, logits: torch.Tensor) -> torch.Tensor:
+        """Each row processed as plain sampling processes its next-token row."""
+        return self.processors(logits.new_zeros((len(logits), 1), dtype=torch.long), logits)  # ids read by none
+
+    def children(self, logits: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Up to `width` children per row drawn without replacement from its processed distribution (-1 where it
+        has fewer tokens), and those distributions, which the verifier needs."""
+        probs = self.scores(logits).softmax(-1)
+        return select_children(probs, width, "without_replacement", self.generator), probs
 
 
 @dataclass(frozen=True)
@@ -84,6 +122,8 @@ class CapturedShape:
     levels: tuple[CapturedLevel, ...]
     slots: torch.Tensor  # (n,) on the draft's device: each node's row among the forwarded ones (0 if never)
     forwarded: torch.Tensor  # (n,) bool: the draft forwarded the node (it has children)
+    host: HostTree  # the parents on the host, for a sampled step's walk
+    tree_parents: torch.Tensor  # (n,) on the target's device, the root's -1
 
     @classmethod
     def of(cls, shape: list[int], target_device: torch.device, draft_device: torch.device) -> CapturedShape:
@@ -106,7 +146,8 @@ class CapturedShape:
                    depths.to(target_device), ancestors.to(target_device),
                    PaddedTree.of(target_tree, padded_size(len(shape)), target_device), tuple(captured),
                    torch.tensor([max(slot, 0) for slot in slot_of]).to(draft_device),
-                   torch.tensor([slot >= 0 for slot in slot_of]).to(draft_device))
+                   torch.tensor([slot >= 0 for slot in slot_of]).to(draft_device),
+                   HostTree(parents=list(host.parents)), torch.tensor(host.parents).to(target_device))
 
     @property
     def draft_passes(self) -> int:
@@ -122,17 +163,18 @@ class CapturedStep:
     lives in device tensors updated in place, so a compiled step keeps its buffers; the shape is fixed per compiled
     function (`fitting` cuts it to whole levels where the caches' rows or the position table run out)."""
 
-    def __init__(self, target: PreTrainedModel, cache: Cache, runner: DraftModelRunner, vocab: int | None) -> None:
-        self.target, self.cache, self.runner, self.vocab = target, cache, runner, vocab
+    def __init__(self, target: PreTrainedModel, cache: Cache, runner: DraftModelRunner, vocab: int | None,
+                 first_row: torch.Tensor, sampling: CapturedSampling | None = None) -> None:
+        self.target, self.cache, self.runner, self.vocab, self.sampling = target, cache, runner, vocab, sampling
         self.draft, self.draft_cache = runner.model, runner.cache
         self.target_device, self.draft_device = execution_device(target), runner.device
         self.target_layout, self.draft_layout = AttentionLayout.of(target), runner.layout
         self.target_width, self.draft_width = static_capacity(cache), static_capacity(self.draft_cache)
         self.pending = torch.zeros(CATCH_UP, dtype=torch.long, device=self.draft_device)
         self.count = torch.ones((), dtype=torch.long, device=self.draft_device)
-        self.first = torch.zeros((), dtype=torch.bool, device=self.target_device)  # the root's argmax is given
-        self.first_token = torch.zeros((), dtype=torch.long, device=self.target_device)
-        for state in (self.pending, self.count, self.first, self.first_token):  # mutated in place by the step: CUDA
+        self.first = torch.zeros((), dtype=torch.bool, device=self.target_device)  # the root's row is given
+        self.first_row = torch.zeros_like(first_row, dtype=torch.float32, device=self.target_device)
+        for state in (self.pending, self.count, self.first, self.first_row):  # mutated in place by the step: CUDA
             torch._dynamo.mark_static_address(state)  # graphs keep their addresses, as Transformers' static caches
         self._shapes: dict[tuple[int, ...], CapturedShape] = {}
 
@@ -141,15 +183,16 @@ class CapturedStep:
             self._shapes[parents] = CapturedShape.of(list(parents), self.target_device, self.draft_device)
         return self._shapes[parents]
 
-    def start(self, pending: list[int], first_token: torch.Tensor | None) -> None:
-        """The draft has yet to read `pending` (1 or 2 committed tokens, the root last); `first_token`: the root's
-        argmax as the prompt pass computed it (the call's first step), else None."""
+    def start(self, pending: list[int], first_row: torch.Tensor | None) -> None:
+        """The draft has yet to read `pending` (1 or 2 committed tokens, the root last); `first_row`: the root's
+        logits as the prompt pass computed them (the call's first step, whose first token plain takes from them),
+        else None."""
         padded = pending + pending[-1:] * (CATCH_UP - len(pending))
         self.pending.copy_(torch.tensor(padded))
         self.count.fill_(len(pending))
-        self.first.fill_(first_token is not None)
-        if first_token is not None:
-            self.first_token.copy_(first_token)
+        self.first.fill_(first_row is not None)
+        if first_row is not None:
+            self.first_row.copy_(first_row)
 
     def fitting(self, parents: tuple[int, ...], committed: int) -> tuple[int, ...]:
         """`parents` cut to whole levels (a prefix: the shape is breadth first) that both caches and the target's
@@ -182,8 +225,10 @@ class CapturedStep:
         root = self.pending.gather(0, (self.count - 1)[None])
         tokens = torch.full((shape.nodes,), -1, dtype=torch.long, device=ddev)
         tokens[:1] = root
-        # 2. each level's top children (a level's pass appends its nodes' rows after the earlier levels')
+        # 2. each level's children, its top ones or drawn (a level's pass appends its nodes' rows after the earlier
+        # levels'); sampled, the distributions they were drawn from are kept for the verdict
         level_logits = logits.index_select(0, (self.count - 1)[None])
+        drawn_from = None if self.sampling is None else logits.new_zeros((shape.nodes, logits.shape[-1]))
         for level in shape.levels:
             if level.rows is not None:
                 fed = tokens[level.parents].clamp(min=0)
@@ -193,8 +238,13 @@ class CapturedStep:
                 level_logits = self._draft_pass(fed, positions, masks)[: len(level.parents)]
                 for layer in self.draft_cache.layers:  # the padding rows are dropped
                     layer.cumulative_length.sub_(level.size - len(level.parents))
-            values, picked = row_topk(level_logits, level.width)
-            kids = torch.where(level.wanted & (values > float("-inf")), picked, -1)
+            if self.sampling is None:
+                values, picked = row_topk(level_logits, level.width)
+                kids = torch.where(level.wanted & (values > float("-inf")), picked, -1)
+            else:
+                picked, probs = self.sampling.children(level_logits, level.width)
+                kids = torch.where(level.wanted, picked, -1)
+                drawn_from = drawn_from.index_copy(0, level.parents, probs)
             tokens[level.children] = kids[level.child_rows, level.child_cols]
         # 3. the target's pass over the tree, after the committed tokens but the root
         tokens = tokens.to(tdev)
@@ -204,15 +254,12 @@ class CapturedStep:
                                                     self.target.dtype)
         output = self.target(input_ids=fed[None], attention_mask=masks, position_ids=positions[None],
                              **cache_arg(self.cache), use_cache=True, return_dict=True)
-        best = row_argmax(output.logits[0, : shape.nodes].float())
-        best[0] = torch.where(self.first, self.first_token, best[0])
-        # 4. the verdict: kept nodes, the deepest of them, its argmax, the path to it
-        kept = tokens == best[shape.parents]
-        kept[0] = True
-        for _ in range(shape.depth):
-            kept = kept & kept[shape.parents]
-        leaf = torch.where(kept, shape.depths, -1).argmax()[None]  # indexed by tensors only: no host read
-        accepted, bonus = shape.depths.index_select(0, leaf), best.index_select(0, leaf)
+        logits = output.logits[0, : shape.nodes].float()
+        logits = torch.cat([torch.where(self.first, self.first_row, logits[0])[None], logits[1:]])
+        # 4. the verdict: the path's end and the bonus token; the path to it
+        leaf, bonus = self._greedy(shape, tokens, logits) if self.sampling is None else self._walk(
+            shape, tokens, logits, drawn_from)
+        accepted = shape.depths.index_select(0, leaf)
         levels = torch.arange(shape.depth + 1, device=tdev)
         on_path = shape.ancestors.index_select(0, leaf) & (shape.depths[None] == levels[:, None])
         path = on_path.int().argmax(-1)  # the path's node at each depth (the root past its end: never kept)
@@ -232,6 +279,24 @@ class CapturedStep:
         self.first.fill_(False)
         return torch.cat([accepted, bonus, path_tokens[1:]])
 
+    @staticmethod
+    def _greedy(shape: CapturedShape, tokens: torch.Tensor, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The deepest node kept (its token its parent's argmax, its parent kept) and its argmax, `(1,)` each."""
+        best = row_argmax(logits)
+        kept = tokens == best[shape.parents]
+        kept[0] = True
+        for _ in range(shape.depth):
+            kept = kept & kept[shape.parents]
+        leaf = torch.where(kept, shape.depths, -1).argmax()[None]  # indexed by tensors only: no host read
+        return leaf, best.index_select(0, leaf)
+
+    def _walk(self, shape: CapturedShape, tokens: torch.Tensor, logits: torch.Tensor,
+              drawn_from: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The `sequoia` verifier's walk over every level, unread: where it ended and the token it emits there."""
+        tree = TokenTree(tokens=tokens, parents=shape.tree_parents, draft_probs=drawn_from, _host=shape.host)
+        walk = ResidualWalk(tree, self.target_device, without_replacement=True)
+        return walk.descend(self.sampling.scores(logits), TorchRandom(self.sampling.generator))
+
     def _draft_pass(self, tokens: torch.Tensor, positions: torch.Tensor, masks) -> torch.Tensor:
         """The draft's float32 logits over the target's vocabulary, every fed row."""
         ids = embeddable(tokens, self.runner.input_rows)[None]
@@ -241,13 +306,15 @@ class CapturedStep:
 
 
 def captured_refusal(drafter: object, cache: Cache, processors: LogitsProcessorList, criteria: StoppingCriteriaList,
-                     do_sample: bool, records: TokenRecords, guard: bool, token_inputs: bool, shared: bool,
+                     verifier: str, records: TokenRecords, guard: bool, token_inputs: bool, shared: bool,
                      batch: int = 1) -> str | None:
-    """Why this call's steps cannot be captured (a sentence naming the fix), or None."""
+    """Why this call's steps cannot be captured (a sentence naming the fix), or None. `verifier`: the call's ("greedy"
+    unless it samples)."""
     if batch > 1:
         return f"it decodes a batch of {batch} sequences; captured steps decode one, or leave captured off"
-    if do_sample:
-        return "it samples; captured steps are greedy only (do_sample=False), or leave captured off"
+    if verifier not in ("greedy", "sequoia"):
+        return (f"it samples with verifier={verifier!r}; captured steps draw children without replacement and verify "
+                "as 'sequoia' does, so drop verifier (or pass 'sequoia') or leave captured off")
     if not is_static(cache):
         return "the cache is not static; pass cache_implementation='static' to generate"
     if type(drafter) is not ModelTreeDrafter:
@@ -255,9 +322,14 @@ def captured_refusal(drafter: object, cache: Cache, processors: LogitsProcessorL
                 "chain's confidence_threshold=0 with per_step=False)")
     if guard:
         return "the guard turns steps plain, which a captured step does not; set guard=False"
-    if processors:
+    if verifier == "greedy" and processors:
         return (f"logits processors are on ({', '.join(type(p).__name__ for p in processors)}); captured steps take "
                 "the raw argmax, so unset them (e.g. repetition_penalty) or leave captured off")
+    prefixed = [type(p).__name__ for p in processors if not isinstance(p, ROW_WISE)]
+    if verifier != "greedy" and prefixed:
+        return (f"logits processors that read more than a row are on ({', '.join(prefixed)}); captured sampled steps "
+                "take temperature, top_k, top_p and min_p only, so unset the others (e.g. repetition_penalty) or "
+                "leave captured off")
     if not BlockStops.of(criteria).on_host:
         return "a stopping criterion reads the device (stop strings, custom criteria); leave captured off for them"
     if records.wants_any:
@@ -283,20 +355,22 @@ def captured_loop(
     stats: SpeculationStats | None = None,
     model_kwargs: dict | None = None,
     compile_step: Callable[[Callable], Callable] | None = None,
+    sampling: CapturedSampling | None = None,
 ) -> LoopResult:
-    """Decode one sequence greedily with captured steps of the drafter's shape (`captured_refusal` said yes), until a
-    stopping criterion fires. `compile_step` wraps the step (`torch.compile`), or None to run it eagerly."""
+    """Decode one sequence with captured steps of the drafter's shape (`captured_refusal` said yes), until a stopping
+    criterion fires: greedily, or sampling as `sampling` says. `compile_step` wraps the step (`torch.compile`), or
+    None to run it eagerly."""
     stats = stats or SpeculationStats()
     stats.captured = True
     start = time.perf_counter()
     prefill = prompt_pass(target, input_ids, cache, model_kwargs or {}, False)
-    first_token = row_argmax(prefill.logits[0, -1:].float())[0]
+    first_row = prefill.logits[0, -1].float()
     runner = drafter.runner
     ids = drafter.sequence.read(input_ids)
     if len(ids) > 1:  # the draft reads the prompt but its last token in an eager pass, the root in the first step
         runner.sync(ids[:-1])
-    step = CapturedStep(target, cache, runner, vocab)
-    step.start(ids[-1:], first_token)
+    step = CapturedStep(target, cache, runner, vocab, first_row, sampling)
+    step.start(ids[-1:], first_row)
     full, runs = tuple(drafter.host_shape.parents), {}
     stats.time_prefill = time.perf_counter() - start
     stops = BlockStops.of(stopping_criteria)

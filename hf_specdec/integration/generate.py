@@ -32,7 +32,7 @@ from ..accept.kv_cache import full_length_cache, is_static, make_room, static_ca
 from ..core.config import ModelDraftConfig, SpeculationConfig, make_config
 from ..core.model_inputs import TokenInputs
 from ..core.releases import CACHE, cache_arg, with_cache_name
-from ..decoding.captured import captured_loop, captured_refusal
+from ..decoding.captured import CapturedSampling, captured_loop, captured_refusal
 from ..decoding.loop import speculative_loop
 from ..decoding.outputs import SpeculativeDecoderOnlyOutput, TokenRecords
 from ..decoding.stats import SpeculationStats
@@ -184,8 +184,9 @@ def speculative_generate(
     if captured:  # refused before anything is decoded or streamed
         drafter = config.make_drafter(model, call.assistant_model, logits_processor, verifier.child_selection,
                                       call.generator)
-        refusal = captured_refusal(drafter, model_kwargs.get(CACHE), logits_processor, stopping_criteria, do_sample,
-                                   records, config.guard, bool(token_inputs.prompt), ranks.shared, batch)
+        refusal = captured_refusal(drafter, model_kwargs.get(CACHE), logits_processor, stopping_criteria,
+                                   verifier.name, records, config.guard, bool(token_inputs.prompt), ranks.shared,
+                                   batch)
         if refusal is not None:
             raise ValueError(f"speculation={config.method!r} with captured=True cannot decode this call: {refusal}.")
     plainly = "the plan is the root alone"  # why Transformers' own loop decodes the call, if it does
@@ -234,9 +235,10 @@ def speculative_generate(
         if captured:  # compiled whole where the call compiles its forward, with the call's compile settings
             step = (None if forward is None else
                     lambda run: torch.compile(run, **(generation_config.compile_config or CompileConfig()).to_dict()))
+            sampling = CapturedSampling(logits_processor, call.generator) if do_sample else None
             result = captured_loop(model, input_ids, drafter, cache, stopping_criteria, vocab_size(model),
                                    streamer=call.streamer, stats=stats, model_kwargs={**model_kwargs, CACHE: cache},
-                                   compile_step=step)
+                                   compile_step=step, sampling=sampling)
         else:
             result = speculative_loop(
                 model, input_ids, drafter, verifier, cache, logits_processor, stopping_criteria,

@@ -101,6 +101,16 @@ class Walk:
             else:
                 return self._verdict(end, bonus, states, scores)
 
+    def descend(self, scores: torch.Tensor, source: RandomSource) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every level on `scores`, the `(n, V)` processed rows of all nodes (nothing narrowed, so nothing flagged),
+        and nothing read: the node the walk ended at and its bonus token, `(1,)` device tensors, for a step that
+        reads them with the rest of its verdict (`decoding/captured.py`). The last level has no children, so every
+        walk has ended after it."""
+        at = self.start
+        for depth in range(self.levels):
+            at, _ = self._level(scores, source, at, depth, narrow=False)
+        return at.end, at.bonus
+
     def _level(self, scores: torch.Tensor | NodeScores, source: RandomSource, at: _At, depth: int,
                narrow: bool) -> tuple[_At, torch.Tensor | None]:
         rank, token, row, flag = self._pick(scores, source, at, depth, narrow)

@@ -44,18 +44,20 @@ def sampling_pair():
     return target, draft
 
 
-def _dist(target, ids: torch.Tensor) -> torch.Tensor:
+def _dist(target, ids: torch.Tensor, processors: LogitsProcessorList | None = None) -> torch.Tensor:
     with torch.no_grad():
         logits = target(ids).logits[:, -1].float()
-    return _processors()(ids, logits).softmax(-1)[0].double()
+    return (processors or _processors())(ids, logits).softmax(-1)[0].double()
 
 
-def joint_of(target, prompt: torch.Tensor) -> dict[tuple[int, int], float]:
-    """P(first two sampled tokens after `prompt`) under plain sampling, computed prefix by prefix."""
-    first = _dist(target, prompt)
+def joint_of(target, prompt: torch.Tensor,
+             processors: LogitsProcessorList | None = None) -> dict[tuple[int, int], float]:
+    """P(first two sampled tokens after `prompt`) under plain sampling with `processors` (default `SAMPLING`'s),
+    computed prefix by prefix."""
+    first = _dist(target, prompt, processors)
     joint = {}
     for a in range(VOCAB):
         if first[a] > 0:
-            second = _dist(target, torch.cat([prompt, torch.tensor([[a]])], dim=1))
+            second = _dist(target, torch.cat([prompt, torch.tensor([[a]])], dim=1), processors)
             joint.update({(a, b): float(first[a] * second[b]) for b in range(VOCAB) if second[b] > 0})
     return joint

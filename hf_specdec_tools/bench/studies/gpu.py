@@ -653,7 +653,16 @@ def static_speed(run: Run, target, draft, prompts, new_tokens: int, rounds: int 
              # fixed shapes every step (no guard), through the loop and as one captured step (compiled whole)
              **{f"{name} (static{how})": {"assistant_model": draft, **static,
                                           "speculation": dataclasses.replace(config, guard=False, captured=captured)}
-                for name, config in CAPTURED.items() for how, captured in ((", fixed", False), (", captured", True))}}
+                for name, config in CAPTURED.items() for how, captured in ((", fixed", False), (", captured", True))},
+             # sampled (engine_overhead's SAMPLING: temperature, top-k, top-p, all row-wise): plain, Transformers' and
+             # the captured sequoia plan, whose draws and walk run inside its graph
+             "plain (static, compiled, sampled)": {**static, "sampled": True},
+             **({"assisted (Transformers, static, compiled, sampled)": {"assistant_model": draft, **static,
+                                                                        "sampled": True}}
+                if ASSISTED_ON_STATIC_CACHE else {}),
+             "sequoia plan 32 (static, captured, sampled)": {
+                 "assistant_model": draft, **static, "sampled": True,
+                 "speculation": dataclasses.replace(CAPTURED["sequoia plan 32"], guard=False, captured=True)}}
 
     def measure(name: str, kwargs: dict, ids) -> dict:
         out, seconds = run.timed(target, ids, new_tokens, kwargs)
@@ -673,7 +682,8 @@ def static_speed(run: Run, target, draft, prompts, new_tokens: int, rounds: int 
     by_name = {r["method"]: r.get("tokens_per_second") for r in results}
     for row in results:
         for ref in ("plain (static, compiled)", "plain (dynamic, eager)", "assisted (Transformers, dynamic, eager)",
-                    "assisted (Transformers, static, compiled)"):
+                    "assisted (Transformers, static, compiled)", "plain (static, compiled, sampled)",
+                    "assisted (Transformers, static, compiled, sampled)"):
             if row.get("tokens_per_second") and by_name.get(ref):
                 row[f"vs {ref}"] = round(row["tokens_per_second"] / by_name[ref], 2)
         print(f"  {row}", flush=True)
