@@ -16,6 +16,7 @@ from hf_specdec.accept.kv_cache import cache_length
 from hf_specdec.core.releases import output_cache
 from hf_specdec.decoding import captured
 from hf_specdec.methods.sequoia.dp import plan_tree
+from hf_specdec.plan.shape_sizing import CAPTURED_SIZES
 from tests.conftest import random_prompt
 from tests.families import family
 from tests.helpers.exactness import chi_square_pvalue, total_variation
@@ -160,17 +161,21 @@ def test_the_step_compiled_whole_gives_the_same_tokens(qwen2_pair, monkeypatch):
     assert all(tokens == 3 for tokens in steps[:-1]), steps
 
 
-@pytest.mark.parametrize("method", sorted(SHAPES))
+@pytest.mark.parametrize("method", [*sorted(SHAPES), "sequoia sized"])
 def test_sampled_steps_sample_exactly_plain_samplings_distribution(method):
     """Two sampled tokens over an 8-token vocabulary (both from the first step when its drafts are accepted): their
     joint frequencies against the exact distribution plain sampling has (temperature, top-k, top-p, computed prefix
-    by prefix), by a chi-square test and the total variation; and steps did accept drafted tokens."""
+    by prefix), by a chi-square test and the total variation; and steps did accept drafted tokens. Fixed shapes, and
+    `sequoia` at its defaults (a bucketed shape chosen every step from the verdicts before it)."""
     target, draft = sampling_pair()
     exact = joint_of(target, PROMPT, _row_wise_processors())
     torch.manual_seed(1234)
     counts, accepted_drafts = Counter(), 0
+    name, settings = method.split()[0], {} if method.endswith("sized") else SHAPES[method]
     for _ in range(SAMPLES):
-        out = captured_call(target, draft, PROMPT, 2, method, **ROW_WISE_SAMPLING)
+        out = target.generate(PROMPT, assistant_model=draft, speculation=name, max_new_tokens=2,
+                              speculation_config={**settings, "captured": True, "guard": False},
+                              cache_implementation="static", return_dict_in_generate=True, **ROW_WISE_SAMPLING)
         counts[tuple(out.sequences[0, PROMPT.shape[1]:].tolist())] += 1
         accepted_drafts += out.speculation_stats.target_forwards == 1
     assert chi_square_pvalue(counts, exact, SAMPLES) > 1e-3
@@ -198,6 +203,28 @@ def test_a_sampled_step_with_the_target_as_its_draft_keeps_the_whole_depth_and_r
     torch.manual_seed(7)
     again = captured_call(target, copy.deepcopy(target), ids, 30, method, do_sample=True, temperature=0.9, top_k=20)
     assert torch.equal(again.sequences, out.sequences)
+
+
+@pytest.mark.parametrize("method", ["sequoia", "tree", "chain"])
+def test_shapes_sized_every_step_are_captured_from_a_few_buckets(qwen2_pair, method):
+    """`sequoia` and `chain` at their defaults (the DP's trees, or chain lengths, sized every step) and `tree` with
+    `per_step`: each step drafts one of
+    a few shapes (one per size bucket, `shape_sizing.CAPTURED_SIZES`, or the root alone) chosen by the cost model;
+    plain's tokens with a draft that is the target and one that is not, and the shapes the steps met (their padded
+    target passes) only the buckets'; with the target as its draft, the sizing learns to draft trees."""
+    target = qwen2_pair[0]
+    ids = random_prompt(torch.Generator().manual_seed(5), 8)
+    expected = target.generate(ids, do_sample=False, max_new_tokens=30, cache_implementation="static")
+    settings = {"captured": True, "guard": False, **({"widths": [3, 2, 2]} if method == "tree" else {})}
+    calls = []
+    for draft in (copy.deepcopy(target), qwen2_pair[1]):  # the first calibrates sequoia's plan: a sure draft's
+        out = target.generate(ids, assistant_model=draft, speculation=method, do_sample=False, max_new_tokens=30,
+                              speculation_config=settings, cache_implementation="static", return_dict_in_generate=True)
+        calls.append(out.speculation_stats)
+        assert torch.equal(out.sequences, expected)
+        assert calls[-1].captured and calls[-1].tree_pass_sizes <= {1, *CAPTURED_SIZES}, calls[-1].tree_pass_sizes
+    steps = calls[0].tokens_per_step
+    assert max(steps) > 3 and calls[0].plain_steps < len(steps) / 2, steps
 
 
 REFUSED = [
@@ -235,12 +262,13 @@ def test_calls_it_cannot_take_are_refused_before_anything_is_decoded(qwen2_pair,
     assert says in str(refused.value) and not streamed
 
 
-def test_a_shape_sized_every_step_and_a_batch_are_refused(qwen2_pair):
+def test_trees_sized_by_the_drafts_probabilities_and_a_batch_are_refused(qwen2_pair):
     target, draft = qwen2_pair
     ids = random_prompt(torch.Generator().manual_seed(5), 8)
-    with pytest.raises(ValueError, match="sized every step"):
-        target.generate(ids, assistant_model=draft, speculation="sequoia", do_sample=False, max_new_tokens=8,
-                        cache_implementation="static", speculation_config={"captured": True, "guard": False})
+    with pytest.raises(ValueError, match="sized by the draft's own probabilities"):  # a chain stopped when unsure
+        target.generate(ids, assistant_model=draft, speculation="chain", do_sample=False, max_new_tokens=8,
+                        cache_implementation="static",
+                        speculation_config={"captured": True, "guard": False, "per_step": False})
     with pytest.raises(ValueError, match="a batch of 2"):
         target.generate(ids.repeat(2, 1), assistant_model=draft, speculation="tree", do_sample=False,
                         max_new_tokens=8, speculation_config={**SHAPES["tree"], "captured": True, "guard": False})

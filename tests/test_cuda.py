@@ -144,6 +144,24 @@ def test_a_captured_step_compiled_whole_is_plain_static_generate(name):
         assert out.speculation_stats.compiled and out.speculation_stats.graphs_compiled >= 1
 
 
+@pytest.mark.parametrize("name", ["chain", "sequoia"])
+def test_captured_steps_sized_every_step_compile_a_graph_per_bucket_at_most(name):
+    """`chain` and `sequoia` at their defaults, captured: each step's shape one of the buckets' (or the root alone),
+    each compiled once (CUDA graphs), a second call replaying them; plain static generate's tokens."""
+    from hf_specdec.plan.shape_sizing import CAPTURED_SIZES
+
+    target, draft = cuda_pair()
+    ids = random_prompt(torch.Generator().manual_seed(4), 12).cuda()
+    plain = target.generate(ids, do_sample=False, max_new_tokens=32, cache_implementation="static")
+    for _ in range(2):
+        out = target.generate(ids, assistant_model=draft, speculation=name, do_sample=False, max_new_tokens=32,
+                              speculation_config={"captured": True, "guard": False},
+                              cache_implementation="static", return_dict_in_generate=True)
+        stats = out.speculation_stats
+        assert torch.equal(out.sequences, plain), name
+        assert stats.compiled and 1 <= stats.graphs_compiled <= len(CAPTURED_SIZES) + 1, stats.graphs_compiled
+
+
 @pytest.mark.parametrize("name", ["chain", "tree", "sequoia"])
 def test_a_captured_sampled_step_compiled_whole_keeps_the_whole_depth_with_the_target_as_draft(name):
     """Sampled, compiled whole on a GPU (the draws, processors and walk inside the CUDA graph): with the target as its

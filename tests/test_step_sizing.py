@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from hf_specdec.core.tree import HostTree
 from hf_specdec.plan.latency import LatencyCurve
 from hf_specdec.plan.sizing import HardwareProfile
 from hf_specdec.plan.step_sizing import OnlineAcceptance, StepSizer, non_decreasing
@@ -132,3 +133,28 @@ def test_latency_curves_are_corrected_by_measured_passes():
         stale.observe_draft(4, 0.005)
     assert stale.target_scale == pytest.approx(0.1, rel=0.05) and stale.draft_scale == pytest.approx(0.1, rel=0.05)
     assert stale.target_seconds(8) == pytest.approx(0.18, rel=0.05)
+
+
+def test_bucketed_menus_keep_the_fastest_shape_of_each_size_bucket():
+    """A captured call's menu (`shape_sizing.bucketed`): the root alone and, per bucket of `CAPTURED_SIZES`, the shape
+    of the full menu predicted fastest per token among those of more nodes than the bucket before and at most its
+    own; a cheaper draft moves the picks to deeper shapes."""
+    from hf_specdec.methods.sequoia.sizing import sequoia_menu
+    from hf_specdec.plan.shape_sizing import CAPTURED_SIZES, RankAcceptance, bucketed
+
+    acceptance = [0.7, 0.15, 0.05, 0.02]
+    menu = sequoia_menu(acceptance, 64, 10)
+    ranks = RankAcceptance(acceptance, menu.width)
+    picks = {}
+    for name, draft_ms in (("cheap", 1.0), ("costly", 40.0)):
+        sizer = StepSizer(profile(lambda n: 100.0 + n, lambda n, ms=draft_ms: ms))
+        cut = bucketed(menu, sizer, ranks)
+        per_token = menu.seconds_per_token(sizer, ranks)
+        sizes = [len(shape) for shape in cut.shapes]
+        assert cut.shapes[0] == [-1] and len(cut.shapes) == len(CAPTURED_SIZES) + 1
+        for low, high, shape in zip((1, *CAPTURED_SIZES), CAPTURED_SIZES, cut.shapes[1:]):
+            assert low < len(shape) <= high, sizes
+            inside = [i for i, s in enumerate(menu.shapes) if low < len(s) <= high]
+            assert per_token[menu.shapes.index(shape)] == pytest.approx(min(per_token[i] for i in inside))
+        picks[name] = [max(HostTree(parents=shape).depths()) for shape in cut.shapes[1:]]
+    assert sum(picks["cheap"]) > sum(picks["costly"]), picks

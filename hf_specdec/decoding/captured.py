@@ -55,8 +55,10 @@ from ..core.releases import cache_arg
 from ..core.tree import HostTree, TokenTree
 from ..draft.draft_model import DraftModelRunner
 from ..draft.shaped_tree import ModelTreeDrafter, planned_shape
+from ..draft.sized_shape import SizedShapeDrafter
 from ..logits.child_selection import select_children
 from ..logits.wide_rows import row_argmax, row_topk
+from ..plan.shape_sizing import ShapeChooser, bucketed
 from ..runtime.attention import AttentionLayout
 from ..runtime.devices import execution_device
 from ..runtime.model_info import embeddable, fit_vocabulary
@@ -155,13 +157,39 @@ class CapturedShape:
         return 1 + sum(level.rows is not None for level in self.levels)
 
 
+class ShapeSchedule:
+    """The shape of each captured step: a fixed shape's own; or, for a drafter sized every step (`SizedShapeDrafter`:
+    `sequoia` at its defaults, `tree` with `per_step`), one of a few shapes (`plan.shape_sizing.bucketed`: one per
+    size bucket, the root alone included) chosen before each step by the drafter's cost model, which learns the
+    sibling ranks kept from the verdicts read (nothing else is read for it)."""
+
+    def __init__(self, drafter: ModelTreeDrafter) -> None:
+        self.sized = isinstance(drafter, SizedShapeDrafter)
+        self.fixed = tuple(drafter.host_shape.parents)
+        if self.sized:
+            self.sizer, self.ranks = drafter.sizer, drafter.ranks
+            self.menu = bucketed(drafter.menu, drafter.sizer, drafter.ranks)
+            self.chooser = ShapeChooser(self.menu, drafter.chooser.full_size)
+
+    def next(self) -> tuple[int, ...]:
+        return tuple(self.menu.shapes[self.chooser.choose(self.sizer, self.ranks)]) if self.sized else self.fixed
+
+    def learn(self, parents: tuple[int, ...], path: list[int]) -> None:
+        """A step over `parents` kept `path` (its nodes, root first)."""
+        if self.sized and len(parents) > 1:
+            self.chooser.shrunk(len(parents))
+            children = HostTree(parents=list(parents)).children()
+            self.ranks.learn(children, path, [children[parent].index(node) for parent, node in zip(path, path[1:])])
+
+
 class CapturedStep:
     """Steps on the static caches of `target` and the draft `runner` (see the module's notes), of any shape.
 
-    `start` loads the first catch-up; `step(shape)` runs a step and returns its read `(depth + 2,)`: the accepted
-    count, the bonus token, then the path's drafted tokens (the first `count` of them accepted). State between steps
-    lives in device tensors updated in place, so a compiled step keeps its buffers; the shape is fixed per compiled
-    function (`fitting` cuts it to whole levels where the caches' rows or the position table run out)."""
+    `start` loads the first catch-up; `step(shape)` runs a step and returns its read `(2 * depth + 2,)`: the
+    accepted count, the bonus token, the path's drafted tokens, then its nodes (the first `count` of each accepted).
+    State between steps lives in device tensors updated in place, so a compiled step keeps its buffers; the shape is
+    fixed per compiled function (`fitting` cuts it to whole levels where the caches' rows or the position table run
+    out)."""
 
     def __init__(self, target: PreTrainedModel, cache: Cache, runner: DraftModelRunner, vocab: int | None,
                  first_row: torch.Tensor, sampling: CapturedSampling | None = None) -> None:
@@ -277,7 +305,7 @@ class CapturedStep:
         self.pending.copy_(torch.cat([torch.where(unread, leaf_token, bonus_draft), bonus_draft]))
         self.count.copy_(1 + unread.long())
         self.first.fill_(False)
-        return torch.cat([accepted, bonus, path_tokens[1:]])
+        return torch.cat([accepted, bonus, path_tokens[1:], path[1:]])
 
     @staticmethod
     def _greedy(shape: CapturedShape, tokens: torch.Tensor, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -317,9 +345,9 @@ def captured_refusal(drafter: object, cache: Cache, processors: LogitsProcessorL
                 "as 'sequoia' does, so drop verifier (or pass 'sequoia') or leave captured off")
     if not is_static(cache):
         return "the cache is not static; pass cache_implementation='static' to generate"
-    if type(drafter) is not ModelTreeDrafter:
-        return ("the tree is sized every step; give a fixed shape (sequoia's plan=, tree's widths with per_step=False, "
-                "chain's confidence_threshold=0 with per_step=False)")
+    if type(drafter) not in (ModelTreeDrafter, SizedShapeDrafter):
+        return ("the tree is sized by the draft's own probabilities; captured steps draft planned shapes (sequoia, "
+                "tree, or chain with confidence_threshold=0)")
     if guard:
         return "the guard turns steps plain, which a captured step does not; set guard=False"
     if verifier == "greedy" and processors:
@@ -371,21 +399,22 @@ def captured_loop(
         runner.sync(ids[:-1])
     step = CapturedStep(target, cache, runner, vocab, first_row, sampling)
     step.start(ids[-1:], first_row)
-    full, runs = tuple(drafter.host_shape.parents), {}
+    schedule, runs = ShapeSchedule(drafter), {}
     stats.time_prefill = time.perf_counter() - start
     stops = BlockStops.of(stopping_criteria)
     finished = False
     while not finished:
-        # one function per shape: the drafter's, cut to whole levels near the caches' or the position table's end
-        parents = step.fitting(full, input_ids.shape[1])
+        # one function per shape: the schedule's, cut to whole levels near the caches' or the position table's end
+        parents = step.fitting(schedule.next(), input_ids.shape[1])
         shape = step.shape(parents)
         if parents not in runs:
             runs[parents] = functools.partial(step.step, shape)
             runs[parents] = runs[parents] if compile_step is None else compile_step(runs[parents])
         t0 = time.perf_counter()
         read = runs[parents]().tolist()  # the step's one read
-        accepted, bonus, path = read[0], read[1], read[2:]
+        accepted, bonus, path, nodes = read[0], read[1], read[2: 2 + shape.depth], read[2 + shape.depth:]
         block = path[:accepted] + [bonus]
+        schedule.learn(parents, [0, *nodes[:accepted]])
         t1 = time.perf_counter()
         input_ids, emitted, finished = emit(input_ids, block, torch.empty(len(block), 0), stopping_criteria, stops)
         if streamer is not None:
@@ -402,6 +431,8 @@ def captured_loop(
     if emitted < len(block):  # a stop inside the block: the cache holds the sequence but its last token, as plain's
         crop(cache, input_ids.shape[1] - 1)
     stats.graphs_compiled = len(runs) if compile_step is not None else 0
+    if schedule.sized:
+        stats.shrunk_steps, stats.size_probes = schedule.chooser.shrunk_steps, schedule.chooser.size_probes
     stats.time_total = time.perf_counter() - start
     if streamer is not None:
         streamer.end()

@@ -289,6 +289,27 @@ class ShapeChooser:
         return shrunk
 
 
+#: the sizes (nodes, root included) of the shapes a captured step drafts when sized every step (decoding/captured.py):
+#: one compiled graph each, besides the root alone; each stands for the sizes above the one before it
+CAPTURED_SIZES = (4, 8, 16, 32, 64)
+
+
+def bucketed(menu: ShapeMenu, sizer: StepSizer, acceptance: RankAcceptance,
+             sizes: Sequence[int] = CAPTURED_SIZES) -> ShapeMenu:
+    """`menu` cut to one shape per bucket of `sizes` (more nodes than the bucket before, at most its own): the one
+    predicted fastest per token now. A step compiled whole is one graph per shape, so a call sized from this menu
+    holds at most `len(sizes) + 1` graphs (the root alone is always on a menu)."""
+    per_token = menu.seconds_per_token(sizer, acceptance)
+    lengths = np.array([len(shape) for shape in menu.shapes])
+    kept, low = [], 1
+    for size in sizes:
+        inside = np.flatnonzero((lengths > low) & (lengths <= size))
+        if len(inside):
+            kept.append(menu.shapes[int(inside[per_token[inside].argmin()])])
+        low = size
+    return ShapeMenu.of(kept)
+
+
 def sub_shapes_menu(widths: Sequence[int]) -> ShapeMenu:
     """Every shape `widths_parents(w)` with w no wider than `widths` level by level and no deeper: a fixed shape's
     smaller versions, down to a one-token chain."""
