@@ -25,8 +25,9 @@ One step (gpt-fast's rollback by position: rows past a cache's write length are 
 
 Greedy output is plain's: the verdict is the walk `verify/greedy.py` makes, and the first token is the prompt pass's
 argmax, as plain computes it. Sampling is exact: the rows are processed as plain sampling processes them (the
-row-wise processors only: `ROW_WISE`), and the walk is the loop's. What the step cannot take is refused before
-decoding (`captured_refusal`).
+row-wise processors only: `ROW_WISE`), and the walk is the loop's. A method sized every step drafts one of a few
+bucketed shapes, chosen on the host before each step from the verdicts already read (`ShapeSchedule`): one compiled
+function per shape met. What the step cannot take is refused before decoding (`captured_refusal`).
 """
 
 from __future__ import annotations
@@ -159,9 +160,9 @@ class CapturedShape:
 
 class ShapeSchedule:
     """The shape of each captured step: a fixed shape's own; or, for a drafter sized every step (`SizedShapeDrafter`:
-    `sequoia` at its defaults, `tree` with `per_step`), one of a few shapes (`plan.shape_sizing.bucketed`: one per
-    size bucket, the root alone included) chosen before each step by the drafter's cost model, which learns the
-    sibling ranks kept from the verdicts read (nothing else is read for it)."""
+    `sequoia` and `chain` at their defaults, `tree` with `per_step`), one of a few shapes (`plan.shape_sizing.bucketed`:
+    one per size bucket, the root alone included) chosen before each step by the drafter's cost model, which learns
+    the sibling ranks kept from the verdicts read (nothing else is read for it)."""
 
     def __init__(self, drafter: ModelTreeDrafter) -> None:
         self.sized = isinstance(drafter, SizedShapeDrafter)
