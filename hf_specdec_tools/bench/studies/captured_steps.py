@@ -2,12 +2,13 @@
 
     python -m hf_specdec_tools.bench.studies.captured_steps --output benchmarks/results/zen4/captured-steps.json
 
-`captured=True` (hf_specdec/decoding/captured.py) runs a fixed shape's greedy step as one function of device work on
-static caches, read once; on a GPU it is compiled whole (one CUDA graph per shape), which is what it is for. On a CPU
-it runs eagerly, so this measures what it costs there: the embedded pair (`--dtype auto`: bfloat16 where this CPU
-multiplies it natively, the target prepacked, the draft from `quantize_draft`'s default), HumanEval prompts, each
-shape run through the loop and captured (both with `guard=False`: every step speculates), beside plain static-cache
-`generate`, the rows interleaved per prompt after one warm-up call each. Writes every call's seconds per token,
+`captured=True` (hf_specdec/decoding/captured.py) runs a step as one function of device work on static caches, read
+once; on a GPU it is compiled whole (one CUDA graph per shape), which is what it is for. On a CPU it runs eagerly, so
+this measures what it costs there: the embedded pair (`--dtype auto`: bfloat16 where this CPU multiplies it natively,
+the target prepacked, the draft from `quantize_draft`'s default), HumanEval prompts, each shape (two fixed ones, and
+`sequoia` at its defaults, captured from bucketed shapes) run through the loop and captured (both with `guard=False`:
+every step speculates), beside plain static-cache `generate`, the rows interleaved per prompt after one warm-up call
+each; greedy, or sampled with `--sampled`. Writes every call's seconds per token,
 tokens per step and whether its tokens equal plain's (a bfloat16 tree pass may round a near-tie the other way), and
 per row the median over prompts of plain's seconds per token over the row's.
 """
@@ -32,7 +33,11 @@ from hf_specdec_tools.prompts import humaneval_prompts
 SHAPES = {
     "chain 6": ChainConfig(num_draft_tokens=6, confidence_threshold=0, per_step=False, guard=False),
     "sequoia plan 24": SequoiaConfig(plan=plan_tree([0.75, 0.1, 0.05, 0.02], budget=24, max_depth=7), guard=False),
+    # at its defaults: sized every step (captured: from a few bucketed shapes, `shape_sizing.bucketed`)
+    "sequoia sized": SequoiaConfig(guard=False),
 }
+#: `--sampled`: what the real-pair bench samples with
+SAMPLING = {"do_sample": True, "temperature": 0.7, "top_k": 50}
 
 
 def rows(draft) -> dict[str, dict]:
@@ -45,10 +50,11 @@ def rows(draft) -> dict[str, dict]:
     return table
 
 
-def call(target, ids: torch.Tensor, new_tokens: int, kwargs: dict) -> tuple[torch.Tensor, float, object]:
+def call(target, ids: torch.Tensor, new_tokens: int, kwargs: dict,
+         sampling: dict | None = None) -> tuple[torch.Tensor, float, object]:
     start = time.perf_counter()
-    out = target.generate(ids, do_sample=False, max_new_tokens=new_tokens, cache_implementation="static",
-                          return_dict_in_generate=True, **kwargs)
+    out = target.generate(ids, max_new_tokens=new_tokens, cache_implementation="static",
+                          return_dict_in_generate=True, **(sampling or {"do_sample": False}), **kwargs)
     return out.sequences, time.perf_counter() - start, getattr(out, "speculation_stats", None)
 
 
@@ -58,7 +64,9 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=4)
     parser.add_argument("--new-tokens", type=int, default=48)
     parser.add_argument("--dtype", default="auto", choices=("auto", "bfloat16", "float32"))
+    parser.add_argument("--sampled", action="store_true", help=f"sample ({SAMPLING}) instead of greedy decoding")
     args = parser.parse_args()
+    sampling = SAMPLING if args.sampled else None
     dtype = getattr(torch, resolve_dtype(args.dtype))
     target, draft, tokenizer = load_default_pair(dtype)
     packed = prepack(target)
@@ -66,18 +74,18 @@ def main() -> None:
     table = rows(draft)
     prompts = [tokenizer(p, return_tensors="pt").input_ids for p in humaneval_prompts(args.prompts)]
     for kwargs in table.values():
-        call(target, prompts[0], 8, kwargs)
+        call(target, prompts[0], 8, kwargs, sampling)
     calls = []
     for index, ids in enumerate(prompts):
         names = list(table)
         names = names[index % len(names):] + names[: index % len(names)]  # rotated from prompt to prompt
         plain = None
         for name in ["plain static", *[n for n in names if n != "plain static"]]:
-            sequence, seconds, stats = call(target, ids, args.new_tokens, table[name])
+            sequence, seconds, stats = call(target, ids, args.new_tokens, table[name], sampling)
             plain = sequence if name == "plain static" else plain
             new = sequence.shape[1] - ids.shape[1]
             calls.append({"prompt": index, "row": name, "seconds_per_token": seconds / new, "new_tokens": new,
-                          "same_as_plain": bool(torch.equal(sequence, plain)),
+                          "same_as_plain": None if sampling else bool(torch.equal(sequence, plain)),
                           "tokens_per_step": stats.mean_tokens_per_step if stats else 1.0,
                           "captured": bool(stats and stats.captured)})
             print(f"{index} {name:28} {seconds / new:.3f} s/token, {calls[-1]['tokens_per_step']:.2f} tokens/step, "
@@ -92,6 +100,7 @@ def main() -> None:
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps({"environment": collect_environment(), "dtype": str(dtype),
                                        "prepack": packed.reason, "new_tokens": args.new_tokens,
+                                       "sampling": sampling,
                                        "shapes": {name: str(config.to_dict()) for name, config in SHAPES.items()},
                                        "summary": summary, "calls": calls}, indent=1, default=str))
 
