@@ -432,8 +432,8 @@ def captured_loop(
     if emitted < len(block):  # a stop inside the block: the cache holds the sequence but its last token, as plain's
         crop(cache, input_ids.shape[1] - 1)
     stats.graphs_compiled = len(runs) if compile_step is not None else 0
-    if schedule.sized:
-        stats.shrunk_steps, stats.size_probes = schedule.chooser.shrunk_steps, schedule.chooser.size_probes
+    if schedule.sized:  # (no size probes: no pass is timed apart, so the chooser prices every shape by its curves)
+        stats.shrunk_steps = schedule.chooser.shrunk_steps
     stats.time_total = time.perf_counter() - start
     if streamer is not None:
         streamer.end()
