@@ -10,7 +10,14 @@ from collections import Counter
 
 import pytest
 import torch
-from transformers import LogitsProcessorList, TemperatureLogitsWarper, TextStreamer, TopKLogitsWarper, TopPLogitsWarper
+from transformers import (
+    CompileConfig,
+    LogitsProcessorList,
+    TemperatureLogitsWarper,
+    TextStreamer,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+)
 
 from hf_specdec.accept.kv_cache import cache_length
 from hf_specdec.core.releases import output_cache
@@ -225,6 +232,24 @@ def test_shapes_sized_every_step_are_captured_from_a_few_buckets(qwen2_pair, met
         assert calls[-1].captured and calls[-1].tree_pass_sizes <= {1, *CAPTURED_SIZES}, calls[-1].tree_pass_sizes
     steps = calls[0].tokens_per_step
     assert max(steps) > 3 and calls[0].plain_steps < len(steps) / 2, steps
+
+
+def test_a_generator_is_honoured_eagerly_and_refused_where_the_step_compiles(qwen2_pair):
+    """`speculation_generator` drives a sampled captured step's draws where it runs eagerly (the same seed, the same
+    tokens; another seed, others); a compiled step cannot draw from a `torch.Generator` (Dynamo breaks the graph
+    there), so a call that compiles (here `_compile_all_devices` on the CPU) is refused before decoding."""
+    target, draft = qwen2_pair
+    ids = random_prompt(torch.Generator().manual_seed(5), 8)
+
+    def sampled(seed, **kwargs):
+        return captured_call(target, draft, ids, 16, "tree", do_sample=True, top_k=20,
+                             speculation_generator=torch.Generator().manual_seed(seed), **kwargs).sequences
+
+    assert torch.equal(sampled(3), sampled(3)) and not torch.equal(sampled(3), sampled(4))
+    config = CompileConfig(backend="eager", mode=None)
+    config._compile_all_devices = True
+    with pytest.raises(ValueError, match="speculation_generator is given"):
+        sampled(3, compile_config=config)
 
 
 REFUSED = [

@@ -336,9 +336,9 @@ class CapturedStep:
 
 def captured_refusal(drafter: object, cache: Cache, processors: LogitsProcessorList, criteria: StoppingCriteriaList,
                      verifier: str, records: TokenRecords, guard: bool, token_inputs: bool, shared: bool,
-                     batch: int = 1) -> str | None:
+                     batch: int = 1, compiled_generator: object = None) -> str | None:
     """Why this call's steps cannot be captured (a sentence naming the fix), or None. `verifier`: the call's ("greedy"
-    unless it samples)."""
+    unless it samples); `compiled_generator`: the call's `speculation_generator` where its steps are compiled."""
     if batch > 1:
         return f"it decodes a batch of {batch} sequences; captured steps decode one, or leave captured off"
     if verifier not in ("greedy", "sequoia"):
@@ -354,6 +354,10 @@ def captured_refusal(drafter: object, cache: Cache, processors: LogitsProcessorL
     if verifier == "greedy" and processors:
         return (f"logits processors are on ({', '.join(type(p).__name__ for p in processors)}); captured steps take "
                 "the raw argmax, so unset them (e.g. repetition_penalty) or leave captured off")
+    if verifier != "greedy" and compiled_generator is not None:
+        return ("a speculation_generator is given, and a compiled step cannot draw from a torch.Generator (its graph "
+                "would break at every draw); seed torch's global RNG (torch.manual_seed) instead, or leave captured "
+                "off")
     prefixed = [type(p).__name__ for p in processors if not isinstance(p, ROW_WISE)]
     if verifier != "greedy" and prefixed:
         return (f"logits processors that read more than a row are on ({', '.join(prefixed)}); captured sampled steps "

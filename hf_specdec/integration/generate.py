@@ -40,7 +40,7 @@ from ..draft.guarded import GuardedDrafter
 from ..methods.sequoia.lookup import call_temperature, plan_for_call
 from ..runtime.attention import keeps_state, tree_attention_kernels
 from ..runtime.devices import execution_device
-from ..runtime.faster_call import FasterCall
+from ..runtime.faster_call import GRAPHS_PER_FUNCTION, FasterCall
 from ..runtime.model_info import vocab_size
 from ..runtime.ranks import Ranks
 from ..verify import verifier_for
@@ -184,9 +184,10 @@ def speculative_generate(
     if captured:  # refused before anything is decoded or streamed
         drafter = config.make_drafter(model, call.assistant_model, logits_processor, verifier.child_selection,
                                       call.generator)
+        compiled = compiles(model, model_kwargs.get(CACHE), generation_config)
         refusal = captured_refusal(drafter, model_kwargs.get(CACHE), logits_processor, stopping_criteria,
                                    verifier.name, records, config.guard, bool(token_inputs.prompt), ranks.shared,
-                                   batch)
+                                   batch, call.generator if compiled else None)
         if refusal is not None:
             raise ValueError(f"speculation={config.method!r} with captured=True cannot decode this call: {refusal}.")
     plainly = "the plan is the root alone"  # why Transformers' own loop decodes the call, if it does
@@ -236,9 +237,14 @@ def speculative_generate(
             step = (None if forward is None else
                     lambda run: torch.compile(run, **(generation_config.compile_config or CompileConfig()).to_dict()))
             sampling = CapturedSampling(logits_processor, call.generator) if do_sample else None
-            result = captured_loop(model, input_ids, drafter, cache, stopping_criteria, vocab_size(model),
-                                   streamer=call.streamer, stats=stats, model_kwargs={**model_kwargs, CACHE: cache},
-                                   compile_step=step, sampling=sampling)
+            # a graph per shape (a sized call's buckets, a shape cut near the cache's end): past Dynamo's 8 a
+            # function runs eagerly, so the limit is raised as for the compiled tree passes (`faster_call`)
+            limit = max(torch._dynamo.config.recompile_limit, GRAPHS_PER_FUNCTION)
+            with torch._dynamo.config.patch(recompile_limit=limit):
+                result = captured_loop(model, input_ids, drafter, cache, stopping_criteria, vocab_size(model),
+                                       streamer=call.streamer, stats=stats,
+                                       model_kwargs={**model_kwargs, CACHE: cache}, compile_step=step,
+                                       sampling=sampling)
         else:
             result = speculative_loop(
                 model, input_ids, drafter, verifier, cache, logits_processor, stopping_criteria,
@@ -327,9 +333,14 @@ def compiled_forward(model: PreTrainedModel, cache: Any, generation_config: Gene
     is used (`get_compiled_call(compile_config)`), so a call compiles exactly when plain generate's would, and the
     graphs are shared with it. A forward the user compiled themselves is simply the model's call.
     """
-    if not model._valid_auto_compile_criteria(cache_arg(cache), generation_config):
+    if not compiles(model, cache, generation_config):
         return None
     return model.get_compiled_call(generation_config.compile_config)
+
+
+def compiles(model: PreTrainedModel, cache: Any, generation_config: GenerationConfig) -> bool:
+    """Whether plain `generate` would compile its decoding steps for this call and cache (Transformers' own rule)."""
+    return model._valid_auto_compile_criteria(cache_arg(cache), generation_config)
 
 
 def with_stop_strings(criteria: StoppingCriteriaList, call: SpeculationCall) -> StoppingCriteriaList:
