@@ -6,8 +6,8 @@ compiled decoding. For a tree of one shape on static caches nothing in a greedy 
 masks follow from the caches' write lengths (device scalars), the children from the draft's top-k, the verdict from
 the target's argmax, and the compaction is an index copy of depth + 1 rows. So the step is one function of device
 tensors (`CapturedStep`), which `torch.compile` can turn into one graph per shape (a CUDA graph with
-`mode="reduce-overhead"`), and the host reads one small tensor a step: the accepted count, the bonus token and the
-path's tokens, to emit, stream and stop (`captured_loop`).
+`mode="reduce-overhead"`), and the host reads one small tensor a step: the accepted count, the bonus token, the
+path and the drafted tokens, to emit, stream and stop (`captured_loop`).
 
 One step (gpt-fast's rollback by position: rows past a cache's write length are stale, later writes overwrite them):
 1. the draft catches up with the 1 or 2 committed tokens it has not read (the last step's unforwarded accepted leaf,
@@ -175,19 +175,21 @@ class ShapeSchedule:
     def next(self) -> tuple[int, ...]:
         return tuple(self.menu.shapes[self.chooser.choose(self.sizer, self.ranks)]) if self.sized else self.fixed
 
-    def learn(self, parents: tuple[int, ...], path: list[int]) -> None:
-        """A step over `parents` kept `path` (its nodes, root first)."""
+    def learn(self, parents: tuple[int, ...], tokens: list[int], path: list[int]) -> None:
+        """A step over `parents` drafting `tokens` (-1: a node the draft could not fill, never a candidate) kept
+        `path` (its nodes, root first)."""
         if self.sized and len(parents) > 1:
             self.chooser.shrunk(len(parents))
-            children = HostTree(parents=list(parents)).children()
+            children = [[c for c in kids if tokens[c] >= 0] for kids in HostTree(parents=list(parents)).children()]
             self.ranks.learn(children, path, [children[parent].index(node) for parent, node in zip(path, path[1:])])
 
 
 class CapturedStep:
     """Steps on the static caches of `target` and the draft `runner` (see the module's notes), of any shape.
 
-    `start` loads the first catch-up; `step(shape)` runs a step and returns its read `(2 * depth + 2,)`: the
-    accepted count, the bonus token, the path's drafted tokens, then its nodes (the first `count` of each accepted).
+    `start` loads the first catch-up; `step(shape)` runs a step and returns its read `(2 + depth + nodes,)`: the
+    accepted count, the bonus token, the path's nodes below the root (the first `count` of them accepted), then every
+    node's token (-1 where the draft could not fill it).
     State between steps lives in device tensors updated in place, so a compiled step keeps its buffers; the shape is
     fixed per compiled function (`fitting` cuts it to whole levels where the caches' rows or the position table run
     out)."""
@@ -292,7 +294,6 @@ class CapturedStep:
         levels = torch.arange(shape.depth + 1, device=tdev)
         on_path = shape.ancestors.index_select(0, leaf) & (shape.depths[None] == levels[:, None])
         path = on_path.int().argmax(-1)  # the path's node at each depth (the root past its end: never kept)
-        path_tokens = tokens.index_select(0, path)
         # 5. the target keeps the path's rows (the root's and the accepted nodes'), the bonus token is the next root
         keep_rows(self.cache, target_past + path, target_past + levels)
         set_length(self.cache, target_past + accepted[0] + 1)
@@ -301,12 +302,12 @@ class CapturedStep:
         forwarded = (shape.forwarded[drafted] & (levels[1:].to(ddev) <= accepted.to(ddev))).sum()  # a prefix
         keep_rows(self.draft_cache, past + shape.slots[drafted], past + torch.arange(shape.depth, device=ddev))
         set_length(self.draft_cache, past + forwarded)
-        leaf_token, bonus_draft = path_tokens.index_select(0, accepted).to(ddev), bonus.to(ddev)
+        leaf_token, bonus_draft = tokens.index_select(0, path.index_select(0, accepted)).to(ddev), bonus.to(ddev)
         unread = forwarded < accepted.to(ddev)[0]
         self.pending.copy_(torch.cat([torch.where(unread, leaf_token, bonus_draft), bonus_draft]))
         self.count.copy_(1 + unread.long())
         self.first.fill_(False)
-        return torch.cat([accepted, bonus, path_tokens[1:], path[1:]])
+        return torch.cat([accepted, bonus, path[1:], tokens])
 
     @staticmethod
     def _greedy(shape: CapturedShape, tokens: torch.Tensor, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -417,9 +418,9 @@ def captured_loop(
             runs[parents] = runs[parents] if compile_step is None else compile_step(runs[parents])
         t0 = time.perf_counter()
         read = runs[parents]().tolist()  # the step's one read
-        accepted, bonus, path, nodes = read[0], read[1], read[2: 2 + shape.depth], read[2 + shape.depth:]
-        block = path[:accepted] + [bonus]
-        schedule.learn(parents, [0, *nodes[:accepted]])
+        accepted, bonus, nodes, tokens = read[0], read[1], read[2: 2 + shape.depth], read[2 + shape.depth:]
+        block = [tokens[node] for node in nodes[:accepted]] + [bonus]
+        schedule.learn(parents, tokens, [0, *nodes[:accepted]])
         t1 = time.perf_counter()
         input_ids, emitted, finished = emit(input_ids, block, torch.empty(len(block), 0), stopping_criteria, stops)
         if streamer is not None:
