@@ -187,7 +187,8 @@ class ShapeSchedule:
 class CapturedStep:
     """Steps on the static caches of `target` and the draft `runner` (see the module's notes), of any shape.
 
-    `start` loads the first catch-up; `step(shape)` runs a step and returns its read `(2 + depth + nodes,)`: the
+    `first_row`: the root's logits as the prompt pass computed them (the call's first token, as plain takes it from
+    them). `start` loads the first catch-up; `step(shape)` runs a step and returns its read `(2 + depth + nodes,)`: the
     accepted count, the bonus token, the path's nodes below the root (the first `count` of them accepted), then every
     node's token (-1 where the draft could not fill it).
     State between steps lives in device tensors updated in place, so a compiled step keeps its buffers; the shape is
@@ -203,8 +204,8 @@ class CapturedStep:
         self.target_width, self.draft_width = static_capacity(cache), static_capacity(self.draft_cache)
         self.pending = torch.zeros(CATCH_UP, dtype=torch.long, device=self.draft_device)
         self.count = torch.ones((), dtype=torch.long, device=self.draft_device)
-        self.first = torch.zeros((), dtype=torch.bool, device=self.target_device)  # the root's row is given
-        self.first_row = torch.zeros_like(first_row, dtype=torch.float32, device=self.target_device)
+        self.first = torch.ones((), dtype=torch.bool, device=self.target_device)  # the first step: the root's row given
+        self.first_row = first_row.to(self.target_device, torch.float32, copy=True)
         for state in (self.pending, self.count, self.first, self.first_row):  # mutated in place by the step: CUDA
             torch._dynamo.mark_static_address(state)  # graphs keep their addresses, as Transformers' static caches
         self._shapes: dict[tuple[int, ...], CapturedShape] = {}
@@ -214,16 +215,11 @@ class CapturedStep:
             self._shapes[parents] = CapturedShape.of(list(parents), self.target_device, self.draft_device)
         return self._shapes[parents]
 
-    def start(self, pending: list[int], first_row: torch.Tensor | None) -> None:
-        """The draft has yet to read `pending` (1 or 2 committed tokens, the root last); `first_row`: the root's
-        logits as the prompt pass computed them (the call's first step, whose first token plain takes from them),
-        else None."""
+    def start(self, pending: list[int]) -> None:
+        """The draft has yet to read `pending` (1 or 2 committed tokens, the root last)."""
         padded = pending + pending[-1:] * (CATCH_UP - len(pending))
         self.pending.copy_(torch.tensor(padded))
         self.count.fill_(len(pending))
-        self.first.fill_(first_row is not None)
-        if first_row is not None:
-            self.first_row.copy_(first_row)
 
     def fitting(self, parents: tuple[int, ...], committed: int) -> tuple[int, ...]:
         """`parents` cut to whole levels (a prefix: the shape is breadth first) that both caches and the target's
@@ -398,13 +394,12 @@ def captured_loop(
     stats.captured = True
     start = time.perf_counter()
     prefill = prompt_pass(target, input_ids, cache, model_kwargs or {}, False)
-    first_row = prefill.logits[0, -1].float()
     runner = drafter.runner
     ids = drafter.sequence.read(input_ids)
     if len(ids) > 1:  # the draft reads the prompt but its last token in an eager pass, the root in the first step
         runner.sync(ids[:-1])
-    step = CapturedStep(target, cache, runner, vocab, first_row, sampling)
-    step.start(ids[-1:], first_row)
+    step = CapturedStep(target, cache, runner, vocab, prefill.logits[0, -1], sampling)
+    step.start(ids[-1:])
     schedule, runs = ShapeSchedule(drafter), {}
     stats.time_prefill = time.perf_counter() - start
     stops = BlockStops.of(stopping_criteria)
