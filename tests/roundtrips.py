@@ -143,31 +143,48 @@ def count_round_trips(*models: torch.nn.Module):
         counts.draft_passes += batch_draft_passes(drafter)
         return result
 
-    captured_loop, captured_step = integration.captured_loop, captured.CapturedStep.step
+    captured_loop = integration.captured_loop
+    captured_methods = {name: getattr(captured.CapturedStep, name) for name in ("step", "plain_step", "resume",
+                                                                               "_draft_pass")}
 
     def counted_captured_loop(target, input_ids, drafter, *args, **kwargs):
-        """A captured step: from one call of the step function to the next (its draft passes: the shape's)."""
+        """A captured step: from one call of a step function (a tree's, or a plain step's) to the next, a tree's
+        starting at the draft's catch-up after plain steps (`resume`) where there is one; its draft passes counted
+        as they run."""
         last = [0]
         passes = []
+        resumed = [False]
 
         def close_step():
             if counts.active:
                 counts.steps.append(Step(counts.reads - last[0], passes[-1]))
 
-        def counted_step(self, shape):
-            close_step()
-            counts.active = True
-            last[0] = counts.reads
-            passes.append(shape.draft_passes)
-            return captured_step(self, shape)
+        def opening(name):
+            def opened(self, *args):
+                if not (name == "step" and resumed[0]):  # a tree after plain steps: its window opened at `resume`
+                    close_step()
+                    counts.active = True
+                    last[0] = counts.reads
+                    passes.append(0)
+                resumed[0] = name == "resume"
+                return captured_methods[name](self, *args)
+            return opened
 
-        captured.CapturedStep.step = counted_step
+        def counted_pass(self, *args):
+            if counts.active:
+                passes[-1] += 1
+            return captured_methods["_draft_pass"](self, *args)
+
+        for name in ("step", "plain_step", "resume"):
+            setattr(captured.CapturedStep, name, opening(name))
+        captured.CapturedStep._draft_pass = counted_pass
         try:
             result = captured_loop(target, input_ids, drafter, *args, **kwargs)
             close_step()
         finally:
             counts.active = False
-            captured.CapturedStep.step = captured_step
+            for name, method in captured_methods.items():
+                setattr(captured.CapturedStep, name, method)
         for step, emitted in zip(counts.steps[len(counts.steps) - len(passes) :], result.stats.tokens_per_step):
             step.emitted = emitted
         counts.target_passes += result.stats.target_forwards

@@ -109,6 +109,144 @@ def test_a_step_reads_the_host_once_whatever_its_levels(qwen2_pair, method, monk
     assert all(step.reads == 1 for step in counts.steps), [(s.reads, s.draft_passes) for s in counts.steps]
 
 
+@pytest.fixture
+def plain_pattern(monkeypatch):
+    """Captured schedules pick the root alone (a plain step) or their shape as `pattern[step % len]` says (True:
+    plain); returns the list to fill."""
+    pattern: list[bool] = []
+
+    def next_shape(self):
+        self.steps = getattr(self, "steps", -1) + 1
+        return (-1,) if pattern[self.steps % len(pattern)] else self.fixed
+
+    monkeypatch.setattr(captured.ShapeSchedule, "next", next_shape)
+    return pattern
+
+
+@pytest.mark.parametrize("method", sorted(SHAPES))
+def test_plain_steps_run_no_draft_pass_and_the_draft_catches_up_before_the_next_tree(qwen2_pair, method,
+                                                                                   plain_pattern):
+    """Plain steps (the root alone) among trees, one or several in a row, the first step plain too: plain's tokens;
+    a plain step runs the target's pass alone and reads once; the first tree after them runs one eager catch-up pass
+    over what the draft missed (one read more), and a draft that is the target still keeps the shape's whole depth
+    there (a draft cache out of step with the sequence would propose other tokens)."""
+    target = qwen2_pair[0]
+    ids = random_prompt(torch.Generator().manual_seed(5), 8)
+    expected = target.generate(ids, do_sample=False, max_new_tokens=30, cache_implementation="static")
+    plain_pattern.append(False)
+    fixed = captured_call(target, copy.deepcopy(target), ids, 30, method).speculation_stats  # the shape every step
+    plain_pattern[:] = [True, False, True, True, False, False]
+    for draft in (copy.deepcopy(target), qwen2_pair[1]):
+        with count_round_trips(target, draft) as counts:
+            out = captured_call(target, draft, ids, 30, method)
+        assert torch.equal(out.sequences, expected)
+        stats = out.speculation_stats
+        steps = len(stats.tokens_per_step)
+        plain = [plain_pattern[i % len(plain_pattern)] for i in range(steps)]
+        assert stats.plain_steps == sum(plain) > 2
+        assert [tokens for tokens, p in zip(stats.tokens_per_step, plain) if p] == [1] * sum(plain)
+        for index, (step, is_plain) in enumerate(zip(counts.steps, plain)):
+            after_plain = not is_plain and index > 0 and plain[index - 1]
+            assert step.draft_passes == (0 if is_plain else fixed_passes(fixed) + after_plain), index
+            assert step.reads == 1 + after_plain, index
+        if draft is not qwen2_pair[1]:
+            trees = [tokens for tokens, p in zip(stats.tokens_per_step, plain) if not p]
+            assert all(tokens == max(fixed.tokens_per_step) for tokens in trees[:-1]), stats.tokens_per_step
+
+
+def fixed_passes(stats) -> int:
+    """Draft passes of one step of a call that drafted its shape every step."""
+    return stats.draft_forwards // stats.target_forwards
+
+
+def test_a_sized_schedule_that_prices_trees_a_loss_decodes_plainly_without_draft_passes(qwen2_pair, monkeypatch,
+                                                                                          tmp_path):
+    """`sequoia` at its defaults, captured, with curves where a draft pass costs what the target's does: the cost model
+    picks the root alone (plain steps, no draft pass), trees only as its probes; plain's tokens. (The plan this
+    unrelated draft calibrates is stored apart: other tests' calls find the suite's store as they left it.)"""
+    import dataclasses
+
+    from hf_specdec.methods import static_shape
+    from hf_specdec.methods.sequoia import store
+    from hf_specdec.plan.latency import LatencyCurve
+
+    monkeypatch.setattr(store, "user_plan_dir", lambda: tmp_path)
+
+    measured = static_shape.online_sizer
+
+    def costly_draft(profile, target, draft, processors):
+        sizer = measured(profile, target, draft, processors)
+        flat = LatencyCurve((1, 128), (0.01, 0.01))
+        sizer.profile = dataclasses.replace(profile, target=flat, draft=flat, step_overhead=0.0)
+        sizer.timing_memory = 1.0
+        return sizer
+
+    monkeypatch.setattr(static_shape, "online_sizer", costly_draft)
+    target, draft = qwen2_pair
+    ids = random_prompt(torch.Generator().manual_seed(5), 8)
+    expected = target.generate(ids, do_sample=False, max_new_tokens=30, cache_implementation="static")
+    out = target.generate(ids, assistant_model=draft, speculation="sequoia", do_sample=False, max_new_tokens=30,
+                          speculation_config={"captured": True, "guard": False}, cache_implementation="static",
+                          return_dict_in_generate=True)
+    assert torch.equal(out.sequences, expected)
+    stats = out.speculation_stats
+    trees = stats.target_forwards - stats.plain_steps
+    assert stats.plain_steps >= 24 and trees <= 3, stats.tokens_per_step  # a probe after every 8 plain choices
+    assert stats.draft_forwards <= trees * 7  # each tree's levels and catch-up; plain steps none
+
+
+@pytest.mark.parametrize("method", sorted(SHAPES))
+def test_the_guard_turns_captured_steps_plain_while_speculation_loses(qwen2_pair, method, monkeypatch):
+    """The measured guard (on by default) in a captured call: one that judges every speculative step a loss waits
+    plain steps (no draft pass, one read), then probes with a tree after the draft caught up; plain's tokens. The
+    suite's guard, which never judges a loss, leaves every step speculating."""
+    import weakref
+
+    from hf_specdec.draft import guarded
+    from hf_specdec.plan import guard
+    from hf_specdec.plan.guard import PlainGuard
+
+    target = qwen2_pair[0]
+    ids = random_prompt(torch.Generator().manual_seed(5), 8)
+    expected = target.generate(ids, do_sample=False, max_new_tokens=30, cache_implementation="static")
+    call = dict(assistant_model=copy.deepcopy(target), speculation=method, do_sample=False, max_new_tokens=30,
+                speculation_config={**SHAPES[method], "captured": True}, cache_implementation="static",
+                return_dict_in_generate=True)
+    kept = target.generate(ids, **call)
+    assert torch.equal(kept.sequences, expected) and kept.speculation_stats.plain_steps == 0
+    monkeypatch.setattr(guard, "_REMEMBERED", weakref.WeakKeyDictionary())  # not the guard the last call left
+    monkeypatch.setattr(guarded, "sequence_guard", lambda: PlainGuard(margin=0.0, patience=2, quick_patience=1))
+    with count_round_trips(target, call["assistant_model"]) as counts:
+        out = target.generate(ids, **call)
+    assert torch.equal(out.sequences, expected)
+    stats = out.speculation_stats
+    plain = [tokens == 1 and step.draft_passes == 0 for tokens, step in zip(stats.tokens_per_step, counts.steps)]
+    assert stats.plain_steps == sum(plain) >= 4, stats.tokens_per_step  # a wait of 4 plain steps (then 8, ...)
+    assert any(prev and not now for prev, now in zip(plain, plain[1:])), stats.tokens_per_step  # then a probe
+    assert max(stats.tokens_per_step) > 2 and stats.target_forwards < 30  # trees still drafted (and kept)
+    assert all(step.reads == 1 for step, is_plain in zip(counts.steps, plain) if is_plain)
+
+
+@pytest.mark.parametrize("pattern", [[True, True], [True, False]], ids=["plain-plain", "plain-tree"])
+def test_plain_steps_sample_exactly_plain_samplings_distribution(pattern, plain_pattern):
+    """Two sampled tokens, the first from a plain step, the second from another or from a tree drafted after the
+    draft caught up: plain sampling's exact joint law (chi-square and total variation), as for trees alone."""
+    plain_pattern += pattern
+    target, draft = sampling_pair()
+    exact = joint_of(target, PROMPT, _row_wise_processors())
+    torch.manual_seed(4321)
+    counts, plain_steps = Counter(), 0
+    for _ in range(SAMPLES):
+        out = target.generate(PROMPT, assistant_model=draft, speculation="sequoia", max_new_tokens=2,
+                              speculation_config={**SHAPES["sequoia"], "captured": True, "guard": False},
+                              cache_implementation="static", return_dict_in_generate=True, **ROW_WISE_SAMPLING)
+        counts[tuple(out.sequences[0, PROMPT.shape[1]:].tolist())] += 1
+        plain_steps += out.speculation_stats.plain_steps
+    assert plain_steps == SAMPLES * sum(pattern)
+    assert chi_square_pvalue(counts, exact, SAMPLES) > 1e-3
+    assert total_variation({k: c / SAMPLES for k, c in counts.items()}, exact) < 0.2
+
+
 def test_a_stop_inside_an_accepted_block_lands_where_plains_does(qwen2_pair):
     """An end-of-sequence token that the draft gets right mid-path: the output stops on it and the returned cache
     holds the sequence but its last token, as plain's; the streamer gets exactly the emitted tokens."""
@@ -137,10 +275,12 @@ def test_a_stop_inside_an_accepted_block_lands_where_plains_does(qwen2_pair):
 
 
 @pytest.mark.slow
-def test_the_step_compiled_whole_gives_the_same_tokens(qwen2_pair, monkeypatch):
+def test_the_step_compiled_whole_gives_the_same_tokens(qwen2_pair, monkeypatch, plain_pattern):
     """`torch.compile` over the whole step as one graph (`fullgraph=True` raises at any break; inductor on the CPU
     here, where a GPU call compiles it with the call's compile config, mode="reduce-overhead" by default): plain's
-    tokens, every step run by the compiled function; sampled steps too."""
+    tokens, every step run by the compiled function; sampled steps too, and plain steps (the root alone) among trees,
+    a graph of their own."""
+    plain_pattern.append(False)
     target = qwen2_pair[0]
     ids = random_prompt(torch.Generator().manual_seed(5), 8)
     expected = target.generate(ids, do_sample=False, max_new_tokens=20, cache_implementation="static")
@@ -166,6 +306,13 @@ def test_the_step_compiled_whole_gives_the_same_tokens(qwen2_pair, monkeypatch):
     steps = out.speculation_stats.tokens_per_step
     assert out.sequences.shape[1] == ids.shape[1] + 20 and len(calls) == len(steps)
     assert all(tokens == 3 for tokens in steps[:-1]), steps
+    calls.clear()
+    torch._dynamo.reset()
+    plain_pattern[:] = [True, False, True]
+    out = captured_call(target, copy.deepcopy(target), ids, 20, "tree")
+    assert torch.equal(out.sequences, expected)
+    assert len(calls) == out.speculation_stats.target_forwards and out.speculation_stats.plain_steps > 2
+    assert out.speculation_stats.graphs_compiled == 2
 
 
 @pytest.mark.parametrize("method", [*sorted(SHAPES), "sequoia sized"])
@@ -256,7 +403,6 @@ REFUSED = [
     ({"do_sample": True}, {"verifier": "specinfer"}, "verifier='specinfer'"),
     ({"do_sample": True, "repetition_penalty": 1.2}, {}, "read more than a row are on (RepetitionPenalty"),
     ({"cache_implementation": "dynamic"}, {}, "cache_implementation='static'"),
-    ({}, {"guard": True}, "guard=False"),
     ({"repetition_penalty": 1.2}, {}, "RepetitionPenaltyLogitsProcessor"),
     ({"output_scores": True, "return_dict_in_generate": True}, {}, "output scores"),
     ({"stop_strings": ["w9"]}, {}, "stop strings"),

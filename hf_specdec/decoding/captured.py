@@ -27,13 +27,18 @@ Greedy output is plain's: the verdict is the walk `verify/greedy.py` makes, and 
 argmax, as plain computes it. Sampling is exact: the rows are processed as plain sampling processes them (the
 row-wise processors only: `ROW_WISE`), and the walk is the loop's. A method sized every step drafts one of a few
 bucketed shapes, chosen on the host before each step from the verdicts already read (`ShapeSchedule`): one compiled
-function per shape met. What the step cannot take is refused before decoding (`captured_refusal`).
+function per shape met. The root alone (a sized schedule's plain step, or a shape cut at the caches' end) is a plain
+step: the target's pass over the root and no draft pass; the draft reads the tokens it missed in one eager pass
+before the next tree (`CapturedStep.resume`), as the loop's drafters catch up after the guard's plain steps. The
+measured guard turns steps plain the same way while speculation loses. What the step cannot take is refused before
+decoding (`captured_refusal`).
 """
 
 from __future__ import annotations
 
 import functools
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -59,6 +64,7 @@ from ..draft.shaped_tree import ModelTreeDrafter, planned_shape
 from ..draft.sized_shape import SizedShapeDrafter
 from ..logits.child_selection import select_children
 from ..logits.wide_rows import row_argmax, row_topk
+from ..plan.guard import PlainGuard
 from ..plan.shape_sizing import ShapeChooser, bucketed
 from ..runtime.attention import AttentionLayout
 from ..runtime.devices import execution_device
@@ -71,6 +77,8 @@ from .outputs import TokenRecords
 from .stats import SpeculationStats
 from .step import prompt_pass
 
+#: runs of a compiled step function the guard does not judge: the first compiles, CUDA graph trees record on later ones
+WARM_RUNS = 3
 CATCH_UP = 2  # rows of the draft's catch-up pass: the last step's unforwarded accepted leaf (if any) and its bonus
 #: the processors a sampled step applies to all its rows at once: each reads its row alone, never the tokens before it
 #: (a repetition penalty or a minimum length would need each node's own prefix)
@@ -145,7 +153,7 @@ class CapturedShape:
                                           level.rows, level.cols))
         target_tree = planned_shape(tuple(shape), torch.device(target_device))[1]
         parents = torch.tensor([max(parent, 0) for parent in host.parents])
-        return cls(len(shape), padded_size(len(shape)), int(depths.max()), parents.to(target_device),
+        return cls(len(shape), padded_size(len(shape)), max(host.depths()), parents.to(target_device),
                    depths.to(target_device), ancestors.to(target_device),
                    PaddedTree.of(target_tree, padded_size(len(shape)), target_device), tuple(captured),
                    torch.tensor([max(slot, 0) for slot in slot_of]).to(draft_device),
@@ -206,7 +214,8 @@ class CapturedStep:
         self.count = torch.ones((), dtype=torch.long, device=self.draft_device)
         self.first = torch.ones((), dtype=torch.bool, device=self.target_device)  # the first step: the root's row given
         self.first_row = first_row.to(self.target_device, torch.float32, copy=True)
-        for state in (self.pending, self.count, self.first, self.first_row):  # mutated in place by the step: CUDA
+        self.root = torch.zeros(1, dtype=torch.long, device=self.target_device)  # a plain step's input (`plain_step`)
+        for state in (self.pending, self.count, self.first, self.first_row, self.root):  # mutated in place: CUDA
             torch._dynamo.mark_static_address(state)  # graphs keep their addresses, as Transformers' static caches
         self._shapes: dict[tuple[int, ...], CapturedShape] = {}
 
@@ -220,6 +229,23 @@ class CapturedStep:
         padded = pending + pending[-1:] * (CATCH_UP - len(pending))
         self.pending.copy_(torch.tensor(padded))
         self.count.fill_(len(pending))
+
+    def resume(self, plain_tokens: list[int]) -> None:
+        """After plain steps, which ran no draft pass: the draft reads what it lacks (the tokens it had pending, then
+        `plain_tokens`), all but the last in one eager pass; the last is the next step's root. One read (the pending
+        count), once per return from plain steps."""
+        count, *pending = torch.cat([self.count[None], self.pending]).tolist()
+        lagging = pending[:count] + plain_tokens
+        if len(lagging) > 1:
+            ddev = self.draft_device
+            before = self.draft_cache.layers[0].cumulative_length.clone()
+            positions = before + torch.arange(len(lagging) - 1, device=ddev)
+            columns = torch.arange(self.draft_width, device=ddev)
+            masks = self.draft_layout.masks(columns[None] <= positions[:, None], positions, columns, self.draft.dtype,
+                                            ddev)
+            self._draft_pass(torch.tensor(lagging[:-1], device=ddev), positions, masks)
+            set_length(self.draft_cache, before + len(lagging) - 1)
+        self.start(lagging[-1:])
 
     def fitting(self, parents: tuple[int, ...], committed: int) -> tuple[int, ...]:
         """`parents` cut to whole levels (a prefix: the shape is breadth first) that both caches and the target's
@@ -305,6 +331,24 @@ class CapturedStep:
         self.first.fill_(False)
         return torch.cat([accepted, bonus, path[1:], tokens])
 
+    @torch.no_grad()
+    def plain_step(self, shape: CapturedShape) -> torch.Tensor:
+        """A plain step (`shape`: the root alone, `self.root`): the target's pass over the root and its token, as plain
+        decoding takes it; no draft pass (the draft reads the plain steps' tokens in `resume`). Returns the token, (1,),
+        which is also the next plain step's root."""
+        target_past = self.cache.layers[0].cumulative_length.clone()
+        fed = torch.cat([self.root, self.root.expand(shape.size - 1)])
+        positions, masks = shape.target_rows.inputs(target_past, self.target_width, self.target_layout,
+                                                    self.target.dtype)
+        output = self.target(input_ids=fed[None], attention_mask=masks, position_ids=positions[None],
+                             **cache_arg(self.cache), use_cache=True, return_dict=True)
+        logits = torch.where(self.first, self.first_row, output.logits[0, 0].float())[None]
+        token = row_argmax(logits) if self.sampling is None else self.sampling.children(logits, 1)[0].reshape(1)
+        set_length(self.cache, target_past + 1)
+        self.first.fill_(False)
+        self.root.copy_(token)
+        return token
+
     @staticmethod
     def _greedy(shape: CapturedShape, tokens: torch.Tensor, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The deepest node kept (its token its parent's argmax, its parent kept) and its argmax, `(1,)` each."""
@@ -332,7 +376,7 @@ class CapturedStep:
 
 
 def captured_refusal(drafter: object, cache: Cache, processors: LogitsProcessorList, criteria: StoppingCriteriaList,
-                     verifier: str, records: TokenRecords, guard: bool, token_inputs: bool, shared: bool,
+                     verifier: str, records: TokenRecords, token_inputs: bool, shared: bool,
                      batch: int = 1, compiled_generator: object = None) -> str | None:
     """Why this call's steps cannot be captured (a sentence naming the fix), or None. `verifier`: the call's ("greedy"
     unless it samples); `compiled_generator`: the call's `speculation_generator` where its steps are compiled."""
@@ -346,8 +390,6 @@ def captured_refusal(drafter: object, cache: Cache, processors: LogitsProcessorL
     if type(drafter) not in (ModelTreeDrafter, SizedShapeDrafter):
         return ("the tree is sized by the draft's own probabilities; captured steps draft planned shapes (sequoia, "
                 "tree, or chain with confidence_threshold=0)")
-    if guard:
-        return "the guard turns steps plain, which a captured step does not; set guard=False"
     if verifier == "greedy" and processors:
         return (f"logits processors are on ({', '.join(type(p).__name__ for p in processors)}); captured steps take "
                 "the raw argmax, so unset them (e.g. repetition_penalty) or leave captured off")
@@ -386,10 +428,12 @@ def captured_loop(
     model_kwargs: dict | None = None,
     compile_step: Callable[[Callable], Callable] | None = None,
     sampling: CapturedSampling | None = None,
+    guard: PlainGuard | None = None,
 ) -> LoopResult:
     """Decode one sequence with captured steps of the drafter's shape (`captured_refusal` said yes), until a stopping
     criterion fires: greedily, or sampling as `sampling` says. `compile_step` wraps the step (`torch.compile`), or
-    None to run it eagerly."""
+    None to run it eagerly. `guard`: the measured guard (plan/guard.py), which turns steps plain while speculation
+    loses; it judges each step timed whole (its read waits for the step's work), the draft's prompt pass apart."""
     stats = stats or SpeculationStats()
     stats.captured = True
     start = time.perf_counter()
@@ -397,37 +441,57 @@ def captured_loop(
     runner = drafter.runner
     ids = drafter.sequence.read(input_ids)
     if len(ids) > 1:  # the draft reads the prompt but its last token in an eager pass, the root in the first step
+        synced = time.perf_counter()
         runner.sync(ids[:-1])
+        if guard is not None:  # what a call's draft prompt pass costs: the call price's (`PlainGuard.price`)
+            guard.observe_prompt(time.perf_counter() - synced, len(ids) - 1)
     step = CapturedStep(target, cache, runner, vocab, prefill.logits[0, -1], sampling)
     step.start(ids[-1:])
-    schedule, runs = ShapeSchedule(drafter), {}
+    schedule, runs, ran = ShapeSchedule(drafter), {}, Counter()
     stats.time_prefill = time.perf_counter() - start
     stops = BlockStops.of(stopping_criteria)
-    finished = False
+    finished, last, behind = False, ids[-1], None  # behind: the plain steps' tokens the draft has not read
     while not finished:
-        # one function per shape: the schedule's, cut to whole levels near the caches' or the position table's end
-        parents = step.fitting(schedule.next(), input_ids.shape[1])
-        shape = step.shape(parents)
+        # one function per shape: the schedule's, cut to whole levels near the caches' or the position table's end;
+        # the root alone is a plain step, which leaves the draft behind until the next tree
+        guarded = guard is not None and guard.plain_next()
+        parents = (-1,) if guarded else step.fitting(schedule.next(), input_ids.shape[1])
+        shape, plain = step.shape(parents), len(parents) == 1
         if parents not in runs:
-            runs[parents] = functools.partial(step.step, shape)
+            runs[parents] = functools.partial(step.plain_step if plain else step.step, shape)
             runs[parents] = runs[parents] if compile_step is None else compile_step(runs[parents])
         t0 = time.perf_counter()
-        read = runs[parents]().tolist()  # the step's one read
-        accepted, bonus, nodes, tokens = read[0], read[1], read[2: 2 + shape.depth], read[2 + shape.depth:]
-        block = [tokens[node] for node in nodes[:accepted]] + [bonus]
-        schedule.learn(parents, tokens, [0, *nodes[:accepted]])
+        if plain:
+            if behind is None:
+                step.root.fill_(last)
+                behind = []
+            block = runs[parents]().tolist()  # the step's one read
+            behind += block
+        else:
+            if behind is not None:
+                step.resume(behind)
+                stats.draft_forwards += 1  # the eager catch-up pass
+                behind = None
+            read = runs[parents]().tolist()  # the step's one read
+            accepted, bonus, nodes, tokens = read[0], read[1], read[2: 2 + shape.depth], read[2 + shape.depth:]
+            block = [tokens[node] for node in nodes[:accepted]] + [bonus]
+            schedule.learn(parents, tokens, [0, *nodes[:accepted]])
+            stats.draft_forwards += shape.draft_passes
+            stats.draft_pass_sizes.update({CATCH_UP} | {level.size for level in shape.levels if level.size})
+        last = block[-1]
         t1 = time.perf_counter()
         input_ids, emitted, finished = emit(input_ids, block, torch.empty(len(block), 0), stopping_criteria, stops)
+        ran[parents] += 1
+        if guard is not None and (compile_step is None or ran[parents] > WARM_RUNS):  # not a compiling run's time
+            guard.observe(t1 - t0, emitted, plain)
         if streamer is not None:
             streamer.put(torch.tensor(block[:emitted]))
         stats.target_forwards += 1
-        stats.draft_forwards += shape.draft_passes
         stats.drafted_tokens += shape.nodes - 1
         stats.new_tokens += emitted
         stats.tokens_per_step.append(emitted)
-        stats.plain_steps += shape.nodes == 1
+        stats.plain_steps += plain
         stats.tree_pass_sizes.add(shape.size)
-        stats.draft_pass_sizes.update({CATCH_UP} | {level.size for level in shape.levels if level.size})
         stats.time_verifying += t1 - t0
     if emitted < len(block):  # a stop inside the block: the cache holds the sequence but its last token, as plain's
         crop(cache, input_ids.shape[1] - 1)

@@ -186,7 +186,7 @@ def speculative_generate(
                                       call.generator)
         compiled = compiles(model, model_kwargs.get(CACHE), generation_config)
         refusal = captured_refusal(drafter, model_kwargs.get(CACHE), logits_processor, stopping_criteria,
-                                   verifier.name, records, config.guard, bool(token_inputs.prompt), ranks.shared,
+                                   verifier.name, records, bool(token_inputs.prompt), ranks.shared,
                                    batch, call.generator if compiled else None)
         if refusal is not None:
             raise ValueError(f"speculation={config.method!r} with captured=True cannot decode this call: {refusal}.")
@@ -223,7 +223,7 @@ def speculative_generate(
     forward = None if compiled is None else FasterCall(model, compiled, execution_device(model))
     if isinstance(config, ModelDraftConfig):
         drafter.use_window(config.window_tokens())
-    if config.guard:  # judged as the last call with these settings left it
+    if config.guard and not captured:  # judged as the last call with these settings left it (captured: by the loop)
         drafter = GuardedDrafter(drafter, guard)
     if is_static(cache):  # the draft decodes on a static cache too, compiled when the target's forward is
         drafter.use_static_cache(rows + DRAFT_ROOM, lambda draft, draft_cache: None if forward is None else
@@ -244,7 +244,7 @@ def speculative_generate(
                 result = captured_loop(model, input_ids, drafter, cache, stopping_criteria, vocab_size(model),
                                        streamer=call.streamer, stats=stats,
                                        model_kwargs={**model_kwargs, CACHE: cache}, compile_step=step,
-                                       sampling=sampling)
+                                       sampling=sampling, guard=guard)
         else:
             result = speculative_loop(
                 model, input_ids, drafter, verifier, cache, logits_processor, stopping_criteria,

@@ -28,7 +28,7 @@ class StaticShapeConfig(ModelDraftConfig):
         default=False,
         metadata={"help": "Run each step as one function of device work with fixed shapes, read once "
                   "(decoding/captured.py), compiled whole where the call compiles its forward (a GPU with a static "
-                  "cache): a fixed shape or a few bucketed ones (sized every step), a static cache, guard=False, "
+                  "cache): a fixed shape or a few bucketed ones (sized every step), a static cache, "
                   "greedy without logits processors or sampled "
                   "with temperature, top_k, top_p and min_p only (verifier 'sequoia'); any other call is refused "
                   "up front, saying why."},
