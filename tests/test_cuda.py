@@ -162,6 +162,35 @@ def test_captured_steps_sized_every_step_compile_a_graph_per_bucket_at_most(name
         assert stats.compiled and 1 <= stats.graphs_compiled <= len(CAPTURED_SIZES) + 1, stats.graphs_compiled
 
 
+@pytest.mark.parametrize("name", ["chain", "sequoia"])
+def test_captured_plain_steps_among_trees_compiled_are_plain_static_generate(name, monkeypatch):
+    """Plain steps (the root alone: the guard's or a sized schedule's) among trees, compiled on a GPU: the plain step is
+    a CUDA graph of its own and the draft's eager catch-up runs between graphs; plain static generate's tokens, with
+    the target as its draft the tree after plain steps still kept whole, call after call."""
+    from hf_specdec.decoding import captured
+    from tests.test_captured import SHAPES
+
+    pattern = [True, False, True, True, False]
+
+    def next_shape(self):
+        self.steps = getattr(self, "steps", -1) + 1
+        return (-1,) if pattern[self.steps % len(pattern)] else self.fixed
+
+    monkeypatch.setattr(captured.ShapeSchedule, "next", next_shape)
+    target, draft = cuda_pair()
+    ids = random_prompt(torch.Generator().manual_seed(4), 12).cuda()
+    plain = target.generate(ids, do_sample=False, max_new_tokens=32, cache_implementation="static")
+    for assistant in (draft, target, target):
+        out = target.generate(ids, assistant_model=assistant, speculation=name, do_sample=False, max_new_tokens=32,
+                              speculation_config={**SHAPES[name], "captured": True, "guard": False},
+                              cache_implementation="static", return_dict_in_generate=True)
+        stats = out.speculation_stats
+        assert torch.equal(out.sequences, plain), name
+        assert stats.compiled and stats.graphs_compiled >= 2 and stats.plain_steps > 2
+    trees = [tokens for index, tokens in enumerate(stats.tokens_per_step) if not pattern[index % len(pattern)]]
+    assert all(tokens == trees[0] > 2 for tokens in trees[:-1]), stats.tokens_per_step
+
+
 @pytest.mark.parametrize("name", ["chain", "tree", "sequoia"])
 def test_a_captured_sampled_step_compiled_whole_keeps_the_whole_depth_with_the_target_as_draft(name):
     """Sampled, compiled whole on a GPU (the draws, processors and walk inside the CUDA graph): with the target as its
