@@ -185,3 +185,26 @@ def test_captured_steps_identical_to_plain_static_generate(real_pair_fp32, plain
         assert out.speculation_stats.captured
         steps += out.speculation_stats.target_forwards
     assert steps < len(PROMPTS) * NEW_TOKENS / 2
+
+
+def test_captured_plain_steps_among_trees_identical_to_plain_static_generate(real_pair_fp32, plain_static_outputs,
+                                                                            monkeypatch):
+    """Captured plain steps (the root alone: the guard's or a sized schedule's), one in every three steps among a
+    6-token chain's, with the guard on: the draft catches up on the real pair's caches between them; plain static-cache
+    generate's tokens."""
+    from hf_specdec.decoding import captured
+
+    def next_shape(self):
+        self.steps = getattr(self, "steps", -1) + 1
+        return (-1,) if self.steps % 3 == 0 else self.fixed
+
+    monkeypatch.setattr(captured.ShapeSchedule, "next", next_shape)
+    target, draft, _ = real_pair_fp32
+    for ids, expected in plain_static_outputs:
+        out = target.generate(ids, assistant_model=draft, speculation="chain", do_sample=False,
+                              speculation_config={"num_draft_tokens": 6, "confidence_threshold": 0, "per_step": False,
+                                                  "captured": True},
+                              max_new_tokens=NEW_TOKENS, cache_implementation="static", return_dict_in_generate=True)
+        assert torch.equal(out.sequences, expected)
+        stats = out.speculation_stats
+        assert stats.plain_steps >= 3 and max(stats.tokens_per_step) > 3, stats.tokens_per_step
