@@ -77,8 +77,9 @@ from .outputs import TokenRecords
 from .stats import SpeculationStats
 from .step import prompt_pass
 
-#: runs of a compiled step function the guard does not judge: the first compiles, CUDA graph trees record on later ones
-WARM_RUNS = 3
+#: runs of a compiled step function (per call: a call's step owns new state tensors) the guard does not judge: with
+#: mode="reduce-overhead" the first compiles (or warms up), the second records its CUDA graph; later ones replay
+WARM_RUNS = 2
 CATCH_UP = 2  # rows of the draft's catch-up pass: the last step's unforwarded accepted leaf (if any) and its bonus
 #: the processors a sampled step applies to all its rows at once: each reads its row alone, never the tokens before it
 #: (a repetition penalty or a minimum length would need each node's own prefix)

@@ -650,11 +650,11 @@ def static_speed(run: Run, target, draft, prompts, new_tokens: int, rounds: int 
              "chain (static)": {"assistant_model": draft, "speculation": "chain", **static},
              "chain 8 (static)": {"assistant_model": draft, "speculation": fixed_chain(8), **static},
              "sequoia (static)": {"assistant_model": draft, "speculation": "sequoia", **static},
-             # sized every step as at the defaults, from a few bucketed shapes, each step captured whole
+             # at the defaults (sized every step, from a few bucketed shapes; the guard on), each step captured whole
              "sequoia (static, captured)": {"assistant_model": draft, **static,
-                                            "speculation": SequoiaConfig(guard=False, captured=True)},
+                                            "speculation": SequoiaConfig(captured=True)},
              "chain (static, captured)": {"assistant_model": draft, **static,
-                                          "speculation": ChainConfig(guard=False, captured=True)},
+                                          "speculation": ChainConfig(captured=True)},
              # fixed shapes every step (no guard), through the loop and as one captured step (compiled whole)
              **{f"{name} (static{how})": {"assistant_model": draft, **static,
                                           "speculation": dataclasses.replace(config, guard=False, captured=captured)}
