@@ -6,6 +6,7 @@ as plain's; the step compiled whole; every call it cannot take refused before an
 from __future__ import annotations
 
 import copy
+import functools
 from collections import Counter
 
 import pytest
@@ -225,6 +226,33 @@ def test_the_guard_turns_captured_steps_plain_while_speculation_loses(qwen2_pair
     assert any(prev and not now for prev, now in zip(plain, plain[1:])), stats.tokens_per_step  # then a probe
     assert max(stats.tokens_per_step) > 2 and stats.target_forwards < 30  # trees still drafted (and kept)
     assert all(step.reads == 1 for step, is_plain in zip(counts.steps, plain) if is_plain)
+
+
+def _with_compile_step(loop, compiler, *args, **kwargs):
+    return loop(*args, **{**kwargs, "compile_step": compiler})
+
+
+def test_the_guard_does_not_judge_a_compiled_functions_first_runs(qwen2_pair, monkeypatch):
+    """Where the step is compiled, the first `WARM_RUNS` runs of each function (compiling, recording a CUDA graph)
+    are not judged by the guard: their time is not the step's. Eagerly every step is."""
+    from hf_specdec.plan.guard import PlainGuard
+
+    judged = []
+    observe = PlainGuard.observe
+    monkeypatch.setattr(PlainGuard, "observe", lambda self, *args, **kwargs: judged.append(args) or observe(
+        self, *args, **kwargs))
+    loop = captured.captured_loop
+    target = qwen2_pair[0]
+    ids = random_prompt(torch.Generator().manual_seed(5), 8)
+    for compile_step in (None, lambda step: step):  # the second stands for a compiler: the loop cannot tell
+        monkeypatch.setattr("hf_specdec.integration.generate.captured_loop",
+                            functools.partial(_with_compile_step, loop, compile_step))
+        judged.clear()
+        out = target.generate(ids, assistant_model=copy.deepcopy(target), speculation="chain", do_sample=False,
+                              max_new_tokens=30, speculation_config={**SHAPES["chain"], "captured": True},
+                              cache_implementation="static", return_dict_in_generate=True)
+        steps = out.speculation_stats.target_forwards
+        assert len(judged) == (steps if compile_step is None else steps - captured.WARM_RUNS) > 0
 
 
 @pytest.mark.parametrize("pattern", [[True, True], [True, False]], ids=["plain-plain", "plain-tree"])
