@@ -7,10 +7,10 @@ once; on a GPU it is compiled whole (one CUDA graph per shape), which is what it
 this measures what it costs there: the embedded pair (`--dtype auto`: bfloat16 where this CPU multiplies it natively,
 the target prepacked, the draft from `quantize_draft`'s default), HumanEval prompts, each shape (two fixed ones, and
 `sequoia` at its defaults, captured from bucketed shapes) run through the loop and captured (both with `guard=False`:
-every step speculates), beside plain static-cache `generate`, the rows interleaved per prompt after one warm-up call
-each; greedy, or sampled with `--sampled`. Writes every call's seconds per token,
-tokens per step and whether its tokens equal plain's (a bfloat16 tree pass may round a near-tie the other way), and
-per row the median over prompts of plain's seconds per token over the row's.
+every step speculates; with `--guard` also captured with the measured guard on), beside plain static-cache
+`generate`, the rows interleaved per prompt after one warm-up call each; greedy, or sampled with `--sampled`. Writes
+every call's seconds per token, tokens per step and whether its tokens equal plain's (a bfloat16 tree pass may round
+a near-tie the other way), and per row the median over prompts of plain's seconds per token over the row's.
 """
 
 from __future__ import annotations
@@ -40,13 +40,15 @@ SHAPES = {
 SAMPLING = {"do_sample": True, "temperature": 0.7, "top_k": 50}
 
 
-def rows(draft) -> dict[str, dict]:
-    """generate's kwargs per row: plain, then each shape through the loop and captured."""
+def rows(draft, guarded: bool = False) -> dict[str, dict]:
+    """generate's kwargs per row: plain, then each shape through the loop and captured (and captured with the
+    measured guard on, its default, where `guarded`)."""
     table = {"plain static": {}}
+    ways = [("loop", False, False), ("captured", True, False), *([("captured, guarded", True, True)] * guarded)]
     for name, config in SHAPES.items():
-        for how, captured in (("loop", False), ("captured", True)):
+        for how, captured, guard in ways:
             table[f"{name} ({how})"] = {"assistant_model": draft,
-                                        "speculation": dataclasses.replace(config, captured=captured)}
+                                        "speculation": dataclasses.replace(config, captured=captured, guard=guard)}
     return table
 
 
@@ -65,13 +67,15 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=48)
     parser.add_argument("--dtype", default="auto", choices=("auto", "bfloat16", "float32"))
     parser.add_argument("--sampled", action="store_true", help=f"sample ({SAMPLING}) instead of greedy decoding")
+    parser.add_argument("--guard", action="store_true",
+                        help="also each shape captured with the measured guard on (its default): what judging costs")
     args = parser.parse_args()
     sampling = SAMPLING if args.sampled else None
     dtype = getattr(torch, resolve_dtype(args.dtype))
     target, draft, tokenizer = load_default_pair(dtype)
     packed = prepack(target)
     draft = quantize_draft(draft)
-    table = rows(draft)
+    table = rows(draft, args.guard)
     prompts = [tokenizer(p, return_tensors="pt").input_ids for p in humaneval_prompts(args.prompts)]
     for kwargs in table.values():
         call(target, prompts[0], 8, kwargs, sampling)
@@ -87,6 +91,7 @@ def main() -> None:
             calls.append({"prompt": index, "row": name, "seconds_per_token": seconds / new, "new_tokens": new,
                           "same_as_plain": None if sampling else bool(torch.equal(sequence, plain)),
                           "tokens_per_step": stats.mean_tokens_per_step if stats else 1.0,
+                          "plain_steps": stats.plain_steps if stats else None,
                           "captured": bool(stats and stats.captured)})
             print(f"{index} {name:28} {seconds / new:.3f} s/token, {calls[-1]['tokens_per_step']:.2f} tokens/step, "
                   f"same as plain: {calls[-1]['same_as_plain']}", flush=True)
