@@ -144,8 +144,8 @@ def count_round_trips(*models: torch.nn.Module):
         return result
 
     captured_loop = integration.captured_loop
-    captured_methods = {name: getattr(captured.CapturedStep, name) for name in ("step", "plain_step", "resume",
-                                                                               "_draft_pass")}
+    steps = ("step", "plain_step", "first_plain_step", "resume")
+    captured_methods = {name: getattr(captured.CapturedStep, name) for name in (*steps, "_draft_pass")}
 
     def counted_captured_loop(target, input_ids, drafter, *args, **kwargs):
         """A captured step: from one call of a step function (a tree's, or a plain step's) to the next, a tree's
@@ -175,7 +175,7 @@ def count_round_trips(*models: torch.nn.Module):
                 passes[-1] += 1
             return captured_methods["_draft_pass"](self, *args)
 
-        for name in ("step", "plain_step", "resume"):
+        for name in steps:
             setattr(captured.CapturedStep, name, opening(name))
         captured.CapturedStep._draft_pass = counted_pass
         try:

@@ -137,7 +137,10 @@ def test_plain_steps_run_no_draft_pass_and_the_draft_catches_up_before_the_next_
     plain_pattern.append(False)
     fixed = captured_call(target, copy.deepcopy(target), ids, 30, method).speculation_stats  # the shape every step
     plain_pattern[:] = [True, False, True, True, False, False]
-    for draft in (copy.deepcopy(target), qwen2_pair[1]):
+    passes, drafts = [], (copy.deepcopy(target), qwen2_pair[1])
+    hook = target.register_forward_pre_hook(lambda *_: passes.append(1))
+    for draft in drafts:
+        passes.clear()
         with count_round_trips(target, draft) as counts:
             out = captured_call(target, draft, ids, 30, method)
         assert torch.equal(out.sequences, expected)
@@ -145,6 +148,8 @@ def test_plain_steps_run_no_draft_pass_and_the_draft_catches_up_before_the_next_
         steps = len(stats.tokens_per_step)
         plain = [plain_pattern[i % len(plain_pattern)] for i in range(steps)]
         assert stats.plain_steps == sum(plain) > 2
+        # the prompt's pass, then one a step but the first: plain, its token the prompt pass's (its row written)
+        assert len(passes) == 1 + steps - 1 and stats.target_forwards == steps - 1
         assert [tokens for tokens, p in zip(stats.tokens_per_step, plain) if p] == [1] * sum(plain)
         for index, (step, is_plain) in enumerate(zip(counts.steps, plain)):
             after_plain = not is_plain and index > 0 and plain[index - 1]
@@ -153,6 +158,7 @@ def test_plain_steps_run_no_draft_pass_and_the_draft_catches_up_before_the_next_
         if draft is not qwen2_pair[1]:
             trees = [tokens for tokens, p in zip(stats.tokens_per_step, plain) if not p]
             assert all(tokens == max(fixed.tokens_per_step) for tokens in trees[:-1]), stats.tokens_per_step
+    hook.remove()
 
 
 def fixed_passes(stats) -> int:
@@ -191,7 +197,7 @@ def test_a_sized_schedule_that_prices_trees_a_loss_decodes_plainly_without_draft
                           return_dict_in_generate=True)
     assert torch.equal(out.sequences, expected)
     stats = out.speculation_stats
-    trees = stats.target_forwards - stats.plain_steps
+    trees = len(stats.tokens_per_step) - stats.plain_steps
     assert stats.plain_steps >= 24 and trees <= 3, stats.tokens_per_step  # a probe after every 8 plain choices
     assert stats.draft_forwards <= trees * 7  # each tree's levels and catch-up; plain steps none
 

@@ -333,6 +333,17 @@ class CapturedStep:
         return torch.cat([accepted, bonus, path[1:], tokens])
 
     @torch.no_grad()
+    def first_plain_step(self) -> torch.Tensor:
+        """The call's first step, plain: its token from the prompt pass's row as plain takes it, and no pass at all (the
+        prompt pass wrote the root's row; only the write length left it out). Eager, once a call; as `plain_step`."""
+        logits = self.first_row[None]
+        token = row_argmax(logits) if self.sampling is None else self.sampling.children(logits, 1)[0].reshape(1)
+        set_length(self.cache, self.cache.layers[0].cumulative_length + 1)
+        self.first.fill_(False)
+        self.root.copy_(token)
+        return token
+
+    @torch.no_grad()
     def plain_step(self, shape: CapturedShape) -> torch.Tensor:
         """A plain step (`shape`: the root alone, `self.root`): the target's pass over the root and its token, as plain
         decoding takes it; no draft pass (the draft reads the plain steps' tokens in `resume`). Returns the token, (1,),
@@ -451,7 +462,7 @@ def captured_loop(
     schedule, runs, ran = ShapeSchedule(drafter), {}, Counter()
     stats.time_prefill = time.perf_counter() - start
     stops = BlockStops.of(stopping_criteria)
-    finished, last, behind = False, ids[-1], None  # behind: the plain steps' tokens the draft has not read
+    finished, first, last, behind = False, True, ids[-1], None  # behind: the plain steps' tokens the draft lacks
     while not finished:
         # one function per shape: the schedule's, cut to whole levels near the caches' or the position table's end;
         # the root alone is a plain step, which leaves the draft behind until the next tree
@@ -466,7 +477,8 @@ def captured_loop(
             if behind is None:
                 step.root.fill_(last)
                 behind = []
-            block = runs[parents]().tolist()  # the step's one read
+            # the call's first step: the prompt pass gave its token, no pass is needed (`first_plain_step`)
+            block = (step.first_plain_step() if first else runs[parents]()).tolist()  # the step's one read
             behind += block
         else:
             if behind is not None:
@@ -483,11 +495,12 @@ def captured_loop(
         t1 = time.perf_counter()
         input_ids, emitted, finished = emit(input_ids, block, torch.empty(len(block), 0), stopping_criteria, stops)
         ran[parents] += 1
-        if guard is not None and (compile_step is None or ran[parents] > WARM_RUNS):  # not a compiling run's time
-            guard.observe(t1 - t0, emitted, plain)
+        if guard is not None and not (plain and first) and (compile_step is None or ran[parents] > WARM_RUNS):
+            guard.observe(t1 - t0, emitted, plain)  # not a compiling run's time, nor a first step that ran no pass
         if streamer is not None:
             streamer.put(torch.tensor(block[:emitted]))
-        stats.target_forwards += 1
+        stats.target_forwards += not (plain and first)
+        first = False
         stats.drafted_tokens += shape.nodes - 1
         stats.new_tokens += emitted
         stats.tokens_per_step.append(emitted)
