@@ -336,25 +336,24 @@ class CapturedStep:
     def first_plain_step(self) -> torch.Tensor:
         """The call's first step, plain: its token from the prompt pass's row as plain takes it, and no pass at all (the
         prompt pass wrote the root's row; only the write length left it out). Eager, once a call; as `plain_step`."""
-        logits = self.first_row[None]
-        token = row_argmax(logits) if self.sampling is None else self.sampling.children(logits, 1)[0].reshape(1)
-        set_length(self.cache, self.cache.layers[0].cumulative_length + 1)
-        self.first.fill_(False)
-        self.root.copy_(token)
-        return token
+        return self._plain_token(self.first_row[None], self.cache.layers[0].cumulative_length.clone())
 
     @torch.no_grad()
     def plain_step(self, shape: CapturedShape) -> torch.Tensor:
-        """A plain step (`shape`: the root alone, `self.root`): the target's pass over the root and its token, as plain
-        decoding takes it; no draft pass (the draft reads the plain steps' tokens in `resume`). Returns the token, (1,),
-        which is also the next plain step's root."""
+        """A plain step after the first (`shape`: the root alone, `self.root`): the target's pass over the root and its
+        token, as plain decoding takes it; no draft pass (the draft reads the plain steps' tokens in `resume`). Returns
+        the token, (1,), which is also the next plain step's root."""
         target_past = self.cache.layers[0].cumulative_length.clone()
         fed = torch.cat([self.root, self.root.expand(shape.size - 1)])
         positions, masks = shape.target_rows.inputs(target_past, self.target_width, self.target_layout,
                                                     self.target.dtype)
         output = self.target(input_ids=fed[None], attention_mask=masks, position_ids=positions[None],
                              **cache_arg(self.cache), use_cache=True, return_dict=True)
-        logits = torch.where(self.first, self.first_row, output.logits[0, 0].float())[None]
+        return self._plain_token(output.logits[0, :1].float(), target_past)
+
+    def _plain_token(self, logits: torch.Tensor, target_past: torch.Tensor) -> torch.Tensor:
+        """The root's token from its row `(1, V)` (argmax, or drawn from the processed row); the target keeps the
+        root's row, and the token is the next root."""
         token = row_argmax(logits) if self.sampling is None else self.sampling.children(logits, 1)[0].reshape(1)
         set_length(self.cache, target_past + 1)
         self.first.fill_(False)
@@ -473,12 +472,12 @@ def captured_loop(
             runs[parents] = functools.partial(step.plain_step if plain else step.step, shape)
             runs[parents] = runs[parents] if compile_step is None else compile_step(runs[parents])
         t0 = time.perf_counter()
+        passless = plain and first  # the prompt pass gave the first step's token: no pass (`first_plain_step`)
         if plain:
             if behind is None:
                 step.root.fill_(last)
                 behind = []
-            # the call's first step: the prompt pass gave its token, no pass is needed (`first_plain_step`)
-            block = (step.first_plain_step() if first else runs[parents]()).tolist()  # the step's one read
+            block = (step.first_plain_step() if passless else runs[parents]()).tolist()  # the step's one read
             behind += block
         else:
             if behind is not None:
@@ -494,12 +493,12 @@ def captured_loop(
         last = block[-1]
         t1 = time.perf_counter()
         input_ids, emitted, finished = emit(input_ids, block, torch.empty(len(block), 0), stopping_criteria, stops)
-        ran[parents] += 1
-        if guard is not None and not (plain and first) and (compile_step is None or ran[parents] > WARM_RUNS):
-            guard.observe(t1 - t0, emitted, plain)  # not a compiling run's time, nor a first step that ran no pass
+        ran[parents] += not passless
+        if guard is not None and not passless and (compile_step is None or ran[parents] > WARM_RUNS):
+            guard.observe(t1 - t0, emitted, plain)  # not a compiling run's time, nor a step that ran no pass
         if streamer is not None:
             streamer.put(torch.tensor(block[:emitted]))
-        stats.target_forwards += not (plain and first)
+        stats.target_forwards += not passless
         first = False
         stats.drafted_tokens += shape.nodes - 1
         stats.new_tokens += emitted
