@@ -29,6 +29,7 @@ from tests.conftest import random_prompt
 from tests.families import family
 from tests.helpers.exactness import chi_square_pvalue, total_variation
 from tests.helpers.family_cases import new_tokens, prompt, tiny
+from tests.helpers.plain_steps import plain_steps_where
 from tests.helpers.sampling import PROMPT, SAMPLES, VOCAB, joint_of, sampling_pair
 from tests.roundtrips import count_round_trips
 
@@ -115,12 +116,7 @@ def plain_pattern(monkeypatch):
     """Captured schedules pick the root alone (a plain step) or their shape as `pattern[step % len]` says (True:
     plain); returns the list to fill."""
     pattern: list[bool] = []
-
-    def next_shape(self):
-        self.steps = getattr(self, "steps", -1) + 1
-        return (-1,) if pattern[self.steps % len(pattern)] else self.fixed
-
-    monkeypatch.setattr(captured.ShapeSchedule, "next", next_shape)
+    plain_steps_where(monkeypatch, lambda step: pattern[step % len(pattern)])
     return pattern
 
 

@@ -167,16 +167,11 @@ def test_captured_plain_steps_among_trees_compiled_are_plain_static_generate(nam
     """Plain steps (the root alone: the guard's or a sized schedule's) among trees, compiled on a GPU: the plain step is
     a CUDA graph of its own and the draft's eager catch-up runs between graphs; plain static generate's tokens, with
     the target as its draft the tree after plain steps still kept whole, call after call."""
-    from hf_specdec.decoding import captured
+    from tests.helpers.plain_steps import plain_steps_where
     from tests.test_captured import SHAPES
 
     pattern = [True, False, True, True, False]
-
-    def next_shape(self):
-        self.steps = getattr(self, "steps", -1) + 1
-        return (-1,) if pattern[self.steps % len(pattern)] else self.fixed
-
-    monkeypatch.setattr(captured.ShapeSchedule, "next", next_shape)
+    plain_steps_where(monkeypatch, lambda step: pattern[step % len(pattern)])
     target, draft = cuda_pair()
     ids = random_prompt(torch.Generator().manual_seed(4), 12).cuda()
     plain = target.generate(ids, do_sample=False, max_new_tokens=32, cache_implementation="static")

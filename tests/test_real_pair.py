@@ -192,13 +192,9 @@ def test_captured_plain_steps_among_trees_identical_to_plain_static_generate(rea
     """Captured plain steps (the root alone: the guard's or a sized schedule's), one in every three steps among a
     6-token chain's, with the guard on: the draft catches up on the real pair's caches between them; plain static-cache
     generate's tokens."""
-    from hf_specdec.decoding import captured
+    from tests.helpers.plain_steps import plain_steps_where
 
-    def next_shape(self):
-        self.steps = getattr(self, "steps", -1) + 1
-        return (-1,) if self.steps % 3 == 0 else self.fixed
-
-    monkeypatch.setattr(captured.ShapeSchedule, "next", next_shape)
+    plain_steps_where(monkeypatch, lambda step: step % 3 == 0)
     target, draft, _ = real_pair_fp32
     for ids, expected in plain_static_outputs:
         out = target.generate(ids, assistant_model=draft, speculation="chain", do_sample=False,
