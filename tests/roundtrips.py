@@ -36,19 +36,20 @@ class RoundTrips:
 
     steps: list[Step] = field(default_factory=list)
     reads: int = 0
-    target_passes: int = 0  # = steps (the prefill pass is not one)
+    target_passes: int = 0  # = steps (the prefill pass is not one) but the passless ones
+    passless: int = 0  # steps that ran no target pass: a call's plain first step (the prompt's pass gave its token)
     draft_passes: int = 0
     active: bool = False
     in_model: int = 0
 
     @property
     def per_step(self) -> float:
-        return self.reads / max(self.target_passes, 1)
+        return self.reads / max(self.target_passes + self.passless, 1)
 
     @property
     def allowed(self) -> int:
         """The issue's bound: at most the draft passes + 2 reads per step."""
-        return self.draft_passes + 2 * self.target_passes
+        return self.draft_passes + 2 * (self.target_passes + self.passless)
 
 
 def batch_draft_passes(drafter) -> int:
@@ -109,6 +110,7 @@ def count_round_trips(*models: torch.nn.Module):
                                  result.stats.tokens_per_step):
             step.emitted = emitted
         counts.target_passes += result.stats.target_forwards
+        counts.passless += len(result.stats.tokens_per_step) - result.stats.target_forwards
         counts.draft_passes += result.stats.draft_forwards
         return result
 
@@ -188,6 +190,7 @@ def count_round_trips(*models: torch.nn.Module):
         for step, emitted in zip(counts.steps[len(counts.steps) - len(passes) :], result.stats.tokens_per_step):
             step.emitted = emitted
         counts.target_passes += result.stats.target_forwards
+        counts.passless += len(result.stats.tokens_per_step) - result.stats.target_forwards
         counts.draft_passes += result.stats.draft_forwards
         return result
 

@@ -39,6 +39,7 @@ from tests.helpers.family_cases import (
     prompt,
     tiny,
 )
+from tests.helpers.plain_steps import guard_plain_at
 
 SUPPORTED = [f for f in FAMILIES if f.supported]
 REFUSED = [f for f in FAMILIES if not f.supported]
@@ -258,6 +259,43 @@ def test_a_chain_rolls_a_recurrent_state_back(entry):
     llama = tiny("Llama")
     assert torch.equal(chain(llama, ids, target, NEW_TOKENS), llama.generate(ids, do_sample=False,
                                                                               max_new_tokens=NEW_TOKENS))
+
+
+PLAIN_AT = (0, 3, 4)  # the steps the guard makes plain in the next test: the call's first, and two in a row later
+SPECULATING = SUPPORTED + (CHAINS if ASSISTED_ON_RECURRENT_STATE else [])  # a chain on recurrent state: 5.25 on
+
+
+@pytest.mark.parametrize("entry", SPECULATING, ids=names(SPECULATING))
+def test_a_plain_first_step_runs_no_target_pass(entry, monkeypatch):
+    """A call whose first step is plain (a wait the guard carried over, a sized method's first choice) takes that
+    token from the prompt's pass, as plain `generate` does, and runs no target pass for it: the prompt's pass wrote
+    the root's row, which the cache keeps until a step runs a pass. A recurrent state is rolled back after the prompt's
+    pass and pays the pass. Greedy identical to plain, the first token's logits plain's own, later plain steps one
+    pass each."""
+    guard_plain_at(monkeypatch, PLAIN_AT)
+    target, ids, n = tiny(entry.name), prompt(), new_tokens(entry)
+    expected = target.generate(ids, do_sample=False, max_new_tokens=n, output_logits=True,
+                               return_dict_in_generate=True)
+    draft, passes = copy.deepcopy(target), []
+    hook = target.register_forward_pre_hook(lambda module, args: passes.append(1))
+    try:
+        out = target.generate(ids, assistant_model=draft, do_sample=False, max_new_tokens=n,
+                              speculation="chain" if entry in CHAINS else "tree", output_logits=True,
+                              speculation_config={"num_draft_tokens": 4} if entry in CHAINS else {"widths": [2, 1, 1]},
+                              return_dict_in_generate=True)  # fixed shapes: no latency curves measured
+    finally:
+        hook.remove()
+    stats = out.speculation_stats
+    assert torch.equal(out.sequences, expected.sequences)
+    if entry not in CHAINS:  # recording a recurrent state's steps, Qwen3-Next's prompt pass differs in the last bits
+        assert torch.equal(out.logits[0], expected.logits[0])  # the prompt's pass's own row
+    for ours, plain in zip(out.logits, expected.logits, strict=True):  # tree passes: other shapes, last bits
+        torch.testing.assert_close(ours, plain, rtol=0, atol=1e-4)
+    steps = len(stats.tokens_per_step)
+    assert stats.tokens_per_step[0] == 1 and stats.plain_steps == len(PLAIN_AT) and steps > max(PLAIN_AT)
+    first_pass = entry in CHAINS  # the rolled-back state's first step runs its pass
+    assert stats.target_forwards == steps - 1 + first_pass
+    assert len(passes) == 1 + stats.target_forwards  # the prompt's pass and the steps'
 
 
 def test_what_a_chain_on_recurrent_state_refuses():

@@ -25,6 +25,7 @@ from tests.families import WINDOW, family
 from tests.helpers.exactness import speculative_joint, target_joint, total_variation
 from tests.helpers.family_cases import METHODS, ModelCase, new_tokens, prompt, tiny
 from tests.helpers.faults import FAULTS, Boom, _interrupt_in_layer
+from tests.helpers.plain_steps import guard_plain_at
 from tests.roundtrips import count_round_trips
 
 # Plain full attention, one sliding-window mask, full + sliding layers (a dict of masks), a learned position table.
@@ -66,6 +67,23 @@ def test_identical_to_plain_static_generate(name, method):
     assert isinstance(output_cache(out), StaticCache)
     assert all(isinstance(layer, StaticLayer) and not layer.is_sliding for layer in output_cache(out).layers)
     assert cache_length(output_cache(out)) == expected.shape[1] - 1
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_a_plain_first_step_on_a_static_cache_runs_no_target_pass(name, monkeypatch):
+    """The loop's plain first step takes its token from the prompt's pass, whose row the static cache keeps (only
+    its write length moves): no target pass, plain static generate's tokens, the cache left as plain leaves it."""
+    guard_plain_at(monkeypatch, (0, 3, 4))
+    target = tiny(name)
+    ids, n = prompt(), new_tokens(family(name))
+    out = target.generate(ids, assistant_model=copy.deepcopy(target), speculation="chain", do_sample=False,
+                          speculation_config={"num_draft_tokens": 3, "confidence_threshold": 0}, max_new_tokens=n,
+                          cache_implementation="static", return_dict_in_generate=True)
+    assert torch.equal(out.sequences, plain_static(target, ids, n))
+    stats = out.speculation_stats
+    assert stats.tokens_per_step[0] == 1 and stats.plain_steps == 3
+    assert stats.target_forwards == len(stats.tokens_per_step) - 1
+    assert cache_length(output_cache(out)) == out.sequences.shape[1] - 1
 
 
 @pytest.mark.parametrize("method", ["chain", "tree", "sequoia"])

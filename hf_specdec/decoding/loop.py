@@ -94,9 +94,10 @@ def speculative_loop(
 ) -> LoopResult:
     """Decode until a stopping criterion fires on some token; batch size 1.
 
-    The target cache always holds every committed token but the last one, which is the next tree's root, and keeps
-    all its rows (`accept.kv_cache.full_length_cache`): sliding windows are applied by the tree masks. `model_kwargs`
-    are the call's model inputs as Transformers prepared them: the prefill takes them all, as plain's first pass
+    The target cache holds every committed token but the last one, which is the next tree's root (between the
+    prompt's pass and the first step's, the root's row too: a plain first step runs no pass), and keeps all its rows
+    (`accept.kv_cache.full_length_cache`): sliding windows are applied by the tree masks. `model_kwargs` are the
+    call's model inputs as Transformers prepared them: the prefill takes them all, as plain's first pass
     does; tree passes take `token_inputs` (see `core.model_inputs`), which the drafter gets too. On a target
     sharded over `ranks`, only the deciding rank drafts and verifies; the others receive its tree and verdict.
     `forward` runs the tree passes (a compiled `target.__call__`; default the target itself); the prefill always
@@ -112,7 +113,9 @@ def speculative_loop(
     recurrent = keeps_state(cache)
     if recurrent:  # a pass keeps the state after each of its tokens: the most a step forwards, root included
         record_states(cache, drafter.num_drafting_tokens + 1)
-    prefill = prompt_pass(target, input_ids, cache, model_kwargs or {}, records.wants_pass_outputs)
+    # the cache keeps the root's row until the first step runs a pass (a recurrent state rolls back once, here)
+    root_row = not recurrent
+    prefill = prompt_pass(target, input_ids, cache, model_kwargs or {}, records.wants_pass_outputs, root_row)
     stats.time_prefill = time.perf_counter() - start
     drafter.use_inputs(token_inputs)
     finished = False
@@ -134,20 +137,28 @@ def speculative_loop(
         drafted = ranks.tree(drafter.propose(input_ids) if ranks.deciding else None, device)
         t1 = time.perf_counter()
 
-        # 2. one target pass over the tree, cut to the positions and cache rows it may use
+        # 2. one target pass over the tree, cut to the positions and cache rows it may use; none for a plain
+        # first step, whose token and row the prompt's pass gave
         past = input_ids.shape[1] - 1
         tree, kept = depth_first(*fit_positions(drafted, layout, past, target, shapes.rows(past)), device,
                                  depth_first_order)
+        passless = root_row and len(tree) == 1
+        if root_row and not passless:
+            crop(cache, past)  # the tree's pass writes the root's row again
+        root_row = False
         timed, compiled_before = clock.total, compile_events(forward)
-        clock.start()
-        with one_pass(copies):
-            if recurrent:
-                output = chain_pass(target, tree, cache, device)
-            else:
-                output = tree_pass(target, tree, past, cache, layout, dtype, device, token_inputs,
-                                   records.wants_pass_outputs, shapes, forward)
-        logits = output.logits[0, : len(tree)]
-        clock.stop()
+        if passless:
+            output, logits = prefill, prefill.logits[0, -1:]
+        else:
+            clock.start()
+            with one_pass(copies):
+                if recurrent:
+                    output = chain_pass(target, tree, cache, device)
+                else:
+                    output = tree_pass(target, tree, past, cache, layout, dtype, device, token_inputs,
+                                       records.wants_pass_outputs, shapes, forward)
+            logits = output.logits[0, : len(tree)]
+            clock.stop()
         compiling = compile_events(forward) != compiled_before  # a compiling pass (or a trial) is not a pass's time
         # 3. every node's row processed as plain `generate` would at that node, the verifier's verdict, and
         # 4. the accepted path and the bonus token emitted, stopping where a criterion fires; the cache keeps them
@@ -158,7 +169,7 @@ def speculative_loop(
         t2 = time.perf_counter()
         seconds = clock.total - timed  # asked after the verdict's read: on a GPU, asking waits for the pass
         stats.time_target_forward += seconds
-        if not compiling:
+        if not compiling and not passless:
             drafter.observe_target_pass(len(tree), seconds)
         logits, scores, verdict, block = judged.logits, judged.scores, judged.verdict, judged.block
         input_ids, emitted, finished, path = judged.sequence, judged.emitted, judged.finished, judged.verdict.path
@@ -176,7 +187,7 @@ def speculative_loop(
         # 5. the drafter learns the verdict; the step's stats
         if not finished and ranks.deciding:
             drafter.accept(input_ids, drafted, verdict if kept is None else renumbered(verdict, kept))
-        record_step(stats, tree, verdict, emitted)
+        record_step(stats, tree, verdict, emitted, passed=not passless)
         prefill = None
         stats.time_drafting += t1 - t0
         stats.time_verifying += t2 - t1

@@ -14,7 +14,7 @@ class SpeculationStats:
     verifier: str = ""
     plan_source: str = ""  # where the tree shape or budget came from, when the method looks one up
     call_price: str = ""  # the price a single sequence's call was given before drafting (`PlainGuard.price`)
-    target_forwards: int = 0
+    target_forwards: int = 0  # the steps' target passes (a plain first step runs none: the prompt pass gave its token)
     draft_forwards: int = 0
     drafted_tokens: int = 0
     new_tokens: int = 0

@@ -32,13 +32,15 @@ from .stats import SpeculationStats
 
 
 def prompt_pass(
-    target: PreTrainedModel, input_ids: torch.LongTensor, cache: Cache, model_kwargs: dict, pass_outputs: bool
+    target: PreTrainedModel, input_ids: torch.LongTensor, cache: Cache, model_kwargs: dict, pass_outputs: bool,
+    keep_root: bool = False,
 ) -> ModelOutput:
     """Plain `generate`'s first pass, built by the model's own `prepare_inputs_for_generation` from every input of
     the call (images, token types, ...): the prompt tokens the cache lacks. Its last logits decide the first new
     token, which then equals plain's in any dtype (a tree pass computes the same position with other matrix shapes,
     which in half precision round differently). The last token is then dropped from the cache again: it is the first
-    tree's root, which the loop feeds with its tree."""
+    tree's root, which the loop feeds with its tree. `keep_root` keeps its row instead, for a loop that crops it
+    only when its first step runs a pass (a plain first step needs none: this pass gave its token and its row)."""
     if cache_length(cache) >= input_ids.shape[1]:  # a cache holding the whole prompt: recompute its last token
         crop(cache, input_ids.shape[1] - 1)
     kwargs = {**model_kwargs, **cache_arg(cache), "use_cache": True}
@@ -49,7 +51,8 @@ def prompt_pass(
         input_ids, next_sequence_length=input_ids.shape[1] - cache_length(cache), is_first_iteration=True, **kwargs
     )
     output = target(**inputs, return_dict=True)
-    crop(cache, input_ids.shape[1] - 1)
+    if not keep_root:
+        crop(cache, input_ids.shape[1] - 1)
     return output
 
 
@@ -224,8 +227,9 @@ def renumbered(verdict: Verdict, kept: list[int]) -> Verdict:
     return dataclasses.replace(verdict, path=[kept[node] for node in verdict.path])
 
 
-def record_step(stats: SpeculationStats, tree, verdict, emitted: int) -> None:
-    stats.target_forwards += 1
+def record_step(stats: SpeculationStats, tree, verdict, emitted: int, passed: bool = True) -> None:
+    """`passed`: False for a plain first step that took its token from the prompt's pass (not a target pass)."""
+    stats.target_forwards += passed
     host = tree.host()
     stats.drafted_tokens += len(tree) - 1 if host.tokens is None else sum(token >= 0 for token in host.tokens[1:])
     stats.new_tokens += emitted
