@@ -285,6 +285,22 @@ def test_prompt_lookup_stage_and_its_older_name_ngram_draft_alike(trio):
     assert isinstance(build_stack([{"ngram": {"depth": 4}}], target, None), PromptLookupDrafter)
 
 
+def test_the_default_lookup_stage_continues_two_token_matches_only(trio):
+    """Under the draft, a lookup continues only where the last two tokens recur: a one-token match (any common token
+    of a long prompt) would hang a continuation off nearly every node, which the draft forwards and rarely confirms.
+    `min_ngram=1` asks for one-token matches."""
+    from hf_specdec.methods.staged.stack import build_stack
+
+    target = trio[0]
+    stage = build_stack(None, target, None)
+    one_token = [5, 7, 9, 5, 8, 11, 5]  # 5 recurs, (11, 5) does not
+    two_tokens = [5, 7, 9, 11, 12, 5, 7]  # (5, 7) recurs: continued with 9, 11, ...
+    assert len(stage.propose_ids(one_token)) == 1
+    tree = stage.propose_ids(two_tokens).host(tokens=True)
+    assert tree.tokens[:3] == [7, 9, 11]
+    assert len(build_stack([{"prompt_lookup": {"min_ngram": 1}}], target, None).propose_ids(one_token)) > 1
+
+
 def test_model_in_merged_stage_and_wrong_vocab_are_errors(trio):
     target, draft, small = trio
     ids = random_prompt(torch.Generator().manual_seed(0), 4)

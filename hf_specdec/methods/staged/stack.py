@@ -34,7 +34,12 @@ DEFAULT_STAGES = ("prompt_lookup",)
 LOOKUP_NAMES = ("prompt_lookup", "ngram")  # the prompt-lookup stage, and its older name
 # Settings of stages below the draft model. Every lower node is forwarded by the stage above in its next pass, so
 # lower trees stay small: a 16-token pass costs about one single-token pass on a CPU (`studies.latency_curves`).
-LOOKUP_DEFAULTS = {"max_ngram": 3, "min_ngram": 1, "depth": 8, "max_nodes": 16, "max_matches": 16}
+# Lookups match two tokens at least: a one-token match finds a continuation after nearly every token of a long
+# prompt, which the draft then forwards and rarely confirms (a retrieved-context chat: draft passes 2.8x as dear,
+# the call 0.84x plain). On a Zen 4 (the real pair, one process, 19 prompts), medians over plain with one-token
+# matches / two: general chat 1.32x / 1.59x, HumanEval 2.06x / 2.29x, code continuations 1.73x / 1.93x
+# (benchmarks/results/zen4/staged-lookup-2026-12-07/).
+LOOKUP_DEFAULTS = {"max_ngram": 3, "min_ngram": 2, "depth": 8, "max_nodes": 16, "max_matches": 16}
 NGRAM_MODEL_DEFAULTS = {"width": 2, "depth": 6, "max_nodes": 12, "min_prob": 0.01}
 MODEL_DEFAULTS = {"budget": 8, "max_depth": 8, "width": 2, "beams": 2, "max_passes": 2, "lower_leaves": 1,
                   "min_prob": 0.0}
