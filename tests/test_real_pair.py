@@ -104,7 +104,7 @@ def test_returned_scores_logits_and_hidden_states_equal_plain(real_pair_fp32, pl
     assert_outputs_equal(out, expected, tolerance=1e-3, hidden_tolerance=1e-3)  # 1.5B in float32, other shapes
 
 
-@pytest.mark.parametrize("speculation", ["sequoia", "specexec"])
+@pytest.mark.parametrize("speculation", ["sequoia", "specexec", "staged"])
 def test_automatic_plans_are_lossless(real_pair_fp32, plain_outputs, speculation):
     """No settings at all: the plan or budget is found, re-sized for this machine, or calibrated, and says so."""
     ids, expected = plain_outputs[0]
