@@ -1,7 +1,8 @@
 """A step captured whole (`captured=True`, decoding/captured.py): greedy output identical to plain static-cache
-`generate` for chain, tree and sequoia shapes over several families; sampling exactly plain sampling's distribution;
-one host read a step however many levels, greedy and sampled; a stop inside an accepted block and the returned cache
-as plain's; the step compiled whole; every call it cannot take refused before anything is decoded."""
+`generate` for chain, tree and sequoia shapes and specexec's trees grown on the device, over several families;
+sampling exactly plain sampling's distribution; one host read a step however many levels, greedy and sampled; a stop
+inside an accepted block and the returned cache as plain's; the step compiled whole; every call it cannot take refused
+before anything is decoded."""
 
 from __future__ import annotations
 
@@ -39,13 +40,16 @@ SHAPES = {
     "tree": {"widths": [3, 2], "per_step": False},
     "sequoia": {"plan": plan_tree([0.6, 0.2, 0.1, 0.05], 16, 6)},
 }
+#: trees grown best first on the device (greedy only), of a fixed budget
+GROWN = {"specexec": {"budget": 16}}
+GREEDY = {**SHAPES, **GROWN}
 FAMILIES = ["Llama", "Mistral (sliding window)", "Gemma 3 (text)", "GPT-2"]
 
 
 def captured_call(target, draft, ids, n, method, **kwargs):
     kwargs = {"do_sample": False, **kwargs}
     return target.generate(ids, assistant_model=draft, speculation=method,
-                           speculation_config={**SHAPES[method], "captured": True, "guard": False},
+                           speculation_config={**GREEDY[method], "captured": True, "guard": False},
                            max_new_tokens=n, cache_implementation="static", return_dict_in_generate=True, **kwargs)
 
 
@@ -59,7 +63,7 @@ def _row_wise_processors() -> LogitsProcessorList:
                                 TopPLogitsWarper(ROW_WISE_SAMPLING["top_p"])])
 
 
-@pytest.mark.parametrize("method", sorted(SHAPES))
+@pytest.mark.parametrize("method", sorted(GREEDY))
 @pytest.mark.parametrize("name", FAMILIES)
 def test_identical_to_plain_static_generate(name, method):
     """Every draft accepted (the draft is the target: the shape's full depth every step) and another draft (short
@@ -79,12 +83,12 @@ def test_identical_to_plain_static_generate(name, method):
     draft = copy.deepcopy(target)
     same = captured_call(target, draft, ids, n, method).speculation_stats
     loop = target.generate(ids, assistant_model=draft, speculation=method, do_sample=False, max_new_tokens=n,
-                           speculation_config={**SHAPES[method], "guard": False}, cache_implementation="static",
+                           speculation_config={**GREEDY[method], "guard": False}, cache_implementation="static",
                            return_dict_in_generate=True).speculation_stats
     assert same.tokens_per_step == loop.tokens_per_step and same.target_forwards < n / 2, same.tokens_per_step
 
 
-@pytest.mark.parametrize("method", sorted(SHAPES))
+@pytest.mark.parametrize("method", sorted(GREEDY))
 def test_prompts_of_one_and_two_tokens_and_a_draft_the_target_disagrees_with(qwen2_pair, method):
     """The draft's first catch-up carries the prompt's last token (a one-token prompt: the draft reads nothing
     before the first step), and a draft whose tokens are mostly rejected keeps its cache in step: plain's output."""
@@ -96,7 +100,7 @@ def test_prompts_of_one_and_two_tokens_and_a_draft_the_target_disagrees_with(qwe
         assert torch.equal(out.sequences, expected), length
 
 
-@pytest.mark.parametrize("method", sorted(SHAPES))
+@pytest.mark.parametrize("method", sorted(GREEDY))
 def test_a_step_reads_the_host_once_whatever_its_levels(qwen2_pair, method, monkeypatch):
     """The verdict's read (the accepted count, the bonus and the path's tokens) is the step's only one: the draft's
     levels, the verdict and both compactions run on the device."""
@@ -120,7 +124,7 @@ def plain_pattern(monkeypatch):
     return pattern
 
 
-@pytest.mark.parametrize("method", sorted(SHAPES))
+@pytest.mark.parametrize("method", sorted(GREEDY))
 def test_plain_steps_run_no_draft_pass_and_the_draft_catches_up_before_the_next_tree(qwen2_pair, method,
                                                                                    plain_pattern):
     """Plain steps (the root alone) among trees, one or several in a row, the first step plain too: plain's tokens;
@@ -198,7 +202,7 @@ def test_a_sized_schedule_that_prices_trees_a_loss_decodes_plainly_without_draft
     assert stats.draft_forwards <= trees * 7  # each tree's levels and catch-up; plain steps none
 
 
-@pytest.mark.parametrize("method", sorted(SHAPES))
+@pytest.mark.parametrize("method", sorted(GREEDY))
 def test_the_guard_turns_captured_steps_plain_while_speculation_loses(qwen2_pair, method, monkeypatch):
     """The measured guard (on by default) in a captured call: one that judges every speculative step a loss waits
     plain steps (no draft pass, one read), then probes with a tree after the draft caught up; plain's tokens. The
@@ -213,7 +217,7 @@ def test_the_guard_turns_captured_steps_plain_while_speculation_loses(qwen2_pair
     ids = random_prompt(torch.Generator().manual_seed(5), 8)
     expected = target.generate(ids, do_sample=False, max_new_tokens=30, cache_implementation="static")
     call = dict(assistant_model=copy.deepcopy(target), speculation=method, do_sample=False, max_new_tokens=30,
-                speculation_config={**SHAPES[method], "captured": True}, cache_implementation="static",
+                speculation_config={**GREEDY[method], "captured": True}, cache_implementation="static",
                 return_dict_in_generate=True)
     kept = target.generate(ids, **call)
     assert torch.equal(kept.sequences, expected) and kept.speculation_stats.plain_steps == 0
@@ -343,6 +347,12 @@ def test_the_step_compiled_whole_gives_the_same_tokens(qwen2_pair, monkeypatch, 
     assert torch.equal(out.sequences, expected)
     assert len(calls) == out.speculation_stats.target_forwards and out.speculation_stats.plain_steps > 2
     assert out.speculation_stats.graphs_compiled == 2
+    # a tree grown best first: its frontiers' top-k, the ancestor matrix and the chosen nodes compile into the graph
+    calls.clear()
+    torch._dynamo.reset()
+    plain_pattern[:] = [False]
+    out = captured_call(target, copy.deepcopy(target), ids, 20, "specexec")
+    assert torch.equal(out.sequences, expected) and len(calls) == out.speculation_stats.target_forwards
 
 
 @pytest.mark.parametrize("method", [*sorted(SHAPES), "sequoia sized"])
@@ -461,6 +471,41 @@ def test_calls_it_cannot_take_are_refused_before_anything_is_decoded(qwen2_pair,
         target.generate(ids, assistant_model=draft, speculation="tree", tokenizer=stop_tokenizer, streamer=Streamer(),
                         speculation_config={**SHAPES["tree"], "captured": True, "guard": False, **settings}, **kwargs)
     assert says in str(refused.value) and not streamed
+
+
+@pytest.mark.parametrize(("settings", "call", "says"), [
+    ({"captured": True}, {}, "pass a budget"),
+    ({"budget": 16, "captured": True}, {"do_sample": True}, "verify greedily only"),
+], ids=["sized-every-step", "sampled"])
+def test_best_first_calls_it_cannot_grow_are_refused(qwen2_pair, settings, call, says):
+    """`specexec` captured grows trees of one budget, greedily: sized every step or sampled, refused up front; and
+    `staged`, whose lower stages draft on the host, is refused too."""
+    target, draft = qwen2_pair
+    ids = random_prompt(torch.Generator().manual_seed(5), 8)
+    kwargs = {"do_sample": False, "max_new_tokens": 8, "cache_implementation": "static", **call}
+    with pytest.raises(ValueError, match="captured=True cannot decode this call") as refused:
+        target.generate(ids, assistant_model=draft, speculation="specexec", speculation_config=settings, **kwargs)
+    assert says in str(refused.value)
+    with pytest.raises(ValueError, match="has no setting"):
+        target.generate(ids, assistant_model=draft, speculation="staged", do_sample=False, max_new_tokens=8,
+                        cache_implementation="static", speculation_config={"budget": 16, "captured": True})
+
+
+def test_a_grown_shape_loses_passes_and_nodes_where_the_rows_run_out():
+    """`GrowthSpec.within`: the budget's shape whole where it fits; fewer passes where the draft's rows or the
+    position table run out, fewer nodes (a power of two) where the target's rows do, the root alone where no child
+    fits."""
+    from hf_specdec.methods.specexec.captured_growth import GrowthSpec
+
+    spec = GrowthSpec.of(16, width=8, beams=None, max_depth=12)
+    assert (spec.nodes, spec.beams, spec.passes, spec.depth, spec.draft_passes) == (16, 4, 4, 5, 5)
+    assert spec.within(16, 16, None) == spec
+    assert spec.within(16, 9, None).passes == 2
+    assert spec.within(16, 16, 3) == GrowthSpec(16, 4, 8, 2, 3)
+    assert spec.within(9, 16, None).nodes == 8 and spec.within(9, 16, None).size <= 9
+    assert spec.within(16, 0, None) == GrowthSpec(9, 4, 8, 0, 12)  # the root's children only: no pass after
+    assert spec.within(1, 16, None) is None and spec.within(16, 16, 0) is None
+    assert GrowthSpec.of(4, width=8, beams=None, max_depth=12).passes == 1
 
 
 def test_trees_sized_by_the_drafts_probabilities_and_a_batch_are_refused(qwen2_pair):

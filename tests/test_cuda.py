@@ -127,11 +127,12 @@ def test_static_cache_with_cuda_graphs_identical_to_plain_static(name):
         assert stats.compiled and stats.draft_pass_sizes, stats  # compiled target, draft on its static cache
 
 
-@pytest.mark.parametrize("name", ["chain", "tree", "sequoia"])
+@pytest.mark.parametrize("name", ["chain", "tree", "sequoia", "specexec"])
 def test_a_captured_step_compiled_whole_is_plain_static_generate(name):
     """`captured=True` on a GPU with a static cache: the step compiled whole with the call's compile config
-    (mode="reduce-overhead": CUDA graphs, one per shape), replayed by a second call; plain static generate's tokens."""
-    from tests.test_captured import SHAPES
+    (mode="reduce-overhead": CUDA graphs, one per shape), replayed by a second call; plain static generate's tokens
+    (`specexec`: its tree grown best first inside the graph)."""
+    from tests.test_captured import GREEDY as SHAPES
 
     target, draft = cuda_pair()
     ids = random_prompt(torch.Generator().manual_seed(4), 12).cuda()

@@ -59,11 +59,14 @@ from ..accept.emit import BlockStops, emit
 from ..accept.kv_cache import crop, is_static, keep_rows, set_length, static_capacity
 from ..core.releases import cache_arg
 from ..core.tree import HostTree, TokenTree
+from ..draft.captured_tree import DraftedTree
 from ..draft.draft_model import DraftModelRunner
 from ..draft.shaped_tree import ModelTreeDrafter, planned_shape
 from ..draft.sized_shape import SizedShapeDrafter
 from ..logits.child_selection import select_children
 from ..logits.wide_rows import row_argmax, row_topk
+from ..methods.specexec.best_first import BestFirstDrafter
+from ..methods.specexec.captured_growth import GrowthSpec
 from ..plan.guard import PlainGuard
 from ..plan.shape_sizing import ShapeChooser, bucketed
 from ..runtime.attention import AttentionLayout
@@ -166,6 +169,37 @@ class CapturedShape:
         """Draft passes a step runs: the catch-up, then one per level below the root's."""
         return 1 + sum(level.rows is not None for level in self.levels)
 
+    @property
+    def draft_pass_sizes(self) -> set[int]:
+        return {level.size for level in self.levels if level.size}
+
+    def draft(self, step: CapturedStep, logits: torch.Tensor, past: torch.Tensor, root: torch.Tensor) -> DraftedTree:
+        """Each level's children, its top ones or drawn (a level's pass appends its nodes' rows after the earlier
+        levels'), from the root's logits `(1, V)`; sampled, the distributions they were drawn from are kept for the
+        verdict."""
+        tokens = torch.full((self.nodes,), -1, dtype=torch.long, device=step.draft_device)
+        tokens[:1] = root
+        drawn_from = None if step.sampling is None else logits.new_zeros((self.nodes, logits.shape[-1]))
+        for level in self.levels:
+            if level.rows is not None:
+                fed = tokens[level.parents].clamp(min=0)
+                fed = torch.cat([fed, fed[:1].expand(level.size - len(fed))])
+                positions, masks = level.rows.inputs(past, step.draft_width, step.draft_layout, step.draft.dtype,
+                                                     origin=past - 1)
+                logits = step._draft_pass(fed, positions, masks)[: len(level.parents)]
+                for layer in step.draft_cache.layers:  # the padding rows are dropped
+                    layer.cumulative_length.sub_(level.size - len(level.parents))
+            if step.sampling is None:
+                values, picked = row_topk(logits, level.width)
+                kids = torch.where(level.wanted & (values > float("-inf")), picked, -1)
+            else:
+                picked, probs = step.sampling.children(logits, level.width)
+                kids = torch.where(level.wanted, picked, -1)
+                drawn_from = drawn_from.index_copy(0, level.parents, probs)
+            tokens[level.children] = kids[level.child_rows, level.child_cols]
+        return DraftedTree(tokens.to(step.target_device), self.parents, self.depths, self.ancestors, self.target_rows,
+                           self.slots, self.forwarded, drawn_from)
+
 
 class ShapeSchedule:
     """The shape of each captured step: a fixed shape's own; or, for a drafter sized every step (`SizedShapeDrafter`:
@@ -173,15 +207,19 @@ class ShapeSchedule:
     one per size bucket, the root alone included) chosen before each step by the drafter's cost model, which learns
     the sibling ranks kept from the verdicts read (nothing else is read for it)."""
 
-    def __init__(self, drafter: ModelTreeDrafter) -> None:
+    def __init__(self, drafter: ModelTreeDrafter | BestFirstDrafter) -> None:
         self.sized = isinstance(drafter, SizedShapeDrafter)
-        self.fixed = tuple(drafter.host_shape.parents)
+        if isinstance(drafter, BestFirstDrafter):  # a fixed budget (`captured_refusal` refuses one sized every step)
+            grower = drafter.grower
+            self.fixed = GrowthSpec.of(grower.budget, grower.width, grower.beams, grower.max_depth)
+        else:
+            self.fixed = tuple(drafter.host_shape.parents)
         if self.sized:
             self.sizer, self.ranks = drafter.sizer, drafter.ranks
             self.menu = bucketed(drafter.menu, drafter.sizer, drafter.ranks)
             self.chooser = ShapeChooser(self.menu, drafter.chooser.full_size)
 
-    def next(self) -> tuple[int, ...]:
+    def next(self) -> tuple[int, ...] | GrowthSpec:
         return tuple(self.menu.shapes[self.chooser.choose(self.sizer, self.ranks)]) if self.sized else self.fixed
 
     def learn(self, parents: tuple[int, ...], tokens: list[int], path: list[int]) -> None:
@@ -220,10 +258,13 @@ class CapturedStep:
             torch._dynamo.mark_static_address(state)  # graphs keep their addresses, as Transformers' static caches
         self._shapes: dict[tuple[int, ...], CapturedShape] = {}
 
-    def shape(self, parents: tuple[int, ...]) -> CapturedShape:
-        if parents not in self._shapes:
-            self._shapes[parents] = CapturedShape.of(list(parents), self.target_device, self.draft_device)
-        return self._shapes[parents]
+    def shape(self, key: tuple[int, ...] | GrowthSpec) -> CapturedShape | GrowthSpec:
+        """A planned shape's buffers (made once a call), by its parents; a grown one is its own spec."""
+        if isinstance(key, GrowthSpec):
+            return key
+        if key not in self._shapes:
+            self._shapes[key] = CapturedShape.of(list(key), self.target_device, self.draft_device)
+        return self._shapes[key]
 
     def start(self, pending: list[int]) -> None:
         """The draft has yet to read `pending` (1 or 2 committed tokens, the root last)."""
@@ -248,11 +289,15 @@ class CapturedStep:
             set_length(self.draft_cache, before + len(lagging) - 1)
         self.start(lagging[-1:])
 
-    def fitting(self, parents: tuple[int, ...], committed: int) -> tuple[int, ...]:
+    def fitting(self, parents: tuple[int, ...] | GrowthSpec, committed: int) -> tuple[int, ...] | GrowthSpec:
         """`parents` cut to whole levels (a prefix: the shape is breadth first) that both caches and the target's
-        position table hold after `committed` tokens; the root alone at least, else a ValueError."""
-        depths = HostTree(parents=list(parents)).depths()
+        position table hold after `committed` tokens; the root alone at least, else a ValueError. A grown shape
+        loses levels, passes and nodes likewise (`GrowthSpec.within`)."""
         deepest = self.target_layout.deepest_node(committed - 1)
+        if isinstance(parents, GrowthSpec):
+            spec = parents.within(self.target_width - committed + 1, self.draft_width - committed - CATCH_UP, deepest)
+            return self.fitting((-1,), committed) if spec is None else spec
+        depths = HostTree(parents=list(parents)).depths()
         limit = max(depths) if deepest is None else min(deepest, max(depths))
         while limit >= 0:
             nodes = sum(depth <= limit for depth in depths)
@@ -265,7 +310,7 @@ class CapturedStep:
                          "Pass a larger max_cache_len.")
 
     @torch.no_grad()
-    def step(self, shape: CapturedShape) -> torch.Tensor:
+    def step(self, shape: CapturedShape | GrowthSpec) -> torch.Tensor:
         tdev, ddev = self.target_device, self.draft_device
         # 1. the draft reads the committed tokens it lacks; the root's logits are those of the last of them
         before = self.draft_cache.layers[0].cumulative_length.clone()
@@ -277,53 +322,32 @@ class CapturedStep:
         past = before + self.count  # the draft's committed rows, the root's included
         set_length(self.draft_cache, past)
         root = self.pending.gather(0, (self.count - 1)[None])
-        tokens = torch.full((shape.nodes,), -1, dtype=torch.long, device=ddev)
-        tokens[:1] = root
-        # 2. each level's children, its top ones or drawn (a level's pass appends its nodes' rows after the earlier
-        # levels'); sampled, the distributions they were drawn from are kept for the verdict
-        level_logits = logits.index_select(0, (self.count - 1)[None])
-        drawn_from = None if self.sampling is None else logits.new_zeros((shape.nodes, logits.shape[-1]))
-        for level in shape.levels:
-            if level.rows is not None:
-                fed = tokens[level.parents].clamp(min=0)
-                fed = torch.cat([fed, fed[:1].expand(level.size - len(fed))])
-                positions, masks = level.rows.inputs(past, self.draft_width, self.draft_layout, self.draft.dtype,
-                                                     origin=past - 1)
-                level_logits = self._draft_pass(fed, positions, masks)[: len(level.parents)]
-                for layer in self.draft_cache.layers:  # the padding rows are dropped
-                    layer.cumulative_length.sub_(level.size - len(level.parents))
-            if self.sampling is None:
-                values, picked = row_topk(level_logits, level.width)
-                kids = torch.where(level.wanted & (values > float("-inf")), picked, -1)
-            else:
-                picked, probs = self.sampling.children(level_logits, level.width)
-                kids = torch.where(level.wanted, picked, -1)
-                drawn_from = drawn_from.index_copy(0, level.parents, probs)
-            tokens[level.children] = kids[level.child_rows, level.child_cols]
+        # 2. the draft's tree: its planned shape's levels, or grown best first (either way, passes after `past`)
+        tree = shape.draft(self, logits.index_select(0, (self.count - 1)[None]), past, root)
         # 3. the target's pass over the tree, after the committed tokens but the root
-        tokens = tokens.to(tdev)
+        tokens = tree.tokens
         target_past = self.cache.layers[0].cumulative_length.clone()
         fed = torch.cat([tokens.clamp(min=0), tokens[:1].expand(shape.size - shape.nodes)])
-        positions, masks = shape.target_rows.inputs(target_past, self.target_width, self.target_layout,
-                                                    self.target.dtype)
+        positions, masks = tree.target_rows.inputs(target_past, self.target_width, self.target_layout,
+                                                   self.target.dtype)
         output = self.target(input_ids=fed[None], attention_mask=masks, position_ids=positions[None],
                              **cache_arg(self.cache), use_cache=True, return_dict=True)
         logits = output.logits[0, : shape.nodes].float()
         logits = torch.cat([torch.where(self.first, self.first_row, logits[0])[None], logits[1:]])
         # 4. the verdict: the path's end and the bonus token; the path to it
-        leaf, bonus = self._greedy(shape, tokens, logits) if self.sampling is None else self._walk(
-            shape, tokens, logits, drawn_from)
-        accepted = shape.depths.index_select(0, leaf)
+        leaf, bonus = self._greedy(shape.depth, tree, logits) if self.sampling is None else self._walk(
+            shape, tree, logits)
+        accepted = tree.depths.index_select(0, leaf)
         levels = torch.arange(shape.depth + 1, device=tdev)
-        on_path = shape.ancestors.index_select(0, leaf) & (shape.depths[None] == levels[:, None])
+        on_path = tree.ancestors.index_select(0, leaf) & (tree.depths[None] == levels[:, None])
         path = on_path.int().argmax(-1)  # the path's node at each depth (the root past its end: never kept)
         # 5. the target keeps the path's rows (the root's and the accepted nodes'), the bonus token is the next root
         keep_rows(self.cache, target_past + path, target_past + levels)
         set_length(self.cache, target_past + accepted[0] + 1)
         # ... the draft keeps the accepted nodes it forwarded, and reads the rest (one leaf at most) and the bonus next
         drafted = path[1:].to(ddev)
-        forwarded = (shape.forwarded[drafted] & (levels[1:].to(ddev) <= accepted.to(ddev))).sum()  # a prefix
-        keep_rows(self.draft_cache, past + shape.slots[drafted], past + torch.arange(shape.depth, device=ddev))
+        forwarded = (tree.forwarded[drafted] & (levels[1:].to(ddev) <= accepted.to(ddev))).sum()  # a prefix
+        keep_rows(self.draft_cache, past + tree.slots[drafted], past + torch.arange(shape.depth, device=ddev))
         set_length(self.draft_cache, past + forwarded)
         leaf_token, bonus_draft = tokens.index_select(0, path.index_select(0, accepted)).to(ddev), bonus.to(ddev)
         unread = forwarded < accepted.to(ddev)[0]
@@ -361,20 +385,22 @@ class CapturedStep:
         return token
 
     @staticmethod
-    def _greedy(shape: CapturedShape, tokens: torch.Tensor, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The deepest node kept (its token its parent's argmax, its parent kept) and its argmax, `(1,)` each."""
+    def _greedy(depth: int, tree: DraftedTree, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The deepest node kept (its token its parent's argmax, its parent kept) and its argmax, `(1,)` each; `depth`
+        bounds the tree's depth."""
         best = row_argmax(logits)
-        kept = tokens == best[shape.parents]
+        kept = tree.tokens == best[tree.parents]
         kept[0] = True
-        for _ in range(shape.depth):
-            kept = kept & kept[shape.parents]
-        leaf = torch.where(kept, shape.depths, -1).argmax()[None]  # indexed by tensors only: no host read
+        for _ in range(depth):
+            kept = kept & kept[tree.parents]
+        leaf = torch.where(kept, tree.depths, -1).argmax()[None]  # indexed by tensors only: no host read
         return leaf, best.index_select(0, leaf)
 
-    def _walk(self, shape: CapturedShape, tokens: torch.Tensor, logits: torch.Tensor,
-              drawn_from: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    def _walk(self, shape: CapturedShape, drafted: DraftedTree, logits: torch.Tensor
+              ) -> tuple[torch.Tensor, torch.Tensor]:
         """The `sequoia` verifier's walk over every level, unread: where it ended and the token it emits there."""
-        tree = TokenTree(tokens=tokens, parents=shape.tree_parents, draft_probs=drawn_from, _host=shape.host)
+        tree = TokenTree(tokens=drafted.tokens, parents=shape.tree_parents, draft_probs=drafted.drawn_from,
+                         _host=shape.host)
         walk = ResidualWalk(tree, self.target_device, without_replacement=True)
         return walk.descend(self.sampling.scores(logits), TorchRandom(self.sampling.generator))
 
@@ -393,14 +419,21 @@ def captured_refusal(drafter: object, cache: Cache, processors: LogitsProcessorL
     unless it samples); `compiled_generator`: the call's `speculation_generator` where its steps are compiled."""
     if batch > 1:
         return f"it decodes a batch of {batch} sequences; captured steps decode one, or leave captured off"
+    if isinstance(drafter, BestFirstDrafter):
+        if drafter.sizer is not None:
+            return ("its trees are sized every step on the host; captured steps grow trees of one size, so pass a "
+                    "budget (e.g. budget=16)")
+        if verifier != "greedy":
+            return ("it samples; captured best-first steps verify greedily only, so pass do_sample=False, or use "
+                    "a planned shape (sequoia, tree, chain), or leave captured off")
+    elif type(drafter) not in (ModelTreeDrafter, SizedShapeDrafter):
+        return ("the tree is sized by the draft's own probabilities; captured steps draft planned shapes (sequoia, "
+                "tree, or chain with confidence_threshold=0) or best-first trees of a fixed budget (specexec)")
     if verifier not in ("greedy", "sequoia"):
         return (f"it samples with verifier={verifier!r}; captured steps draw children without replacement and verify "
                 "as 'sequoia' does, so drop verifier (or pass 'sequoia') or leave captured off")
     if not is_static(cache):
         return "the cache is not static; pass cache_implementation='static' to generate"
-    if type(drafter) not in (ModelTreeDrafter, SizedShapeDrafter):
-        return ("the tree is sized by the draft's own probabilities; captured steps draft planned shapes (sequoia, "
-                "tree, or chain with confidence_threshold=0)")
     if verifier == "greedy" and processors:
         return (f"logits processors are on ({', '.join(type(p).__name__ for p in processors)}); captured steps take "
                 "the raw argmax, so unset them (e.g. repetition_penalty) or leave captured off")
@@ -467,7 +500,8 @@ def captured_loop(
         # the root alone is a plain step, which leaves the draft behind until the next tree
         guarded = guard is not None and guard.plain_next()
         parents = (-1,) if guarded else step.fitting(schedule.next(), input_ids.shape[1])
-        shape, plain = step.shape(parents), len(parents) == 1
+        shape = step.shape(parents)
+        plain = shape.nodes == 1
         if parents not in runs:
             runs[parents] = functools.partial(step.plain_step if plain else step.step, shape)
             runs[parents] = runs[parents] if compile_step is None else compile_step(runs[parents])
@@ -489,7 +523,7 @@ def captured_loop(
             block = [tokens[node] for node in nodes[:accepted]] + [bonus]
             schedule.learn(parents, tokens, [0, *nodes[:accepted]])
             stats.draft_forwards += shape.draft_passes
-            stats.draft_pass_sizes.update({CATCH_UP} | {level.size for level in shape.levels if level.size})
+            stats.draft_pass_sizes.update({CATCH_UP} | shape.draft_pass_sizes)
         last = block[-1]
         t1 = time.perf_counter()
         input_ids, emitted, finished = emit(input_ids, block, torch.empty(len(block), 0), stopping_criteria, stops)

@@ -33,6 +33,14 @@ class SpecExecConfig(StepSizedConfig):
     width: int = field(default=8, metadata={"help": "Children considered per expanded node."})
     beams: int | None = field(default=None, metadata={"help": "Nodes expanded per draft pass (default budget/8)."})
     max_budget: int = field(default=2048, metadata={"help": "Largest tree the per-step sizing may grow."})
+    captured: bool = field(
+        default=False,
+        metadata={"help": "Run each step as one function of device work with fixed shapes, read once "
+                  "(decoding/captured.py; the tree grown best first on the device, methods/specexec/"
+                  "captured_growth.py), compiled whole where the call compiles its forward (a GPU with a static "
+                  "cache): a fixed budget, a static cache, greedy without logits processors; any other call is "
+                  "refused up front, saying why."},
+    )
 
     def validate(self) -> None:
         if self.budget is not None and not 2 <= int(self.budget) <= 4096:

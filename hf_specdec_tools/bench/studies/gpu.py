@@ -76,7 +76,9 @@ from .engine_overhead import ACCEPTANCE, SAMPLING, peaky_model  # noqa: E402
 #: the fixed shapes the static phase runs through the loop and captured whole (decoding/captured.py)
 CAPTURED = {"chain 4": ChainConfig(num_draft_tokens=4, confidence_threshold=0, per_step=False),
             "chain 8": ChainConfig(num_draft_tokens=8, confidence_threshold=0, per_step=False),
-            "sequoia plan 32": SequoiaConfig(plan=plan_tree(ACCEPTANCE, 32, 8))}
+            "sequoia plan 32": SequoiaConfig(plan=plan_tree(ACCEPTANCE, 32, 8)),
+            # a best-first tree of one budget, grown on the device when captured (greedy only)
+            "specexec 32": SpecExecConfig(budget=32)}
 
 
 def fixed_chain(length: int, **settings) -> ChainConfig:
