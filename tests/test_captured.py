@@ -473,22 +473,82 @@ def test_calls_it_cannot_take_are_refused_before_anything_is_decoded(qwen2_pair,
     assert says in str(refused.value) and not streamed
 
 
-@pytest.mark.parametrize(("settings", "call", "says"), [
-    ({"captured": True}, {}, "pass a budget"),
-    ({"budget": 16, "captured": True}, {"do_sample": True}, "verify greedily only"),
-], ids=["sized-every-step", "sampled"])
-def test_best_first_calls_it_cannot_grow_are_refused(qwen2_pair, settings, call, says):
-    """`specexec` captured grows trees of one budget, greedily: sized every step or sampled, refused up front; and
-    `staged`, whose lower stages draft on the host, is refused too."""
+def test_best_first_calls_it_cannot_grow_are_refused(qwen2_pair):
+    """`specexec` captured verifies greedily: a sampled call is refused up front; `staged`, whose lower stages draft
+    on the host, has no such setting."""
     target, draft = qwen2_pair
     ids = random_prompt(torch.Generator().manual_seed(5), 8)
-    kwargs = {"do_sample": False, "max_new_tokens": 8, "cache_implementation": "static", **call}
     with pytest.raises(ValueError, match="captured=True cannot decode this call") as refused:
-        target.generate(ids, assistant_model=draft, speculation="specexec", speculation_config=settings, **kwargs)
-    assert says in str(refused.value)
+        target.generate(ids, assistant_model=draft, speculation="specexec", do_sample=True, max_new_tokens=8,
+                        cache_implementation="static", speculation_config={"budget": 16, "captured": True})
+    assert "verify greedily only" in str(refused.value)
     with pytest.raises(ValueError, match="has no setting"):
         target.generate(ids, assistant_model=draft, speculation="staged", do_sample=False, max_new_tokens=8,
                         cache_implementation="static", speculation_config={"budget": 16, "captured": True})
+
+
+def test_specexec_sized_every_step_grows_one_of_a_few_budgets(qwen2_pair, monkeypatch):
+    """`specexec` at its defaults, captured: each step grows one of the budgets of `CAPTURED_SIZES` (its target pass
+    one of their padded sizes), chosen from the tree the step before grew; plain's tokens with a draft that is the
+    target and one that is not, one read a step. With a sure draft (a sharpened target as its own draft) and a cheap
+    one (curves as the suite's `tree_sizing_sees_a_cheap_draft` states them), the schedule moves between budgets and
+    its trees keep several tokens a step."""
+    import dataclasses
+
+    from hf_specdec.methods import step_sized
+    from hf_specdec.plan.latency import LatencyCurve
+    from tests.tiny import tiny_model
+
+    measured = step_sized.online_sizer
+
+    def cheap_draft(profile, target, draft, processors):
+        sizer = measured(profile, target, draft, processors)
+        flat = lambda seconds: LatencyCurve((1, 128), (seconds, seconds))  # noqa: E731
+        sizer.profile = dataclasses.replace(profile, target=flat(0.01), draft=flat(0.0002), step_overhead=0.0)
+        return sizer
+
+    monkeypatch.setattr(step_sized, "online_sizer", cheap_draft)
+    sure = tiny_model("qwen2", 0, sharpen=20.0)  # its top token 0.69 on the test's prompt
+    ids = random_prompt(torch.Generator().manual_seed(5), 8)
+    for target, draft in ((qwen2_pair[0], qwen2_pair[1]), (sure, copy.deepcopy(sure))):
+        expected = target.generate(ids, do_sample=False, max_new_tokens=40, cache_implementation="static")
+        with count_round_trips(target, draft) as counts:
+            out = target.generate(ids, assistant_model=draft, speculation="specexec", do_sample=False,
+                                  max_new_tokens=40, speculation_config={"captured": True, "guard": False},
+                                  cache_implementation="static", return_dict_in_generate=True)
+        assert torch.equal(out.sequences, expected)
+        stats = out.speculation_stats
+        assert stats.captured and stats.tree_pass_sizes <= {1, *CAPTURED_SIZES}, stats.tree_pass_sizes
+        assert all(step.reads == 1 for step in counts.steps)
+    assert len(stats.tree_pass_sizes) >= 2 and stats.shrunk_steps > 0, stats.tree_pass_sizes
+    assert sum(stats.tokens_per_step) / len(stats.tokens_per_step) > 3, stats.tokens_per_step
+
+
+def test_the_growth_schedule_prices_budgets_from_the_tree_before():
+    """`GrowthSchedule`: the middle budget first; after a tree of sure tokens (a chain the draft gives 0.999 each)
+    on a flat target curve and a cheap draft, a larger budget; after a tree of unsure ones (0.01 each), the smallest;
+    each verdict teaches the acceptance curve (the children of reached nodes)."""
+    import math
+
+    from hf_specdec.methods.specexec.captured_growth import LOGQ_UNIT, GrowthSchedule
+    from hf_specdec.plan.latency import LatencyCurve
+    from hf_specdec.plan.sizing import HardwareProfile
+    from hf_specdec.plan.step_sizing import OnlineAcceptance, StepSizer
+
+    profile = HardwareProfile(LatencyCurve((1, 64), (0.05, 0.05)), LatencyCurve((1, 64), (0.002, 0.002)))
+    schedule = GrowthSchedule(StepSizer(profile, OnlineAcceptance()), width=8, max_depth=12, max_budget=2048)
+    assert [spec.nodes for spec in schedule.menu] == list(CAPTURED_SIZES)
+    first = schedule.next()
+    assert first.nodes == 16
+    chain = [0, *range(15)]  # node i's parent is i - 1
+    sure = [round(math.log(0.999) / LOGQ_UNIT)] * 16
+    schedule.learn(first, chain + sure, path=list(range(16)))
+    assert schedule.sizer.acceptance.observations == 15
+    assert schedule.next().nodes > 16
+    bushy = [0] * 16  # every node a child of the root
+    unsure = [round(math.log(0.01) / LOGQ_UNIT)] * 16
+    schedule.learn(first, bushy + unsure, path=[0])
+    assert schedule.next().nodes == CAPTURED_SIZES[0]
 
 
 def test_a_grown_shape_loses_passes_and_nodes_where_the_rows_run_out():

@@ -169,14 +169,16 @@ def plain_static_outputs(real_pair_fp32):
     [("sequoia", {"plan": plan_tree([0.75, 0.1, 0.05, 0.02], budget=24, max_depth=7)}),
      ("chain", {"num_draft_tokens": 6, "confidence_threshold": 0, "per_step": False, "draft_window": 32}),
      ("sequoia", {}),
-     ("specexec", {"budget": 16})],
-    ids=["sequoia-fixed-plan", "chain-6-window-32", "sequoia-sized-buckets", "specexec-grown-16"],
+     ("specexec", {"budget": 16}),
+     ("specexec", {})],
+    ids=["sequoia-fixed-plan", "chain-6-window-32", "sequoia-sized-buckets", "specexec-grown-16",
+         "specexec-sized-budgets"],
 )
 def test_captured_steps_identical_to_plain_static_generate(real_pair_fp32, plain_static_outputs, speculation, config):
     """`captured=True` (decoding/captured.py): each step one function of device work, read once; plain static-cache
     generate's tokens on the real pair, the draft reading the prompt whole or its last 32 tokens; `sequoia` at its
     defaults drafting the bucketed shapes its cost model picks every step; `specexec`'s best-first trees grown on the
-    device."""
+    device, of a fixed budget and of the few budgets it is sized from every step."""
     target, draft, _ = real_pair_fp32
     steps = 0
     for ids, expected in plain_static_outputs:

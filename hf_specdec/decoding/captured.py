@@ -14,7 +14,9 @@ One step (gpt-fast's rollback by position: rows past a cache's write length are 
    if any, and its bonus token), fed as two rows whatever the count; a lone bonus token's copy is dropped by the
    write length;
 2. the draft's children, level by level (its top ones; sampled, drawn without replacement from its processed rows):
-   one pass per level of nodes with children, padded to a power of two;
+   one pass per level of nodes with children, padded to a power of two; or, for `specexec`, a tree grown best first
+   (a fixed number of passes over its most probable open nodes, the most probable nodes verified:
+   methods/specexec/captured_growth.py), its parents device tensors like its tokens;
 3. the target's pass over the tree (padded), after the committed tokens;
 4. the verdict: greedy, a node is kept when its token is its parent's argmax and its parent is kept (the top-k
    children of a node are distinct, so at most one child of a kept node is); the deepest kept node ends the path
@@ -26,12 +28,12 @@ One step (gpt-fast's rollback by position: rows past a cache's write length are 
 Greedy output is plain's: the verdict is the walk `verify/greedy.py` makes, and the first token is the prompt pass's
 argmax, as plain computes it. Sampling is exact: the rows are processed as plain sampling processes them (the
 row-wise processors only: `ROW_WISE`), and the walk is the loop's. A method sized every step drafts one of a few
-bucketed shapes, chosen on the host before each step from the verdicts already read (`ShapeSchedule`): one compiled
-function per shape met. The root alone (a sized schedule's plain step, or a shape cut at the caches' end) is a plain
-step: the target's pass over the root and no draft pass; the draft reads the tokens it missed in one eager pass
-before the next tree (`CapturedStep.resume`), as the loop's drafters catch up after the guard's plain steps. The
-measured guard turns steps plain the same way while speculation loses. What the step cannot take is refused before
-decoding (`captured_refusal`).
+bucketed shapes (`specexec`: of a few budgets, `GrowthSchedule`), chosen on the host before each step from the
+verdicts already read (`ShapeSchedule`): one compiled function per shape met. The root alone (a sized schedule's
+plain step, or a shape cut at the caches' end) is a plain step: the target's pass over the root and no draft pass;
+the draft reads the tokens it missed in one eager pass before the next tree (`CapturedStep.resume`), as the loop's
+drafters catch up after the guard's plain steps. The measured guard turns steps plain the same way while speculation
+loses. What the step cannot take is refused before decoding (`captured_refusal`).
 """
 
 from __future__ import annotations
@@ -59,14 +61,14 @@ from ..accept.emit import BlockStops, emit
 from ..accept.kv_cache import crop, is_static, keep_rows, set_length, static_capacity
 from ..core.releases import cache_arg
 from ..core.tree import HostTree, TokenTree
-from ..draft.captured_tree import DraftedTree
+from ..draft.captured_tree import CATCH_UP, DraftedTree
 from ..draft.draft_model import DraftModelRunner
 from ..draft.shaped_tree import ModelTreeDrafter, planned_shape
 from ..draft.sized_shape import SizedShapeDrafter
 from ..logits.child_selection import select_children
 from ..logits.wide_rows import row_argmax, row_topk
 from ..methods.specexec.best_first import BestFirstDrafter
-from ..methods.specexec.captured_growth import GrowthSpec
+from ..methods.specexec.captured_growth import GrowthSchedule, GrowthSpec
 from ..plan.guard import PlainGuard
 from ..plan.shape_sizing import ShapeChooser, bucketed
 from ..runtime.attention import AttentionLayout
@@ -83,7 +85,6 @@ from .step import prompt_pass
 #: runs of a compiled step function (per call: a call's step owns new state tensors) the guard does not judge: with
 #: mode="reduce-overhead" the first compiles (or warms up), the second records its CUDA graph; later ones replay
 WARM_RUNS = 2
-CATCH_UP = 2  # rows of the draft's catch-up pass: the last step's unforwarded accepted leaf (if any) and its bonus
 #: the processors a sampled step applies to all its rows at once: each reads its row alone, never the tokens before it
 #: (a repetition penalty or a minimum length would need each node's own prefix)
 ROW_WISE = (TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper, MinPLogitsWarper)
@@ -208,10 +209,12 @@ class ShapeSchedule:
     the sibling ranks kept from the verdicts read (nothing else is read for it)."""
 
     def __init__(self, drafter: ModelTreeDrafter | BestFirstDrafter) -> None:
-        self.sized = isinstance(drafter, SizedShapeDrafter)
-        if isinstance(drafter, BestFirstDrafter):  # a fixed budget (`captured_refusal` refuses one sized every step)
+        self.sized, self.grown = isinstance(drafter, SizedShapeDrafter), None
+        if isinstance(drafter, BestFirstDrafter):  # `specexec`: a fixed budget, or a few sized every step
             grower = drafter.grower
             self.fixed = GrowthSpec.of(grower.budget, grower.width, grower.beams, grower.max_depth)
+            if drafter.sizer is not None:
+                self.grown = GrowthSchedule(drafter.sizer, grower.width, grower.max_depth, grower.budget)
         else:
             self.fixed = tuple(drafter.host_shape.parents)
         if self.sized:
@@ -220,12 +223,22 @@ class ShapeSchedule:
             self.chooser = ShapeChooser(self.menu, drafter.chooser.full_size)
 
     def next(self) -> tuple[int, ...] | GrowthSpec:
+        if self.grown is not None:
+            return self.grown.next()
         return tuple(self.menu.shapes[self.chooser.choose(self.sizer, self.ranks)]) if self.sized else self.fixed
 
-    def learn(self, parents: tuple[int, ...], tokens: list[int], path: list[int]) -> None:
+    @property
+    def shrunk_steps(self) -> int | None:
+        """Steps drafted below the largest size (None: a fixed shape)."""
+        return self.chooser.shrunk_steps if self.sized else self.grown.shrunk_steps if self.grown else None
+
+    def learn(self, parents: tuple[int, ...] | GrowthSpec, tokens: list[int], path: list[int], learned: list[int]
+              ) -> None:
         """A step over `parents` drafting `tokens` (-1: a node the draft could not fill, never a candidate) kept
-        `path` (its nodes, root first)."""
-        if self.sized and len(parents) > 1:
+        `path` (its nodes, root first); a grown tree's `learned` (`DraftedTree.learned`) also read."""
+        if self.grown is not None and isinstance(parents, GrowthSpec):
+            self.grown.learn(parents, learned, path)
+        elif self.sized and len(parents) > 1:
             self.chooser.shrunk(len(parents))
             children = [[c for c in kids if tokens[c] >= 0] for kids in HostTree(parents=list(parents)).children()]
             self.ranks.learn(children, path, [children[parent].index(node) for parent, node in zip(path, path[1:])])
@@ -237,7 +250,8 @@ class CapturedStep:
     `first_row`: the root's logits as the prompt pass computed them (the call's first token, as plain takes it from
     them). `start` loads the first catch-up; `step(shape)` runs a step and returns its read `(2 + depth + nodes,)`: the
     accepted count, the bonus token, the path's nodes below the root (the first `count` of them accepted), then every
-    node's token (-1 where the draft could not fill it).
+    node's token (-1 where the draft could not fill it), then what the host learns from a grown tree
+    (`DraftedTree.learned`).
     State between steps lives in device tensors updated in place, so a compiled step keeps its buffers; the shape is
     fixed per compiled function (`fitting` cuts it to whole levels where the caches' rows or the position table run
     out)."""
@@ -354,7 +368,7 @@ class CapturedStep:
         self.pending.copy_(torch.cat([torch.where(unread, leaf_token, bonus_draft), bonus_draft]))
         self.count.copy_(1 + unread.long())
         self.first.fill_(False)
-        return torch.cat([accepted, bonus, path[1:], tokens])
+        return torch.cat([accepted, bonus, path[1:], tokens, *([] if tree.learned is None else [tree.learned])])
 
     @torch.no_grad()
     def first_plain_step(self) -> torch.Tensor:
@@ -420,9 +434,6 @@ def captured_refusal(drafter: object, cache: Cache, processors: LogitsProcessorL
     if batch > 1:
         return f"it decodes a batch of {batch} sequences; captured steps decode one, or leave captured off"
     if isinstance(drafter, BestFirstDrafter):
-        if drafter.sizer is not None:
-            return ("its trees are sized every step on the host; captured steps grow trees of one size, so pass a "
-                    "budget (e.g. budget=16)")
         if verifier != "greedy":
             return ("it samples; captured best-first steps verify greedily only, so pass do_sample=False, or use "
                     "a planned shape (sequoia, tree, chain), or leave captured off")
@@ -519,9 +530,10 @@ def captured_loop(
                 stats.draft_forwards += 1  # the eager catch-up pass
                 behind = None
             read = runs[parents]().tolist()  # the step's one read
-            accepted, bonus, nodes, tokens = read[0], read[1], read[2: 2 + shape.depth], read[2 + shape.depth:]
+            accepted, bonus, nodes = read[0], read[1], read[2: 2 + shape.depth]
+            tokens, learned = read[2 + shape.depth: 2 + shape.depth + shape.nodes], read[2 + shape.depth + shape.nodes:]
             block = [tokens[node] for node in nodes[:accepted]] + [bonus]
-            schedule.learn(parents, tokens, [0, *nodes[:accepted]])
+            schedule.learn(parents, tokens, [0, *nodes[:accepted]], learned)
             stats.draft_forwards += shape.draft_passes
             stats.draft_pass_sizes.update({CATCH_UP} | shape.draft_pass_sizes)
         last = block[-1]
@@ -543,8 +555,8 @@ def captured_loop(
     if emitted < len(block):  # a stop inside the block: the cache holds the sequence but its last token, as plain's
         crop(cache, input_ids.shape[1] - 1)
     stats.graphs_compiled = len(runs) if compile_step is not None else 0
-    if schedule.sized:  # (no size probes: no pass is timed apart, so the chooser prices every shape by its curves)
-        stats.shrunk_steps = schedule.chooser.shrunk_steps
+    if schedule.shrunk_steps is not None:  # (no size probes: no pass is timed apart, so every shape is priced by
+        stats.shrunk_steps = schedule.shrunk_steps  # the curves)
     stats.time_total = time.perf_counter() - start
     if streamer is not None:
         streamer.end()

@@ -12,6 +12,8 @@ import torch
 
 from ..runtime.pass_shapes import PaddedTree
 
+CATCH_UP = 2  # rows of the draft's catch-up pass: the last step's unforwarded accepted leaf (if any) and its bonus
+
 
 @dataclass(frozen=True)
 class DraftedTree:
@@ -25,3 +27,4 @@ class DraftedTree:
     slots: torch.Tensor  # (n,) long on the draft's device: each node's row among the forwarded ones (0 if never)
     forwarded: torch.Tensor  # (n,) bool on the draft's device: the draft forwarded the node (it has children)
     drawn_from: torch.Tensor | None = None  # (n, V) the draft's distributions children were drawn from (sampled)
+    learned: torch.Tensor | None = None  # long, on the target's device: what the host learns from, read with the step

@@ -18,14 +18,19 @@ from dataclasses import dataclass
 
 import torch
 
-from ...draft.captured_tree import DraftedTree
+from ...draft.captured_tree import CATCH_UP, DraftedTree
 from ...logits.wide_rows import row_topk
+from ...plan.shape_sizing import CAPTURED_SIZES
+from ...plan.step_sizing import StepSizer
 from ...runtime.pass_shapes import PaddedTree, padded_size
 from .best_first import default_beams
 
 #: subtracted from a node's cumulative log-probability per level when the verified nodes are chosen: a child whose
 #: draft probability rounds to 1 still ranks below its parent, so no node is chosen without its parent
 TIE_BREAK = 1e-6
+#: the chosen nodes' draft log-probabilities cross to the host in the step's one read of longs, in these units
+LOGQ_UNIT = 1e-6
+UNFILLED = -(10**12)  # a node the draft filled no token for (log-probability -inf)
 
 
 @dataclass(frozen=True)
@@ -91,6 +96,7 @@ class GrowthSpec:
         parents, depths, slots = (torch.zeros(self.pool, **on) for _ in range(3))
         ranks = torch.full((self.pool,), float("-inf"), device=ddev)
         ranks[0] = 0.0
+        logqs = torch.zeros(self.pool, device=ddev)  # each node's draft log-probability under its parent
         expanded, forwarded = (torch.zeros(self.pool, dtype=torch.bool, device=ddev) for _ in range(2))
         ancestors = torch.eye(self.pool, dtype=torch.bool, device=ddev)
         frontier, live, sent, added = torch.zeros(1, **on), torch.ones(1, dtype=torch.bool, device=ddev), [], 1
@@ -119,6 +125,7 @@ class GrowthSpec:
             parents[children], depths[children] = above, depths[above] + 1
             logq = values - logits.logsumexp(-1, keepdim=True)
             ranks[children] = torch.where(filled, ranks[frontier][:, None] + logq, float("-inf")).flatten()
+            logqs[children] = torch.where(filled, logq, float("-inf")).flatten()
             ancestors[children] = ancestors[above] | ancestors[children]  # its own column is set by the eye
             added += len(frontier) * width
         # 3. the verified nodes: the most probable (the root first), a connected tree
@@ -127,15 +134,70 @@ class GrowthSpec:
         chosen = key.topk(self.nodes).indices
         place = torch.zeros(self.pool, **on).index_copy(0, chosen, torch.arange(self.nodes, **on))
         return self._tree(step.target_device, tokens[chosen], place[parents[chosen]], depths[chosen],
-                          ancestors[chosen][:, chosen], slots[chosen], forwarded[chosen])
+                          ancestors[chosen][:, chosen], slots[chosen], forwarded[chosen], logqs[chosen])
 
     def _tree(self, device: torch.device, tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Tensor,
-              ancestors: torch.Tensor, slots: torch.Tensor, forwarded: torch.Tensor) -> DraftedTree:
-        """The chosen nodes as the target's padded pass takes them (padding rows see only themselves)."""
+              ancestors: torch.Tensor, slots: torch.Tensor, forwarded: torch.Tensor, logqs: torch.Tensor
+              ) -> DraftedTree:
+        """The chosen nodes as the target's padded pass takes them (padding rows see only themselves); the host
+        learns from their parents and log-probabilities (`GrowthSchedule`), read with the step's verdict."""
         n, size = self.nodes, self.size
         tokens, parents, depths, ancestors = (t.to(device) for t in (tokens, parents, depths, ancestors))
         seen = torch.eye(size, dtype=torch.bool, device=device)
         seen[:n, :n] = ancestors
         rows = torch.cat([depths, depths[:1].expand(size - n)])
         target_rows = PaddedTree(rows, seen, (torch.arange(size, device=device) < n)[:, None], rows)
-        return DraftedTree(tokens, parents, depths, ancestors, target_rows, slots, forwarded)
+        units = (logqs / LOGQ_UNIT).round().clamp(min=UNFILLED).long().to(device)  # one long read with the verdict
+        return DraftedTree(tokens, parents, depths, ancestors, target_rows, slots, forwarded,
+                           learned=torch.cat([parents, units]))
+
+
+class GrowthSchedule:
+    """The captured shape of each step of `specexec` sized every step: one of a few budgets (`CAPTURED_SIZES`, one
+    compiled function each), chosen before the step from the tree the step before grew.
+
+    That tree's nodes, rated by the drafter's cost model (`StepSizer`: the chance the target keeps a node given the
+    draft's probability of it, learned from every verdict, times its parent's; the latency curves), price each
+    budget: seconds a step over the tokens it is expected to keep. Budgets up to the tree's own are priced by its
+    best nodes; a larger one by extending the tree's falling values (what its last bucket's nodes added over the
+    ones before, once more per doubling), since its nodes were not drafted. The first step grows the middle budget.
+    The latency curves are not corrected from measured passes (a captured step is timed whole)."""
+
+    def __init__(self, sizer: StepSizer, width: int, max_depth: int, max_budget: int) -> None:
+        sizes = [size for size in CAPTURED_SIZES if size <= min(max_budget, sizer.max_nodes)] or [CAPTURED_SIZES[0]]
+        self.sizer, self.menu = sizer, [GrowthSpec.of(size, width, None, max_depth) for size in sizes]
+        self.choice, self.shrunk_steps = len(self.menu) // 2, 0
+
+    def next(self) -> GrowthSpec:
+        self.shrunk_steps += self.choice < len(self.menu) - 1
+        return self.menu[self.choice]
+
+    def learn(self, spec: GrowthSpec, learned: list[int], path: list[int]) -> None:
+        """A step over `spec` read `learned` (`DraftedTree.learned`: the chosen nodes' parents, then their draft
+        log-probabilities in `LOGQ_UNIT`s) and kept `path` (its nodes, root first)."""
+        n = len(learned) // 2
+        parents = learned[:n]
+        logq = [value * LOGQ_UNIT if value > UNFILLED else float("-inf") for value in learned[n:]]
+        reached = set(path)
+        children = [node for node in range(1, n) if parents[node] in reached and math.isfinite(logq[node])]
+        self.sizer.acceptance.update([logq[c] for c in children], [c in reached for c in children])
+        rates, log_values = self.sizer.acceptance.log_rates(logq), [0.0] * n
+        for node in range(1, n):  # parents first: the nodes were chosen by falling rank
+            log_values[node] = log_values[parents[node]] + rates[node]
+        values = sorted((math.exp(v) for v in log_values[1:]), reverse=True)
+        self.choice = int(min(range(len(self.menu)), key=lambda i: self._seconds_per_token(self.menu[i], values)))
+
+    def _seconds_per_token(self, spec: GrowthSpec, values: list[float]) -> float:
+        """Predicted seconds per token of a step over `spec`, from a tree's node values `values` (descending)."""
+        expected, kept = 1.0 + math.fsum(values[: spec.nodes - 1]), len(values)
+        if spec.nodes - 1 > kept and kept >= 2:  # not drafted: each doubling adds what the last half added, scaled
+            half = kept // 2
+            head, tail = math.fsum(values[:half]), math.fsum(values[half:])
+            added, size = tail, kept
+            while size < spec.nodes - 1:
+                added, size = added * tail / max(head, 1e-12), 2 * size
+                expected += added
+        sizer = self.sizer
+        seconds = (sizer.draft_seconds(CATCH_UP) + spec.passes * sizer.draft_seconds(spec.beams)
+                   + sizer.target_seconds(spec.size) + sizer.profile.step_overhead)
+        return float(seconds) / expected

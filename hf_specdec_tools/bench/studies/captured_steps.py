@@ -35,11 +35,13 @@ SHAPES = {
     "sequoia plan 24": SequoiaConfig(plan=plan_tree([0.75, 0.1, 0.05, 0.02], budget=24, max_depth=7), guard=False),
     # at its defaults: sized every step (captured: from a few bucketed shapes, `shape_sizing.bucketed`)
     "sequoia sized": SequoiaConfig(guard=False),
-    # a best-first tree of a fixed budget (captured: grown on the device, greedy only)
+    # best-first trees of a fixed budget, and at the defaults (captured: grown on the device, greedy only; sized
+    # every step from a few budgets)
     "specexec 16": SpecExecConfig(budget=16, guard=False),
+    "specexec sized": SpecExecConfig(guard=False),
 }
 #: what captured steps take greedily only (their sampled calls are refused): through the loop alone with --sampled
-GREEDY_ONLY = ("specexec 16",)
+GREEDY_ONLY = ("specexec 16", "specexec sized")
 #: `--sampled`: what the real-pair bench samples with
 SAMPLING = {"do_sample": True, "temperature": 0.7, "top_k": 50}
 

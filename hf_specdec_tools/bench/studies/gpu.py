@@ -657,6 +657,9 @@ def static_speed(run: Run, target, draft, prompts, new_tokens: int, rounds: int 
                                             "speculation": SequoiaConfig(captured=True)},
              "chain (static, captured)": {"assistant_model": draft, **static,
                                           "speculation": ChainConfig(captured=True)},
+             "specexec (static)": {"assistant_model": draft, "speculation": "specexec", **static},
+             "specexec (static, captured)": {"assistant_model": draft, **static,
+                                             "speculation": SpecExecConfig(captured=True)},
              # fixed shapes every step (no guard), through the loop and as one captured step (compiled whole)
              **{f"{name} (static{how})": {"assistant_model": draft, **static,
                                           "speculation": dataclasses.replace(config, guard=False, captured=captured)}
