@@ -206,7 +206,9 @@ class ShapeSchedule:
     """The shape of each captured step: a fixed shape's own; or, for a drafter sized every step (`SizedShapeDrafter`:
     `sequoia` and `chain` at their defaults, `tree` with `per_step`), one of a few shapes (`plan.shape_sizing.bucketed`:
     one per size bucket, the root alone included) chosen before each step by the drafter's cost model, which learns
-    the sibling ranks kept from the verdicts read (nothing else is read for it)."""
+    the sibling ranks kept from the verdicts read (nothing else is read for it). For `specexec` (`BestFirstDrafter`):
+    its budget's tree grown on the device (`GrowthSpec`), or, sized every step, one of a few budgets
+    (`GrowthSchedule`, which learns from the grown tree's parents and draft probabilities, read with the verdict)."""
 
     def __init__(self, drafter: ModelTreeDrafter | BestFirstDrafter) -> None:
         self.sized, self.grown = isinstance(drafter, SizedShapeDrafter), None
