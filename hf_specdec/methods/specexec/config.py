@@ -38,8 +38,8 @@ class SpecExecConfig(StepSizedConfig):
         metadata={"help": "Run each step as one function of device work with fixed shapes, read once "
                   "(decoding/captured.py; the tree grown best first on the device, methods/specexec/"
                   "captured_growth.py), compiled whole where the call compiles its forward (a GPU with a static "
-                  "cache): a fixed budget, a static cache, greedy without logits processors; any other call is "
-                  "refused up front, saying why."},
+                  "cache): a fixed budget, or one of a few sized every step; a static cache, greedy without logits "
+                  "processors; any other call is refused up front, saying why."},
     )
 
     def validate(self) -> None:
