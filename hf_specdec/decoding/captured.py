@@ -214,8 +214,9 @@ class ShapeSchedule:
         self.sized, self.grown = isinstance(drafter, SizedShapeDrafter), None
         if isinstance(drafter, BestFirstDrafter):  # `specexec`: a fixed budget, or a few sized every step
             grower = drafter.grower
-            self.fixed = GrowthSpec.of(grower.budget, grower.width, grower.beams, grower.max_depth)
-            if drafter.sizer is not None:
+            if drafter.sizer is None:
+                self.fixed = GrowthSpec.of(grower.budget, grower.width, grower.beams, grower.max_depth)
+            else:
                 self.grown = GrowthSchedule(drafter.sizer, grower.width, grower.max_depth, grower.budget)
         else:
             self.fixed = tuple(drafter.host_shape.parents)
@@ -441,7 +442,7 @@ def captured_refusal(drafter: object, cache: Cache, processors: LogitsProcessorL
                     "a planned shape (sequoia, tree, chain), or leave captured off")
     elif type(drafter) not in (ModelTreeDrafter, SizedShapeDrafter):
         return ("the tree is sized by the draft's own probabilities; captured steps draft planned shapes (sequoia, "
-                "tree, or chain with confidence_threshold=0) or best-first trees of a fixed budget (specexec)")
+                "tree, or chain with confidence_threshold=0) or best-first trees grown on the device (specexec)")
     if verifier not in ("greedy", "sequoia"):
         return (f"it samples with verifier={verifier!r}; captured steps draw children without replacement and verify "
                 "as 'sequoia' does, so drop verifier (or pass 'sequoia') or leave captured off")
