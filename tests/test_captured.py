@@ -40,16 +40,16 @@ SHAPES = {
     "tree": {"widths": [3, 2], "per_step": False},
     "sequoia": {"plan": plan_tree([0.6, 0.2, 0.1, 0.05], 16, 6)},
 }
-#: trees grown best first on the device (greedy only), of a fixed budget
+#: trees grown best first on the device, of a fixed budget
 GROWN = {"specexec": {"budget": 16}}
-GREEDY = {**SHAPES, **GROWN}
+EVERY_SHAPE = {**SHAPES, **GROWN}
 FAMILIES = ["Llama", "Mistral (sliding window)", "Gemma 3 (text)", "GPT-2"]
 
 
 def captured_call(target, draft, ids, n, method, **kwargs):
     kwargs = {"do_sample": False, **kwargs}
     return target.generate(ids, assistant_model=draft, speculation=method,
-                           speculation_config={**GREEDY[method], "captured": True, "guard": False},
+                           speculation_config={**EVERY_SHAPE[method], "captured": True, "guard": False},
                            max_new_tokens=n, cache_implementation="static", return_dict_in_generate=True, **kwargs)
 
 
@@ -63,7 +63,7 @@ def _row_wise_processors() -> LogitsProcessorList:
                                 TopPLogitsWarper(ROW_WISE_SAMPLING["top_p"])])
 
 
-@pytest.mark.parametrize("method", sorted(GREEDY))
+@pytest.mark.parametrize("method", sorted(EVERY_SHAPE))
 @pytest.mark.parametrize("name", FAMILIES)
 def test_identical_to_plain_static_generate(name, method):
     """Every draft accepted (the draft is the target: the shape's full depth every step) and another draft (short
@@ -83,12 +83,12 @@ def test_identical_to_plain_static_generate(name, method):
     draft = copy.deepcopy(target)
     same = captured_call(target, draft, ids, n, method).speculation_stats
     loop = target.generate(ids, assistant_model=draft, speculation=method, do_sample=False, max_new_tokens=n,
-                           speculation_config={**GREEDY[method], "guard": False}, cache_implementation="static",
+                           speculation_config={**EVERY_SHAPE[method], "guard": False}, cache_implementation="static",
                            return_dict_in_generate=True).speculation_stats
     assert same.tokens_per_step == loop.tokens_per_step and same.target_forwards < n / 2, same.tokens_per_step
 
 
-@pytest.mark.parametrize("method", sorted(GREEDY))
+@pytest.mark.parametrize("method", sorted(EVERY_SHAPE))
 def test_prompts_of_one_and_two_tokens_and_a_draft_the_target_disagrees_with(qwen2_pair, method):
     """The draft's first catch-up carries the prompt's last token (a one-token prompt: the draft reads nothing
     before the first step), and a draft whose tokens are mostly rejected keeps its cache in step: plain's output."""
@@ -100,7 +100,7 @@ def test_prompts_of_one_and_two_tokens_and_a_draft_the_target_disagrees_with(qwe
         assert torch.equal(out.sequences, expected), length
 
 
-@pytest.mark.parametrize("method", sorted(GREEDY))
+@pytest.mark.parametrize("method", sorted(EVERY_SHAPE))
 def test_a_step_reads_the_host_once_whatever_its_levels(qwen2_pair, method, monkeypatch):
     """The verdict's read (the accepted count, the bonus and the path's tokens) is the step's only one: the draft's
     levels, the verdict and both compactions run on the device."""
@@ -124,7 +124,7 @@ def plain_pattern(monkeypatch):
     return pattern
 
 
-@pytest.mark.parametrize("method", sorted(GREEDY))
+@pytest.mark.parametrize("method", sorted(EVERY_SHAPE))
 def test_plain_steps_run_no_draft_pass_and_the_draft_catches_up_before_the_next_tree(qwen2_pair, method,
                                                                                    plain_pattern):
     """Plain steps (the root alone) among trees, one or several in a row, the first step plain too: plain's tokens;
@@ -202,7 +202,7 @@ def test_a_sized_schedule_that_prices_trees_a_loss_decodes_plainly_without_draft
     assert stats.draft_forwards <= trees * 7  # each tree's levels and catch-up; plain steps none
 
 
-@pytest.mark.parametrize("method", sorted(GREEDY))
+@pytest.mark.parametrize("method", sorted(EVERY_SHAPE))
 def test_the_guard_turns_captured_steps_plain_while_speculation_loses(qwen2_pair, method, monkeypatch):
     """The measured guard (on by default) in a captured call: one that judges every speculative step a loss waits
     plain steps (no draft pass, one read), then probes with a tree after the draft caught up; plain's tokens. The
@@ -217,7 +217,7 @@ def test_the_guard_turns_captured_steps_plain_while_speculation_loses(qwen2_pair
     ids = random_prompt(torch.Generator().manual_seed(5), 8)
     expected = target.generate(ids, do_sample=False, max_new_tokens=30, cache_implementation="static")
     call = dict(assistant_model=copy.deepcopy(target), speculation=method, do_sample=False, max_new_tokens=30,
-                speculation_config={**GREEDY[method], "captured": True}, cache_implementation="static",
+                speculation_config={**EVERY_SHAPE[method], "captured": True}, cache_implementation="static",
                 return_dict_in_generate=True)
     kept = target.generate(ids, **call)
     assert torch.equal(kept.sequences, expected) and kept.speculation_stats.plain_steps == 0
@@ -353,19 +353,27 @@ def test_the_step_compiled_whole_gives_the_same_tokens(qwen2_pair, monkeypatch, 
     plain_pattern[:] = [False]
     out = captured_call(target, copy.deepcopy(target), ids, 20, "specexec")
     assert torch.equal(out.sequences, expected) and len(calls) == out.speculation_stats.target_forwards
+    # ... and sampled: the processed draft rows, the draws at every node and the walk, in the same one graph
+    calls.clear()
+    torch._dynamo.reset()
+    out = captured_call(target, copy.deepcopy(target), ids, 20, "specexec", do_sample=True, temperature=0.9, top_k=8)
+    steps = out.speculation_stats.tokens_per_step
+    assert out.sequences.shape[1] == ids.shape[1] + 20 and len(calls) == len(steps)
+    assert all(tokens >= 2 for tokens in steps[:-1]), steps
 
 
-@pytest.mark.parametrize("method", [*sorted(SHAPES), "sequoia sized"])
+@pytest.mark.parametrize("method", [*sorted(EVERY_SHAPE), "sequoia sized", "specexec sized"])
 def test_sampled_steps_sample_exactly_plain_samplings_distribution(method):
     """Two sampled tokens over an 8-token vocabulary (both from the first step when its drafts are accepted): their
     joint frequencies against the exact distribution plain sampling has (temperature, top-k, top-p, computed prefix
-    by prefix), by a chi-square test and the total variation; and steps did accept drafted tokens. Fixed shapes, and
-    `sequoia` at its defaults (a bucketed shape chosen every step from the verdicts before it)."""
+    by prefix), by a chi-square test and the total variation; and steps did accept drafted tokens. Fixed shapes, a
+    tree grown best first (verified by target sampling), and `sequoia` and `specexec` at their defaults (a bucketed
+    shape or budget chosen every step from the verdicts before it)."""
     target, draft = sampling_pair()
     exact = joint_of(target, PROMPT, _row_wise_processors())
     torch.manual_seed(1234)
     counts, accepted_drafts = Counter(), 0
-    name, settings = method.split()[0], {} if method.endswith("sized") else SHAPES[method]
+    name, settings = method.split()[0], {} if method.endswith("sized") else EVERY_SHAPE[method]
     for _ in range(SAMPLES):
         out = target.generate(PROMPT, assistant_model=draft, speculation=name, max_new_tokens=2,
                               speculation_config={**settings, "captured": True, "guard": False},
@@ -473,15 +481,30 @@ def test_calls_it_cannot_take_are_refused_before_anything_is_decoded(qwen2_pair,
     assert says in str(refused.value) and not streamed
 
 
-def test_best_first_calls_it_cannot_grow_are_refused(qwen2_pair):
-    """`specexec` captured verifies greedily: a sampled call is refused up front; `staged`, whose lower stages draft
-    on the host, has no such setting."""
+def test_a_sampled_grown_tree_with_the_target_as_its_draft_keeps_a_token_every_step_and_reads_once(qwen2_pair):
+    """`specexec` captured, sampled: the tree grows by the draft's processed rows and is verified by target sampling.
+    With the target as its draft and top_k equal to the width, the root's children are the whole support of the
+    target's processed row, so every step's draw at the root lands on a child: each step keeps at least 2 tokens.
+    One host read a step, whatever the draft passes; a seed reproduces the call."""
+    target = qwen2_pair[0]
+    ids = random_prompt(torch.Generator().manual_seed(5), 8)
+    sampling = {"do_sample": True, "temperature": 0.9, "top_k": 8}  # the default width: 8 children a node
+    with count_round_trips(target, qwen2_pair[1]) as counts:
+        torch.manual_seed(7)
+        out = captured_call(target, copy.deepcopy(target), ids, 30, "specexec", **sampling)
+    steps = out.speculation_stats.tokens_per_step
+    assert out.sequences.shape[1] == ids.shape[1] + 30 and out.speculation_stats.captured
+    assert all(tokens >= 2 for tokens in steps[:-1]) and max(steps) > 2, steps
+    assert all(step.reads == 1 and step.draft_passes >= 2 for step in counts.steps)
+    torch.manual_seed(7)
+    again = captured_call(target, copy.deepcopy(target), ids, 30, "specexec", **sampling)
+    assert torch.equal(again.sequences, out.sequences)
+
+
+def test_staged_has_no_captured_setting(qwen2_pair):
+    """`staged`'s lower stages draft on the host: it has no `captured` setting, and saying it is refused."""
     target, draft = qwen2_pair
     ids = random_prompt(torch.Generator().manual_seed(5), 8)
-    with pytest.raises(ValueError, match="captured=True cannot decode this call") as refused:
-        target.generate(ids, assistant_model=draft, speculation="specexec", do_sample=True, max_new_tokens=8,
-                        cache_implementation="static", speculation_config={"budget": 16, "captured": True})
-    assert "verify greedily only" in str(refused.value)
     with pytest.raises(ValueError, match="has no setting"):
         target.generate(ids, assistant_model=draft, speculation="staged", do_sample=False, max_new_tokens=8,
                         cache_implementation="static", speculation_config={"budget": 16, "captured": True})

@@ -132,7 +132,7 @@ def test_a_captured_step_compiled_whole_is_plain_static_generate(name):
     """`captured=True` on a GPU with a static cache: the step compiled whole with the call's compile config
     (mode="reduce-overhead": CUDA graphs, one per shape), replayed by a second call; plain static generate's tokens
     (`specexec`: its tree grown best first inside the graph)."""
-    from tests.test_captured import GREEDY as SHAPES
+    from tests.test_captured import EVERY_SHAPE as SHAPES
 
     target, draft = cuda_pair()
     ids = random_prompt(torch.Generator().manual_seed(4), 12).cuda()
@@ -202,6 +202,21 @@ def test_a_captured_sampled_step_compiled_whole_keeps_the_whole_depth_with_the_t
         steps = out.speculation_stats.tokens_per_step
         assert out.sequences.shape[1] == ids.shape[1] + 32 and steps[0] > 2
         assert all(tokens == steps[0] for tokens in steps[:-1]), (name, steps)
+
+
+def test_a_captured_sampled_grown_tree_compiled_whole_keeps_a_token_every_step():
+    """`specexec` sampled, compiled whole on a GPU (the processed draft rows, the draws at every node and the walk
+    inside the CUDA graph): with the target as its draft and top_k equal to the width, every step's draw at the root
+    lands on one of its children, so each step keeps at least 2 tokens, call after call."""
+    target = cuda_pair()[0]
+    ids = random_prompt(torch.Generator().manual_seed(4), 12).cuda()
+    for _ in range(2):
+        out = target.generate(ids, assistant_model=target, speculation="specexec", do_sample=True, temperature=0.9,
+                              top_k=8, max_new_tokens=32, cache_implementation="static", return_dict_in_generate=True,
+                              speculation_config={"budget": 16, "captured": True, "guard": False})
+        steps = out.speculation_stats.tokens_per_step
+        assert out.sequences.shape[1] == ids.shape[1] + 32 and out.speculation_stats.compiled
+        assert all(tokens >= 2 for tokens in steps[:-1]), steps
 
 
 @pytest.mark.parametrize("name", ["tree", "sequoia", "specexec"])

@@ -21,7 +21,8 @@ One step (gpt-fast's rollback by position: rows past a cache's write length are 
 4. the verdict: greedy, a node is kept when its token is its parent's argmax and its parent is kept (the top-k
    children of a node are distinct, so at most one child of a kept node is); the deepest kept node ends the path
    and its argmax is the bonus token. Sampled, the `sequoia` verifier's walk (`verify/walk.py`) runs every level on
-   the device;
+   the device; a grown tree is verified by target sampling instead (`specexec`'s verifier): a token drawn from each
+   node's processed row stands for its argmax;
 5. both caches keep the path's rows and move their write lengths; the next catch-up is the path's unforwarded leaf
    and the bonus token.
 
@@ -352,8 +353,11 @@ class CapturedStep:
         logits = output.logits[0, : shape.nodes].float()
         logits = torch.cat([torch.where(self.first, self.first_row, logits[0])[None], logits[1:]])
         # 4. the verdict: the path's end and the bonus token; the path to it
-        leaf, bonus = self._greedy(shape.depth, tree, logits) if self.sampling is None else self._walk(
-            shape, tree, logits)
+        if self.sampling is not None and isinstance(shape, CapturedShape):
+            leaf, bonus = self._walk(shape, tree, logits)
+        else:  # greedy: each node's argmax; a grown tree sampled: a token drawn from each node's processed row
+            picks = row_argmax(logits) if self.sampling is None else self.sampling.children(logits, 1)[0][:, 0]
+            leaf, bonus = self._descend(shape.depth, tree, picks)
         accepted = tree.depths.index_select(0, leaf)
         levels = torch.arange(shape.depth + 1, device=tdev)
         on_path = tree.ancestors.index_select(0, leaf) & (tree.depths[None] == levels[:, None])
@@ -402,16 +406,17 @@ class CapturedStep:
         return token
 
     @staticmethod
-    def _greedy(depth: int, tree: DraftedTree, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The deepest node kept (its token its parent's argmax, its parent kept) and its argmax, `(1,)` each; `depth`
-        bounds the tree's depth."""
-        best = row_argmax(logits)
-        kept = tree.tokens == best[tree.parents]
+    def _descend(depth: int, tree: DraftedTree, picks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The deepest node kept (its token its parent's pick, its parent kept) and its pick, `(1,)` each; `picks`:
+        the target's token at each node, `depth` bounds the tree's depth. A node's children carry distinct tokens,
+        so at most one child of a kept node is kept: with argmax picks this is the greedy walk, with picks drawn
+        from each node's row target sampling's (`TargetWalk`), every level's draw made up front."""
+        kept = tree.tokens == picks[tree.parents]
         kept[0] = True
         for _ in range(depth):
             kept = kept & kept[tree.parents]
         leaf = torch.where(kept, tree.depths, -1).argmax()[None]  # indexed by tensors only: no host read
-        return leaf, best.index_select(0, leaf)
+        return leaf, picks.index_select(0, leaf)
 
     def _walk(self, shape: CapturedShape, drafted: DraftedTree, logits: torch.Tensor
               ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -436,14 +441,11 @@ def captured_refusal(drafter: object, cache: Cache, processors: LogitsProcessorL
     unless it samples); `compiled_generator`: the call's `speculation_generator` where its steps are compiled."""
     if batch > 1:
         return f"it decodes a batch of {batch} sequences; captured steps decode one, or leave captured off"
-    if isinstance(drafter, BestFirstDrafter):
-        if verifier != "greedy":
-            return ("it samples; captured best-first steps verify greedily only, so pass do_sample=False, or use "
-                    "a planned shape (sequoia, tree, chain), or leave captured off")
-    elif type(drafter) not in (ModelTreeDrafter, SizedShapeDrafter):
+    grown = isinstance(drafter, BestFirstDrafter)
+    if not grown and type(drafter) not in (ModelTreeDrafter, SizedShapeDrafter):
         return ("the tree is sized by the draft's own probabilities; captured steps draft planned shapes (sequoia, "
                 "tree, or chain with confidence_threshold=0) or best-first trees grown on the device (specexec)")
-    if verifier not in ("greedy", "sequoia"):
+    if not grown and verifier not in ("greedy", "sequoia"):
         return (f"it samples with verifier={verifier!r}; captured steps draw children without replacement and verify "
                 "as 'sequoia' does, so drop verifier (or pass 'sequoia') or leave captured off")
     if not is_static(cache):

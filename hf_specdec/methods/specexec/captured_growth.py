@@ -8,7 +8,9 @@ whether to go on. A step captured whole decides nothing on the host, so here eve
 3. the target verifies the pool's `nodes` most probable nodes.
 A child is always less probable than its parent (a log-probability is at most 0, and a tiny per-level tie break makes
 it strict), so the chosen nodes form a connected tree, and every mask follows from an ancestor matrix kept on the
-device. Greedy only: nodes rank by the draft's raw log-probabilities, as the loop's growth with a fixed budget does.
+device. Nodes rank by the draft's log-probabilities: raw ones greedily, the processed rows (temperature, top-k,
+top-p) when the call samples, as the loop's growth ranks them; a sampled tree is verified by target sampling, which
+is exact whatever the tree.
 """
 
 from __future__ import annotations
@@ -117,6 +119,8 @@ class GrowthSpec:
                 forwarded[frontier] |= live
                 sent.append(frontier)
             expanded[frontier] = True
+            if step.sampling is not None:  # ranked by the rows sampling draws from, as the loop's growth ranks them
+                logits = step.sampling.scores(logits)
             values, picked = row_topk(logits, width)
             filled = live[:, None] & (values > float("-inf"))
             children = added + torch.arange(len(frontier) * width, device=ddev)

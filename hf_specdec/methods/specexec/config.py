@@ -39,7 +39,8 @@ class SpecExecConfig(StepSizedConfig):
                   "(decoding/captured.py; the tree grown best first on the device, methods/specexec/"
                   "captured_growth.py), compiled whole where the call compiles its forward (a GPU with a static "
                   "cache): a fixed budget, or one of a few sized every step; a static cache, greedy without logits "
-                  "processors; any other call is refused up front, saying why."},
+                  "processors or sampled with temperature, top_k, top_p and min_p only (verified by target "
+                  "sampling); any other call is refused up front, saying why."},
     )
 
     def validate(self) -> None:

@@ -35,26 +35,22 @@ SHAPES = {
     "sequoia plan 24": SequoiaConfig(plan=plan_tree([0.75, 0.1, 0.05, 0.02], budget=24, max_depth=7), guard=False),
     # at its defaults: sized every step (captured: from a few bucketed shapes, `shape_sizing.bucketed`)
     "sequoia sized": SequoiaConfig(guard=False),
-    # best-first trees of a fixed budget, and at the defaults (captured: grown on the device, greedy only; sized
-    # every step from a few budgets)
+    # best-first trees of a fixed budget, and at the defaults (captured: grown on the device; sized every step from
+    # a few budgets)
     "specexec 16": SpecExecConfig(budget=16, guard=False),
     "specexec sized": SpecExecConfig(guard=False),
 }
-#: what captured steps take greedily only (their sampled calls are refused): through the loop alone with --sampled
-GREEDY_ONLY = ("specexec 16", "specexec sized")
 #: `--sampled`: what the real-pair bench samples with
 SAMPLING = {"do_sample": True, "temperature": 0.7, "top_k": 50}
 
 
-def rows(draft, guarded: bool = False, sampled: bool = False) -> dict[str, dict]:
+def rows(draft, guarded: bool = False) -> dict[str, dict]:
     """generate's kwargs per row: plain, then each shape through the loop and captured (and captured with the
-    measured guard on, its default, where `guarded`; through the loop alone where it is `GREEDY_ONLY` and `sampled`)."""
+    measured guard on, its default, where `guarded`)."""
     table = {"plain static": {}}
     ways = [("loop", False, False), ("captured", True, False), *([("captured, guarded", True, True)] * guarded)]
     for name, config in SHAPES.items():
         for how, captured, guard in ways:
-            if captured and sampled and name in GREEDY_ONLY:
-                continue
             table[f"{name} ({how})"] = {"assistant_model": draft,
                                         "speculation": dataclasses.replace(config, captured=captured, guard=guard)}
     return table
@@ -83,7 +79,7 @@ def main() -> None:
     target, draft, tokenizer = load_default_pair(dtype)
     packed = prepack(target)
     draft = quantize_draft(draft)
-    table = rows(draft, args.guard, args.sampled)
+    table = rows(draft, args.guard)
     prompts = [tokenizer(p, return_tensors="pt").input_ids for p in humaneval_prompts(args.prompts)]
     for kwargs in table.values():
         call(target, prompts[0], 8, kwargs, sampling)

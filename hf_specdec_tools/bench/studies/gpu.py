@@ -664,15 +664,18 @@ def static_speed(run: Run, target, draft, prompts, new_tokens: int, rounds: int 
              **{f"{name} (static{how})": {"assistant_model": draft, **static,
                                           "speculation": dataclasses.replace(config, guard=False, captured=captured)}
                 for name, config in CAPTURED.items() for how, captured in ((", fixed", False), (", captured", True))},
-             # sampled (engine_overhead's SAMPLING: temperature, top-k, top-p, all row-wise): plain, Transformers' and
-             # the captured sequoia plan, whose draws and walk run inside its graph
+             # sampled (engine_overhead's SAMPLING: temperature, top-k, top-p, all row-wise): plain, Transformers', the
+             # captured sequoia plan and specexec budget, whose draws and walk run inside their graphs
              "plain (static, compiled, sampled)": {**static, "sampled": True},
              **({"assisted (Transformers, static, compiled, sampled)": {"assistant_model": draft, **static,
                                                                         "sampled": True}}
                 if ASSISTED_ON_STATIC_CACHE else {}),
              "sequoia plan 32 (static, captured, sampled)": {
                  "assistant_model": draft, **static, "sampled": True,
-                 "speculation": dataclasses.replace(CAPTURED["sequoia plan 32"], guard=False, captured=True)}}
+                 "speculation": dataclasses.replace(CAPTURED["sequoia plan 32"], guard=False, captured=True)},
+             "specexec 32 (static, captured, sampled)": {
+                 "assistant_model": draft, **static, "sampled": True,
+                 "speculation": dataclasses.replace(CAPTURED["specexec 32"], guard=False, captured=True)}}
 
     def measure(name: str, kwargs: dict, ids) -> dict:
         out, seconds = run.timed(target, ids, new_tokens, kwargs)
