@@ -109,6 +109,10 @@ class CapturedSampling:
         probs = self.scores(logits).softmax(-1)
         return select_children(probs, width, "without_replacement", self.generator), probs
 
+    def draw(self, logits: torch.Tensor) -> torch.Tensor:
+        """One token per row `(rows,)`, drawn as plain sampling draws its next token from that row."""
+        return self.children(logits, 1)[0][:, 0]
+
 
 @dataclass(frozen=True)
 class CapturedLevel:
@@ -356,7 +360,7 @@ class CapturedStep:
         if self.sampling is not None and isinstance(shape, CapturedShape):
             leaf, bonus = self._walk(shape, tree, logits)
         else:  # greedy: each node's argmax; a grown tree sampled: a token drawn from each node's processed row
-            picks = row_argmax(logits) if self.sampling is None else self.sampling.children(logits, 1)[0][:, 0]
+            picks = row_argmax(logits) if self.sampling is None else self.sampling.draw(logits)
             leaf, bonus = self._descend(shape.depth, tree, picks)
         accepted = tree.depths.index_select(0, leaf)
         levels = torch.arange(shape.depth + 1, device=tdev)
@@ -399,7 +403,7 @@ class CapturedStep:
     def _plain_token(self, logits: torch.Tensor, target_past: torch.Tensor) -> torch.Tensor:
         """The root's token from its row `(1, V)` (argmax, or drawn from the processed row); the target keeps the
         root's row, and the token is the next root."""
-        token = row_argmax(logits) if self.sampling is None else self.sampling.children(logits, 1)[0].reshape(1)
+        token = row_argmax(logits) if self.sampling is None else self.sampling.draw(logits)
         set_length(self.cache, target_past + 1)
         self.first.fill_(False)
         self.root.copy_(token)
