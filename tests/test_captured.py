@@ -31,7 +31,7 @@ from tests.families import family
 from tests.helpers.exactness import chi_square_pvalue, total_variation
 from tests.helpers.family_cases import new_tokens, prompt, tiny
 from tests.helpers.plain_steps import plain_steps_where
-from tests.helpers.sampling import PROMPT, SAMPLES, VOCAB, joint_of, sampling_pair
+from tests.helpers.sampling import PROMPT, SAMPLES, SAMPLING, VOCAB, joint_of, sampling_pair
 from tests.roundtrips import count_round_trips
 
 #: fixed shapes, several levels each: what a captured step drafts
@@ -53,7 +53,7 @@ def captured_call(target, draft, ids, n, method, **kwargs):
                            max_new_tokens=n, cache_implementation="static", return_dict_in_generate=True, **kwargs)
 
 
-#: what a captured sampled step processes rows with: the row-wise processors (`captured.ROW_WISE`)
+#: what a captured sampled step processes rows with: the row-wise processors (`logits.node_ids.ROW_WISE`)
 ROW_WISE_SAMPLING = {"do_sample": True, "temperature": 0.8, "top_k": 6, "top_p": 0.9}
 
 
@@ -113,6 +113,30 @@ def test_a_step_reads_the_host_once_whatever_its_levels(qwen2_pair, method, monk
     assert len(counts.steps) == out.speculation_stats.target_forwards > 2
     assert all(step.draft_passes >= 2 for step in counts.steps)  # several levels drafted every step
     assert all(step.reads == 1 for step in counts.steps), [(s.reads, s.draft_passes) for s in counts.steps]
+
+
+#: processors a captured step gives every node's row at once: a penalty on each node's own ids, a row-wise one
+PROCESSED = {"repetition_penalty": 1.8, "suppress_tokens": [5, 9]}
+
+
+@pytest.mark.parametrize("method", sorted(EVERY_SHAPE))
+def test_greedy_rows_are_processed_each_with_its_own_nodes_ids(qwen2_pair, method):
+    """A repetition penalty reads each node's ids (the committed sequence, then the node's path below the root, in
+    a fixed width: `logits/node_ids.py`), suppressed tokens a row alone: plain's tokens, which the processors change,
+    with a draft that is the target (every step's deepest path kept: each node's row penalised by its own path) and
+    one that is not; still one host read a step."""
+    target, draft = qwen2_pair
+    for seed in (3, 4):
+        ids = random_prompt(torch.Generator().manual_seed(seed), 8)
+        expected = target.generate(ids, do_sample=False, max_new_tokens=30, cache_implementation="static", **PROCESSED)
+        raw = target.generate(ids, do_sample=False, max_new_tokens=30, cache_implementation="static")
+        assert not torch.equal(expected, raw)
+        with count_round_trips(target, draft) as counts:
+            same = captured_call(target, copy.deepcopy(target), ids, 30, method, **PROCESSED)
+        assert torch.equal(same.sequences, expected)
+        assert all(step.reads == 1 for step in counts.steps), [(s.reads, s.draft_passes) for s in counts.steps]
+        assert max(same.speculation_stats.tokens_per_step) > 2, same.speculation_stats.tokens_per_step
+        assert torch.equal(captured_call(target, draft, ids, 30, method, **PROCESSED).sequences, expected)
 
 
 @pytest.fixture
@@ -332,6 +356,12 @@ def test_the_step_compiled_whole_gives_the_same_tokens(qwen2_pair, monkeypatch, 
     out = captured_call(target, copy.deepcopy(target), ids, 20, "tree")
     assert torch.equal(out.sequences, expected)
     assert len(calls) == out.speculation_stats.target_forwards
+    # a repetition penalty on every node's fixed-width ids, and the sequence's buffer it reads, in the same graph
+    calls.clear()
+    torch._dynamo.reset()
+    penalised = target.generate(ids, do_sample=False, max_new_tokens=20, cache_implementation="static", **PROCESSED)
+    out = captured_call(target, copy.deepcopy(target), ids, 20, "tree", **PROCESSED)
+    assert torch.equal(out.sequences, penalised) and len(calls) == out.speculation_stats.target_forwards
     # sampled: the draws, the processors and the walk compile into the same one graph; the target as its draft keeps
     # the whole depth each step, as eagerly (inductor draws from its own random stream: not the eager tokens)
     calls.clear()
@@ -369,15 +399,27 @@ def test_sampled_steps_sample_exactly_plain_samplings_distribution(method):
     by prefix), by a chi-square test and the total variation; and steps did accept drafted tokens. Fixed shapes, a
     tree grown best first (verified by target sampling), and `sequoia` and `specexec` at their defaults (a bucketed
     shape or budget chosen every step from the verdicts before it)."""
+    _samples_exactly(method, ROW_WISE_SAMPLING, _row_wise_processors())
+
+
+@pytest.mark.parametrize("method", ["sequoia", "specexec", "sequoia sized"])
+def test_sampled_steps_with_a_repetition_penalty_sample_exactly(method):
+    """The same, with a repetition penalty (and temperature and top-p, `tests.helpers.sampling.SAMPLING`): the
+    target's rows penalised by each node's own ids, the prompt's repeated tokens and the first token's (the second
+    token is drawn below a drafted first one); the draft's rows take the row-wise processors only."""
+    _samples_exactly(method, SAMPLING, None)
+
+
+def _samples_exactly(method: str, sampling: dict, processors: LogitsProcessorList | None) -> None:
     target, draft = sampling_pair()
-    exact = joint_of(target, PROMPT, _row_wise_processors())
+    exact = joint_of(target, PROMPT, processors)
     torch.manual_seed(1234)
     counts, accepted_drafts = Counter(), 0
     name, settings = method.split()[0], {} if method.endswith("sized") else EVERY_SHAPE[method]
     for _ in range(SAMPLES):
         out = target.generate(PROMPT, assistant_model=draft, speculation=name, max_new_tokens=2,
                               speculation_config={**settings, "captured": True, "guard": False},
-                              cache_implementation="static", return_dict_in_generate=True, **ROW_WISE_SAMPLING)
+                              cache_implementation="static", return_dict_in_generate=True, **sampling)
         counts[tuple(out.sequences[0, PROMPT.shape[1]:].tolist())] += 1
         accepted_drafts += out.speculation_stats.target_forwards == 1
     assert chi_square_pvalue(counts, exact, SAMPLES) > 1e-3
@@ -449,9 +491,9 @@ def test_a_generator_is_honoured_eagerly_and_refused_where_the_step_compiles(qwe
 
 REFUSED = [
     ({"do_sample": True}, {"verifier": "specinfer"}, "verifier='specinfer'"),
-    ({"do_sample": True, "repetition_penalty": 1.2}, {}, "read more than a row are on (RepetitionPenalty"),
+    ({"do_sample": True, "bad_words_ids": [[3, 4]]}, {}, "read the ids' order or count are on (NoBadWords"),
     ({"cache_implementation": "dynamic"}, {}, "cache_implementation='static'"),
-    ({"repetition_penalty": 1.2}, {}, "RepetitionPenaltyLogitsProcessor"),
+    ({"no_repeat_ngram_size": 2, "repetition_penalty": 1.2}, {}, "are on (NoRepeatNGramLogitsProcessor)"),
     ({"output_scores": True, "return_dict_in_generate": True}, {}, "output scores"),
     ({"stop_strings": ["w9"]}, {}, "stop strings"),
 ]

@@ -145,6 +145,23 @@ def test_a_captured_step_compiled_whole_is_plain_static_generate(name):
         assert out.speculation_stats.compiled and out.speculation_stats.graphs_compiled >= 1
 
 
+def test_a_captured_step_with_a_repetition_penalty_compiled_whole_is_plain_static_generate():
+    """A repetition penalty on every node's fixed-width ids inside the CUDA graph (the sequence's buffer written by
+    the verdict on the device): plain static generate's tokens, with the target as its draft and another, each call
+    run twice (the second replays the graphs)."""
+    from tests.test_captured import PROCESSED, SHAPES
+
+    target, draft = cuda_pair()
+    ids = random_prompt(torch.Generator().manual_seed(4), 12).cuda()
+    plain = target.generate(ids, do_sample=False, max_new_tokens=32, cache_implementation="static", **PROCESSED)
+    for assistant in (target, target, draft, draft):
+        out = target.generate(ids, assistant_model=assistant, speculation="tree", do_sample=False, max_new_tokens=32,
+                              speculation_config={**SHAPES["tree"], "captured": True, "guard": False},
+                              cache_implementation="static", return_dict_in_generate=True, **PROCESSED)
+        assert torch.equal(out.sequences, plain)
+        assert out.speculation_stats.compiled
+
+
 @pytest.mark.parametrize("name", ["chain", "sequoia"])
 def test_captured_steps_sized_every_step_compile_a_graph_per_bucket_at_most(name):
     """`chain` and `sequoia` at their defaults, captured: each step's shape one of the buckets' (or the root alone),

@@ -27,14 +27,15 @@ One step (gpt-fast's rollback by position: rows past a cache's write length are 
    and the bonus token.
 
 Greedy output is plain's: the verdict is the walk `verify/greedy.py` makes, and the first token is the prompt pass's
-argmax, as plain computes it. Sampling is exact: the rows are processed as plain sampling processes them (the
-row-wise processors only: `ROW_WISE`), and the walk is the loop's. A method sized every step drafts one of a few
-bucketed shapes (`specexec`: of a few budgets, `GrowthSchedule`), chosen on the host before each step from the
-verdicts already read (`ShapeSchedule`): one compiled function per shape met. The root alone (a sized schedule's
-plain step, or a shape cut at the caches' end) is a plain step: the target's pass over the root and no draft pass;
-the draft reads the tokens it missed in one eager pass before the next tree (`CapturedStep.resume`), as the loop's
-drafters catch up after the guard's plain steps. The measured guard turns steps plain the same way while speculation
-loses. What the step cannot take is refused before decoding (`captured_refusal`).
+argmax, as plain computes it. Sampling is exact: the walk is the loop's. Either way the target's rows are processed
+as plain processes them, every node's at once with its own ids in a fixed width (`logits/node_ids.py`: a repetition
+penalty and the processors that read a row alone; the draft's rows take the latter only). A method sized every step
+drafts one of a few bucketed shapes (`specexec`: of a few budgets, `GrowthSchedule`), chosen on the host before each
+step from the verdicts already read (`ShapeSchedule`): one compiled function per shape met. The root alone (a sized
+schedule's plain step, or a shape cut at the caches' end) is a plain step: the target's pass over the root and no
+draft pass; the draft reads the tokens it missed in one eager pass before the next tree (`CapturedStep.resume`), as
+the loop's drafters catch up after the guard's plain steps. The measured guard turns steps plain the same way while
+speculation loses. What the step cannot take is refused before decoding (`captured_refusal`).
 """
 
 from __future__ import annotations
@@ -46,16 +47,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-from transformers import (
-    Cache,
-    LogitsProcessorList,
-    MinPLogitsWarper,
-    PreTrainedModel,
-    StoppingCriteriaList,
-    TemperatureLogitsWarper,
-    TopKLogitsWarper,
-    TopPLogitsWarper,
-)
+from transformers import Cache, LogitsProcessorList, PreTrainedModel, StoppingCriteriaList
 from transformers.generation.streamers import BaseStreamer
 
 from ..accept.emit import BlockStops, emit
@@ -67,6 +59,7 @@ from ..draft.draft_model import DraftModelRunner
 from ..draft.shaped_tree import ModelTreeDrafter, planned_shape
 from ..draft.sized_shape import SizedShapeDrafter
 from ..logits.child_selection import select_children
+from ..logits.node_ids import ROW_WISE, NodeIds, reads_ids, unsupported
 from ..logits.wide_rows import row_argmax, row_topk
 from ..methods.specexec.best_first import BestFirstDrafter
 from ..methods.specexec.captured_growth import GrowthSchedule, GrowthSpec
@@ -86,32 +79,33 @@ from .step import prompt_pass
 #: runs of a compiled step function (per call: a call's step owns new state tensors) the guard does not judge: with
 #: mode="reduce-overhead" the first compiles (or warms up), the second records its CUDA graph; later ones replay
 WARM_RUNS = 2
-#: the processors a sampled step applies to all its rows at once: each reads its row alone, never the tokens before it
-#: (a repetition penalty or a minimum length would need each node's own prefix)
-ROW_WISE = (TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper, MinPLogitsWarper)
 
 
 @dataclass(frozen=True)
 class CapturedSampling:
-    """How a sampled step draws: the call's processors (`ROW_WISE` only) and its generator (None: torch's global RNG,
-    as plain sampling draws)."""
+    """How a sampled step draws: the call's processors (the target's rows take them all, each with its node's ids:
+    `CapturedStep._processed`; the draft's only the row-wise ones, `scores`) and its generator (None: torch's global
+    RNG, as plain sampling draws)."""
 
     processors: LogitsProcessorList
     generator: torch.Generator | None = None
 
     def scores(self, logits: torch.Tensor) -> torch.Tensor:
-        """Each row processed as plain sampling processes its next-token row."""
-        return self.processors(logits.new_zeros((len(logits), 1), dtype=torch.long), logits)  # ids read by none
+        """The draft's rows processed by the row-wise processors: the distributions its children are drawn from. A
+        penalty on the ids the draft's rows do not see lowers acceptance, never exactness: the verifier is given the
+        distributions the children were drawn from."""
+        row_wise = LogitsProcessorList([p for p in self.processors if isinstance(p, ROW_WISE)])
+        return row_wise(logits.new_zeros((len(logits), 1), dtype=torch.long), logits)  # ids read by none
 
     def children(self, logits: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Up to `width` children per row drawn without replacement from its processed distribution (-1 where it
-        has fewer tokens), and those distributions, which the verifier needs."""
+        """Up to `width` children per draft row drawn without replacement from its processed distribution (-1 where
+        it has fewer tokens), and those distributions, which the verifier needs."""
         probs = self.scores(logits).softmax(-1)
         return select_children(probs, width, "without_replacement", self.generator), probs
 
-    def draw(self, logits: torch.Tensor) -> torch.Tensor:
-        """One token per row `(rows,)`, drawn as plain sampling draws its next token from that row."""
-        return self.children(logits, 1)[0][:, 0]
+    def draw(self, scores: torch.Tensor) -> torch.Tensor:
+        """One token per processed target row `(rows,)`, drawn as plain sampling draws its next token."""
+        return select_children(scores.softmax(-1), 1, "without_replacement", self.generator)[:, 0]
 
 
 @dataclass(frozen=True)
@@ -256,7 +250,8 @@ class CapturedStep:
     """Steps on the static caches of `target` and the draft `runner` (see the module's notes), of any shape.
 
     `first_row`: the root's logits as the prompt pass computed them (the call's first token, as plain takes it from
-    them). `start` loads the first catch-up; `step(shape)` runs a step and returns its read `(2 + depth + nodes,)`: the
+    them); `processors`: the call's, which the target's rows take (`_processed`; greedy too), `prompt` `(P,)` its ids.
+    `start` loads the first catch-up; `step(shape)` runs a step and returns its read `(2 + depth + nodes,)`: the
     accepted count, the bonus token, the path's nodes below the root (the first `count` of them accepted), then every
     node's token (-1 where the draft could not fill it), then what the host learns from a grown tree
     (`DraftedTree.learned`).
@@ -265,8 +260,10 @@ class CapturedStep:
     out)."""
 
     def __init__(self, target: PreTrainedModel, cache: Cache, runner: DraftModelRunner, vocab: int | None,
-                 first_row: torch.Tensor, sampling: CapturedSampling | None = None) -> None:
+                 first_row: torch.Tensor, sampling: CapturedSampling | None = None,
+                 processors: LogitsProcessorList | None = None, prompt: torch.Tensor | None = None) -> None:
         self.target, self.cache, self.runner, self.vocab, self.sampling = target, cache, runner, vocab, sampling
+        self.processors = processors or None
         self.draft, self.draft_cache = runner.model, runner.cache
         self.target_device, self.draft_device = execution_device(target), runner.device
         self.target_layout, self.draft_layout = AttentionLayout.of(target), runner.layout
@@ -279,6 +276,9 @@ class CapturedStep:
         for state in (self.pending, self.count, self.first, self.first_row, self.root):  # mutated in place: CUDA
             torch._dynamo.mark_static_address(state)  # graphs keep their addresses, as Transformers' static caches
         self._shapes: dict[tuple[int, ...], CapturedShape] = {}
+        # each node's ids, for the processors that read them (a repetition penalty): the committed sequence, kept here
+        self.ids = (NodeIds(prompt.to(self.target_device), self.target_width + 1, len(self.first_row))
+                    if reads_ids(processors) else None)
 
     def shape(self, key: tuple[int, ...] | GrowthSpec) -> CapturedShape | GrowthSpec:
         """A planned shape's buffers (made once a call), by its parents; a grown one is its own spec."""
@@ -356,11 +356,12 @@ class CapturedStep:
                              **cache_arg(self.cache), use_cache=True, return_dict=True)
         logits = output.logits[0, : shape.nodes].float()
         logits = torch.cat([torch.where(self.first, self.first_row, logits[0])[None], logits[1:]])
+        scores = self._processed(logits, target_past, tokens, tree.ancestors)
         # 4. the verdict: the path's end and the bonus token; the path to it
         if self.sampling is not None and isinstance(shape, CapturedShape):
-            leaf, bonus = self._walk(shape, tree, logits)
+            leaf, bonus = self._walk(shape, tree, scores)
         else:  # greedy: each node's argmax; a grown tree sampled: a token drawn from each node's processed row
-            picks = row_argmax(logits) if self.sampling is None else self.sampling.draw(logits)
+            picks = row_argmax(scores) if self.sampling is None else self.sampling.draw(scores)
             leaf, bonus = self._descend(shape.depth, tree, picks)
         accepted = tree.depths.index_select(0, leaf)
         levels = torch.arange(shape.depth + 1, device=tdev)
@@ -369,6 +370,9 @@ class CapturedStep:
         # 5. the target keeps the path's rows (the root's and the accepted nodes'), the bonus token is the next root
         keep_rows(self.cache, target_past + path, target_past + levels)
         set_length(self.cache, target_past + accepted[0] + 1)
+        if self.ids is not None:  # the path's tokens, then the bonus token after the accepted ones
+            self.ids.write(target_past + 1 + levels[:-1], tokens.index_select(0, path[1:]).clamp(min=0))
+            self.ids.write((target_past + 1 + accepted).reshape(1), bonus)
         # ... the draft keeps the accepted nodes it forwarded, and reads the rest (one leaf at most) and the bonus next
         drafted = path[1:].to(ddev)
         forwarded = (tree.forwarded[drafted] & (levels[1:].to(ddev) <= accepted.to(ddev))).sum()  # a prefix
@@ -403,11 +407,24 @@ class CapturedStep:
     def _plain_token(self, logits: torch.Tensor, target_past: torch.Tensor) -> torch.Tensor:
         """The root's token from its row `(1, V)` (argmax, or drawn from the processed row); the target keeps the
         root's row, and the token is the next root."""
-        token = row_argmax(logits) if self.sampling is None else self.sampling.draw(logits)
+        scores = self._processed(logits, target_past)
+        token = row_argmax(scores) if self.sampling is None else self.sampling.draw(scores)
         set_length(self.cache, target_past + 1)
+        if self.ids is not None:
+            self.ids.write((target_past + 1).reshape(1), token)
         self.first.fill_(False)
         self.root.copy_(token)
         return token
+
+    def _processed(self, logits: torch.Tensor, past: torch.Tensor, tokens: torch.Tensor | None = None,
+                   ancestors: torch.Tensor | None = None) -> torch.Tensor:
+        """The target's rows (the root's at `past`, then the tree's `tokens` below it) processed as plain processes
+        each node's next-token row; the raw rows where the call has no processors."""
+        if self.processors is None:
+            return logits
+        ids = (self.ids.of(past, tokens, ancestors) if self.ids is not None
+               else logits.new_zeros((len(logits), 1), dtype=torch.long))  # read by none
+        return self.processors(ids, logits)
 
     @staticmethod
     def _descend(depth: int, tree: DraftedTree, picks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -422,13 +439,14 @@ class CapturedStep:
         leaf = torch.where(kept, tree.depths, -1).argmax()[None]  # indexed by tensors only: no host read
         return leaf, picks.index_select(0, leaf)
 
-    def _walk(self, shape: CapturedShape, drafted: DraftedTree, logits: torch.Tensor
+    def _walk(self, shape: CapturedShape, drafted: DraftedTree, scores: torch.Tensor
               ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The `sequoia` verifier's walk over every level, unread: where it ended and the token it emits there."""
+        """The `sequoia` verifier's walk over every level's processed rows, unread: where it ended and the token it
+        emits there."""
         tree = TokenTree(tokens=drafted.tokens, parents=shape.tree_parents, draft_probs=drafted.drawn_from,
                          _host=shape.host)
         walk = ResidualWalk(tree, self.target_device, without_replacement=True)
-        return walk.descend(self.sampling.scores(logits), TorchRandom(self.sampling.generator))
+        return walk.descend(scores, TorchRandom(self.sampling.generator))
 
     def _draft_pass(self, tokens: torch.Tensor, positions: torch.Tensor, masks) -> torch.Tensor:
         """The draft's float32 logits over the target's vocabulary, every fed row."""
@@ -454,18 +472,16 @@ def captured_refusal(drafter: object, cache: Cache, processors: LogitsProcessorL
                 "as 'sequoia' does, so drop verifier (or pass 'sequoia') or leave captured off")
     if not is_static(cache):
         return "the cache is not static; pass cache_implementation='static' to generate"
-    if verifier == "greedy" and processors:
-        return (f"logits processors are on ({', '.join(type(p).__name__ for p in processors)}); captured steps take "
-                "the raw argmax, so unset them (e.g. repetition_penalty) or leave captured off")
     if verifier != "greedy" and compiled_generator is not None:
         return ("a speculation_generator is given, and a compiled step cannot draw from a torch.Generator (its graph "
                 "would break at every draw); seed torch's global RNG (torch.manual_seed) instead, or leave captured "
                 "off")
-    prefixed = [type(p).__name__ for p in processors if not isinstance(p, ROW_WISE)]
-    if verifier != "greedy" and prefixed:
-        return (f"logits processors that read more than a row are on ({', '.join(prefixed)}); captured sampled steps "
-                "take temperature, top_k, top_p and min_p only, so unset the others (e.g. repetition_penalty) or "
-                "leave captured off")
+    others = unsupported(processors)
+    if others:
+        return (f"logits processors that read the ids' order or count are on ({', '.join(others)}); captured steps "
+                "take repetition_penalty and the ones that read a row alone (temperature, top_k, top_p, min_p, "
+                "typical_p, epsilon_cutoff, eta_cutoff, suppress_tokens, renormalize_logits), so unset the others "
+                "(e.g. no_repeat_ngram_size, min_new_tokens, bad_words_ids) or leave captured off")
     if not BlockStops.of(criteria).on_host:
         return "a stopping criterion reads the device (stop strings, custom criteria); leave captured off for them"
     if records.wants_any:
@@ -493,9 +509,11 @@ def captured_loop(
     compile_step: Callable[[Callable], Callable] | None = None,
     sampling: CapturedSampling | None = None,
     guard: PlainGuard | None = None,
+    processors: LogitsProcessorList | None = None,
 ) -> LoopResult:
     """Decode one sequence with captured steps of the drafter's shape (`captured_refusal` said yes), until a stopping
-    criterion fires: greedily, or sampling as `sampling` says. `compile_step` wraps the step (`torch.compile`), or
+    criterion fires: greedily, or sampling as `sampling` says; the target's rows processed by `processors` (one
+    sequence's: `logits.node_ids.one_sequence`). `compile_step` wraps the step (`torch.compile`), or
     None to run it eagerly. `guard`: the measured guard (plan/guard.py), which turns steps plain while speculation
     loses; it judges each step timed whole (its read waits for the step's work), the draft's prompt pass apart."""
     stats = stats or SpeculationStats()
@@ -509,7 +527,7 @@ def captured_loop(
         runner.sync(ids[:-1])
         if guard is not None:  # what a call's draft prompt pass costs: the call price's (`PlainGuard.price`)
             guard.observe_prompt(time.perf_counter() - synced, len(ids) - 1)
-    step = CapturedStep(target, cache, runner, vocab, prefill.logits[0, -1], sampling)
+    step = CapturedStep(target, cache, runner, vocab, prefill.logits[0, -1], sampling, processors, input_ids[0])
     step.start(ids[-1:])
     schedule, runs, ran = ShapeSchedule(drafter), {}, Counter()
     stats.time_prefill = time.perf_counter() - start

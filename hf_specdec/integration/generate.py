@@ -37,6 +37,7 @@ from ..decoding.loop import speculative_loop
 from ..decoding.outputs import SpeculativeDecoderOnlyOutput, TokenRecords
 from ..decoding.stats import SpeculationStats
 from ..draft.guarded import GuardedDrafter
+from ..logits.node_ids import one_sequence
 from ..methods.sequoia.lookup import call_temperature, plan_for_call
 from ..runtime.attention import keeps_state, tree_attention_kernels
 from ..runtime.devices import execution_device
@@ -236,7 +237,8 @@ def speculative_generate(
         if captured:  # compiled whole where the call compiles its forward, with the call's compile settings
             step = (None if forward is None else
                     lambda run: torch.compile(run, **(generation_config.compile_config or CompileConfig()).to_dict()))
-            sampling = CapturedSampling(logits_processor, call.generator) if do_sample else None
+            processors = one_sequence(logits_processor)  # the nodes are rows of one sequence
+            sampling = CapturedSampling(processors, call.generator) if do_sample else None
             # a graph per shape (a sized call's buckets, a shape cut near the cache's end): past Dynamo's 8 a
             # function runs eagerly, so the limit is raised as for the compiled tree passes (`faster_call`)
             limit = max(torch._dynamo.config.recompile_limit, GRAPHS_PER_FUNCTION)
@@ -244,7 +246,7 @@ def speculative_generate(
                 result = captured_loop(model, input_ids, drafter, cache, stopping_criteria, vocab_size(model),
                                        streamer=call.streamer, stats=stats,
                                        model_kwargs={**model_kwargs, CACHE: cache}, compile_step=step,
-                                       sampling=sampling, guard=guard)
+                                       sampling=sampling, guard=guard, processors=processors)
         else:
             result = speculative_loop(
                 model, input_ids, drafter, verifier, cache, logits_processor, stopping_criteria,

@@ -29,9 +29,9 @@ class StaticShapeConfig(ModelDraftConfig):
         metadata={"help": "Run each step as one function of device work with fixed shapes, read once "
                   "(decoding/captured.py), compiled whole where the call compiles its forward (a GPU with a static "
                   "cache): a fixed shape or a few bucketed ones (sized every step), a static cache, "
-                  "greedy without logits processors or sampled "
-                  "with temperature, top_k, top_p and min_p only (verifier 'sequoia'); any other call is refused "
-                  "up front, saying why."},
+                  "greedy or sampled (verifier 'sequoia'), with repetition_penalty and the processors that read a "
+                  "row alone (temperature, top_k, top_p, min_p, ...); any other call is refused up front, saying "
+                  "why."},
     )
 
     def shape(self) -> list[int]:

@@ -38,9 +38,9 @@ class SpecExecConfig(StepSizedConfig):
         metadata={"help": "Run each step as one function of device work with fixed shapes, read once "
                   "(decoding/captured.py; the tree grown best first on the device, methods/specexec/"
                   "captured_growth.py), compiled whole where the call compiles its forward (a GPU with a static "
-                  "cache): a fixed budget, or one of a few sized every step; a static cache, greedy without logits "
-                  "processors or sampled with temperature, top_k, top_p and min_p only (verified by target "
-                  "sampling); any other call is refused up front, saying why."},
+                  "cache): a fixed budget, or one of a few sized every step; a static cache, greedy or sampled "
+                  "(verified by target sampling), with repetition_penalty and the processors that read a row alone "
+                  "(temperature, top_k, top_p, min_p, ...); any other call is refused up front, saying why."},
     )
 
     def validate(self) -> None:
