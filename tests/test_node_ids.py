@@ -17,7 +17,8 @@ from transformers import (
 )
 
 from hf_specdec.core.tree import HostTree
-from hf_specdec.logits.node_ids import NodeIds, one_sequence, unsupported
+from hf_specdec.logits.node_ids import NodeIds, unsupported
+from hf_specdec.logits.processing import row_processors
 
 VOCAB = 12
 #: a tree of 5 nodes: the root, two children of it, a child of each of those
@@ -47,7 +48,7 @@ def test_a_penalty_on_fixed_width_ids_is_the_penalty_on_each_nodes_own(ignore):
     processors = LogitsProcessorList([RepetitionPenaltyLogitsProcessor(1.7, prompt_ignore_length=ignore),
                                       SuppressTokensLogitsProcessor([6]), TemperatureLogitsWarper(0.7),
                                       TopKLogitsWarper(5)])
-    processors = one_sequence(processors)
+    processors = row_processors(processors, 0, 1)
     ids = NodeIds(torch.tensor(sequence), 16, VOCAB)
     ids.write(torch.arange(6, 16), torch.full((10,), 11))  # stale rows: never read
     scores = torch.randn(len(tokens), VOCAB, generator=generator)

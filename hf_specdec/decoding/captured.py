@@ -513,7 +513,7 @@ def captured_loop(
 ) -> LoopResult:
     """Decode one sequence with captured steps of the drafter's shape (`captured_refusal` said yes), until a stopping
     criterion fires: greedily, or sampling as `sampling` says; the target's rows processed by `processors` (one
-    sequence's: `logits.node_ids.one_sequence`). `compile_step` wraps the step (`torch.compile`), or
+    sequence's: `logits.processing.row_processors`). `compile_step` wraps the step (`torch.compile`), or
     None to run it eagerly. `guard`: the measured guard (plan/guard.py), which turns steps plain while speculation
     loses; it judges each step timed whole (its read waits for the step's work), the draft's prompt pass apart."""
     stats = stats or SpeculationStats()

@@ -37,7 +37,7 @@ from ..decoding.loop import speculative_loop
 from ..decoding.outputs import SpeculativeDecoderOnlyOutput, TokenRecords
 from ..decoding.stats import SpeculationStats
 from ..draft.guarded import GuardedDrafter
-from ..logits.node_ids import one_sequence
+from ..logits.processing import row_processors
 from ..methods.sequoia.lookup import call_temperature, plan_for_call
 from ..runtime.attention import keeps_state, tree_attention_kernels
 from ..runtime.devices import execution_device
@@ -237,7 +237,7 @@ def speculative_generate(
         if captured:  # compiled whole where the call compiles its forward, with the call's compile settings
             step = (None if forward is None else
                     lambda run: torch.compile(run, **(generation_config.compile_config or CompileConfig()).to_dict()))
-            processors = one_sequence(logits_processor)  # the nodes are rows of one sequence
+            processors = row_processors(logits_processor, 0, 1)  # the nodes are rows of one sequence
             sampling = CapturedSampling(processors, call.generator) if do_sample else None
             # a graph per shape (a sized call's buckets, a shape cut near the cache's end): past Dynamo's 8 a
             # function runs eagerly, so the limit is raised as for the compiled tree passes (`faster_call`)

@@ -12,8 +12,6 @@ output rows). Processors that read lengths, n-grams or the order of the ids are 
 
 from __future__ import annotations
 
-import copy
-
 import torch
 from transformers import (
     EpsilonLogitsWarper,
@@ -45,22 +43,6 @@ def unsupported(processors: LogitsProcessorList | None) -> list[str]:
 
 def reads_ids(processors: LogitsProcessorList | None) -> bool:
     return any(isinstance(p, ID_SET) for p in processors or ())
-
-
-def one_sequence(processors: LogitsProcessorList | None) -> LogitsProcessorList | None:
-    """`processors` for a call of one sequence whose rows are its tree's nodes: a repetition penalty that skips the
-    prompt's left padding by a tensor of one entry per sequence (what `generate` builds from the attention mask) gets
-    that entry as a number, read once before decoding, so that it reads any number of rows."""
-    if not processors:
-        return processors
-    out = LogitsProcessorList()
-    for processor in processors:
-        ignore = getattr(processor, "prompt_ignore_length", None)
-        if isinstance(processor, RepetitionPenaltyLogitsProcessor) and isinstance(ignore, torch.Tensor):
-            processor = copy.copy(processor)
-            processor.prompt_ignore_length = int(ignore.reshape(-1)[0])
-        out.append(processor)
-    return out
 
 
 class NodeIds:

@@ -32,8 +32,9 @@ def row_processors(processors: LogitsProcessorList | None, row: int, rows: int) 
     """The processors of row `row` of a batch of `rows`, for calls that see that row's tree nodes (any number of
     sequences, all of that row). Plain batched generate builds some with per-row state: a repetition penalty that
     skips each row's left padding (`prompt_ignore_length`, one entry per row) gets the row's entry; a prefix
-    constraint gets the batch id plain `generate` gives the row. The others are shared as they are."""
-    if not processors or rows == 1:
+    constraint gets the batch id plain `generate` gives the row. The others are shared as they are. One sequence
+    (`rows` 1) whose rows are its tree's nodes gets the same: its penalty's entry reads any number of rows."""
+    if not processors:
         return processors
     out = LogitsProcessorList()
     for processor in processors:
